@@ -1,0 +1,4 @@
+"""`python -m mlxpa` entry point."""
+from mlxpa.cli import app
+
+app()

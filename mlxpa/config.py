@@ -1,0 +1,116 @@
+"""Engine and sampling configuration: flat frozen dataclasses validated with real errors.
+
+Every check raises ``ValueError`` naming the offending field, so the CLI can map it to a
+clear message (STYLE.md §4, §20).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check(ok: bool, name: str, value: object, want: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling and stopping parameters (the vLLM / OpenAI names).
+
+    Attributes:
+        max_tokens: Most tokens to generate (0 gives an empty completion, finish reason
+            ``length``).
+        temperature: 0 means greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
+        top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it.
+        min_p: Drop tokens whose probability is below ``min_p * p_max``; 0 disables it.
+        seed: Per-request seed; the same seed gives the same text whatever else is batched.
+        stop: Stop strings; the completion ends before the earliest match (not included).
+        n: Number of samples of the prompt.
+        ignore_eos: Keep generating past the model's EOS ids (benchmarks).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 0,
+               "max_tokens", self.max_tokens, "an integer >= 0")
+        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+               "temperature", self.temperature, "a number >= 0")
+        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+               "top_p", self.top_p, "a number in (0, 1]")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
+               "an integer >= 0")
+        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1,
+               "min_p", self.min_p, "a number in [0, 1]")
+        _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+               "seed", self.seed, "an integer >= 0 or null")
+        _check(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
+               "stop", self.stop, "a list of non-empty strings")
+        _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an integer >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling is an argmax (temperature 0)."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine configuration (one flat object; the CLI builds it, everything below reads it).
+
+    Attributes:
+        model: ``--model`` spec (MLX folder, local Hugging Face repo id, ``.gguf`` file) or
+            None for the default Gemma 3 270M.
+        block_size: Tokens per KV block.
+        num_blocks: KV blocks per layer including the null block 0; None sizes the pool from
+            ``kv_memory_gib``.
+        kv_memory_gib: KV pool budget in GiB (all layers, K and V) when ``num_blocks`` is None.
+        max_num_seqs: Most requests running at once (decode batch size).
+        max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
+        max_model_len: Longest prompt + completion in tokens; None takes the model's context.
+        enable_prefix_caching: Reuse cached full blocks across requests (radix tree).
+        kernel: Paged-attention backend: ``auto``, ``reference``, ``metal`` or ``cuda``.
+        dtype: Compute dtype name (``float32``, ``bfloat16``, ``float16``); None picks float32
+            on the CPU and bfloat16 on a GPU.
+        seed: Engine seed for requests that give none.
+    """
+
+    model: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_memory_gib: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    kernel: str = "auto"
+    dtype: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.block_size in (8, 16, 32, 64, 128) if isinstance(self.block_size, int)
+               else False, "block_size", self.block_size, "one of 8, 16, 32, 64, 128")
+        _check(self.num_blocks is None or (isinstance(self.num_blocks, int)
+                                           and self.num_blocks >= 2),
+               "num_blocks", self.num_blocks, "an integer >= 2 or None")
+        _check(self.kv_memory_gib > 0, "kv_memory_gib", self.kv_memory_gib, "> 0")
+        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+               "max_num_seqs", self.max_num_seqs, "an integer >= 1")
+        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+               "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
+        _check(self.max_model_len is None or self.max_model_len >= 1,
+               "max_model_len", self.max_model_len, "an integer >= 1 or None")
+        _check(self.kernel in ("auto", "reference", "metal", "cuda"), "kernel", self.kernel,
+               "one of auto, reference, metal, cuda")
+        _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
+               "one of float32, bfloat16, float16")
