@@ -42,6 +42,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 0,
                "max_tokens", self.max_tokens, "an integer >= 0")
         _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,

@@ -1,0 +1,167 @@
+"""The engine: the only glue between requests, scheduler, model runner and outputs.
+
+``LLMEngine.step()`` runs ``Scheduler.schedule()`` → ``ModelRunner.execute()`` →
+``Scheduler.update_from_output()`` → incremental detokenization and stop strings, and
+returns the requests that finished. ``generate()`` streams requests in from any iterable,
+admitting more only while the waiting queue is short, so large inputs never sit in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from mlxpa.block_pool import BlockPool
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.detokenizer import IncrementalDetokenizer
+from mlxpa.kv_cache_manager import KVCacheManager
+from mlxpa.metrics import Counters
+from mlxpa.model_runner import ModelRunner
+from mlxpa.request import Request, RequestOutput, RequestStatus
+from mlxpa.scheduler import Scheduler
+
+
+class PromptInput(NamedTuple):
+    """One request to run: caller id, prompt token ids, sampling parameters."""
+
+    request_id: object
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class LLMEngine:
+    """Continuous-batching engine over a paged KV cache.
+
+    Args:
+        config: Engine configuration.
+        model: An mlx-lm model; None loads ``config.model`` (the default Gemma 3 270M when
+            that is None).
+        tokenizer: The model's mlx-lm ``TokenizerWrapper`` (required with ``model``).
+    """
+
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None) -> None:
+        if model is None:
+            from mlxpa.models import load_model
+
+            model, tokenizer, _ = load_model(config.model, config.dtype)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(model, config)
+        self.kv_cache_manager = KVCacheManager(BlockPool(self.runner.num_blocks,
+                                                         config.block_size))
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
+                                   frozenset(tokenizer.eos_token_ids))
+        self.counters = Counters()
+        self._detok: dict[Request, IncrementalDetokenizer] = {}
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def add_request(self, request_id: object, prompt_token_ids: list[int],
+                    params: SamplingParams) -> RequestOutput | None:
+        """Queue a request.
+
+        Returns:
+            A finished :class:`RequestOutput` right away when the request needs no model work
+            (``max_tokens`` 0) or cannot run (empty prompt, longer than the context or the
+            pool: ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
+        """
+        req = Request(request_id, list(prompt_token_ids), params,
+                      arrival_time=time.perf_counter())
+        if params.n != 1:
+            return self._error(req, "n > 1 is not supported yet")
+        try:
+            self.scheduler.add_request(req)
+        except ValueError as e:
+            return self._error(req, str(e))
+        self.counters.prompt_tokens += req.num_prompt_tokens
+        if req.max_tokens == 0:
+            self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+            return self._output(req, "")
+        self._detok[req] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        return None
+
+    def _error(self, req: Request, message: str) -> RequestOutput:
+        req.status = RequestStatus.FINISHED_ABORTED
+        out = self._output(req, "")
+        out.error = message
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return the requests that finished in it."""
+        sched = self.scheduler
+        out = sched.schedule()
+        sampled = self.runner.execute(out) if out.requests else []
+        updated = sched.update_from_output(out, sampled)
+        c = self.counters
+        c.num_steps += 1
+        c.generation_tokens += len(sampled)
+        c.num_preemptions += len(out.preempted)
+        used = self.kv_cache_manager.num_used_blocks
+        c.peak_kv_blocks = max(c.peak_kv_blocks, used)
+        c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
+        c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
+        finished = []
+        for req in updated:
+            detok = self._detok[req]
+            tok = req.output_token_ids[-1]
+            is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
+            if not is_eos and detok.add_token(tok):
+                req.stop_reason = detok.stop_string
+                if req.is_finished:  # also hit max_tokens: the stop string names the reason
+                    req.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            if req.is_finished:
+                finished.append(self._output(req, self._detok.pop(req).finalize()))
+        return finished
+
+    def _output(self, req: Request, text: str) -> RequestOutput:
+        c = self.counters
+        c.requests += 1
+        times = req.token_times
+        ttft = times[0] - req.arrival_time if times else None
+        itl = [b - a for a, b in zip(times, times[1:])]
+        if ttft is not None:
+            c.ttft_s.append(ttft)
+        c.itl_s.extend(itl)
+        return RequestOutput(
+            request_id=req.request_id, text=text, token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
+
+    def generate(self, prompts: Iterable[PromptInput],
+                 max_waiting: int | None = None) -> Iterator[RequestOutput]:
+        """Run every prompt to completion, yielding outputs as requests finish.
+
+        Args:
+            prompts: Requests to run, pulled lazily.
+            max_waiting: Pull more prompts only while fewer than this many wait
+                (default: ``2 * max_num_seqs``).
+        """
+        limit = max_waiting or 2 * self.config.max_num_seqs
+        it = iter(prompts)
+        exhausted = False
+        while True:
+            while not exhausted and self.num_waiting < limit:
+                item = next(it, None)
+                if item is None:
+                    exhausted = True
+                    break
+                done = self.add_request(*item)
+                if done is not None:
+                    yield done
+            if not self.has_unfinished_requests():
+                if exhausted:
+                    return
+                continue
+            yield from self.step()

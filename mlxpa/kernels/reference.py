@@ -1,0 +1,85 @@
+"""Paged attention in MLX ops: the specification every native kernel is checked against.
+
+Algorithm: PagedAttention (Kwon et al., "Efficient Memory Management for Large Language
+Model Serving with PagedAttention", SOSP 2023; vLLM). Each sequence's K/V live in fixed-size
+blocks of a shared pool; a block table maps the sequence's logical blocks to pool blocks. This
+path gathers a sequence's blocks into a contiguous ``[B, kv_heads, S, D]`` view with one index
+op and calls ``mx.fast.scaled_dot_product_attention`` with a boolean mask built from context
+lengths, query positions and the sliding window. On the CPU it computes in float32 (MLX's CPU
+half-precision matmul is slower and less exact).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+def gather_kv(cache: mx.array, block_tables: mx.array) -> mx.array:
+    """Gather blocks of one layer's K or V pool into contiguous per-sequence tensors.
+
+    Args:
+        cache: ``[num_blocks, kv_heads, block_size, head_dim]`` pool.
+        block_tables: ``[B, max_blocks]`` int32 pool block ids (padding entries may be 0).
+
+    Returns:
+        ``[B, kv_heads, max_blocks * block_size, head_dim]``, same dtype as ``cache``.
+    """
+    _, kv_heads, block_size, head_dim = cache.shape
+    b, nb = block_tables.shape
+    heads = mx.arange(kv_heads)
+    out = cache[block_tables[:, None, :], heads[None, :, None]]
+    return out.reshape(b, kv_heads, nb * block_size, head_dim)
+
+
+def attention_mask(query_start: mx.array, num_queries: int, context_lens: mx.array,
+                   num_keys: int, key_start: mx.array | None = None,
+                   sliding_window: int | None = None) -> mx.array:
+    """Boolean ``[B, 1, L, S]`` mask: query ``i`` of row ``b`` (position
+    ``query_start[b] + i``) sees key ``j`` (position ``key_start[b] + j``) when the key is
+    causal, inside the context (``< context_lens[b]``) and inside the window (mlx-lm's rule:
+    the last ``sliding_window`` positions, the query's own included)."""
+    qpos = query_start[:, None] + mx.arange(num_queries)[None, :]          # [B, L]
+    kpos = mx.arange(num_keys)[None, :]                                    # [1, S]
+    if key_start is not None:
+        kpos = kpos + key_start[:, None]
+    kpos = kpos[:, None, :]                                                # [B|1, 1, S]
+    mask = (kpos <= qpos[:, :, None]) & (kpos < context_lens[:, None, None])
+    if sliding_window is not None:
+        mask = mask & (kpos > qpos[:, :, None] - sliding_window)
+    return mask[:, None]
+
+
+def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
+                    block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
+                    *, scale: float, sliding_window: int | None = None,
+                    key_start: mx.array | None = None) -> mx.array:
+    """Attention of new queries over K/V held in a paged pool (prefill chunks and decode).
+
+    The new tokens' K/V must already be written to the pool (the caller writes, then reads).
+
+    Args:
+        q: ``[B, q_heads, L, head_dim]`` queries (RoPE applied); rows shorter than ``L`` are
+            right-padded and their padded outputs are garbage but finite.
+        key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer.
+        value_cache: Same shape as ``key_cache``.
+        block_tables: ``[B, max_blocks]`` int32; row ``b`` lists the blocks holding its keys
+            from position ``key_start[b]`` on.
+        context_lens: ``[B]`` int32 tokens with K/V in the pool (computed + this step's).
+        query_start: ``[B]`` int32 position of query 0 (the row's ``num_computed_tokens``).
+        scale: Softmax scale (usually ``head_dim ** -0.5``).
+        sliding_window: Keys older than this many positions are masked (Gemma 3 local layers).
+        key_start: ``[B]`` int32 position of the first key in ``block_tables`` (a multiple of
+            the block size); None means 0. Lets window layers gather only recent blocks.
+
+    Returns:
+        ``[B, q_heads, L, head_dim]`` in ``q.dtype``.
+    """
+    k = gather_kv(key_cache, block_tables)
+    v = gather_kv(value_cache, block_tables)
+    mask = attention_mask(query_start, q.shape[2], context_lens, k.shape[2], key_start,
+                          sliding_window)
+    dtype = q.dtype
+    if mx.default_device() == mx.cpu and dtype != mx.float32:
+        q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    return out.astype(dtype)

@@ -1,0 +1,92 @@
+"""Monotone engine counters and the statistics derived from them.
+
+The engine only increments :class:`Counters`; :func:`summarize` turns them into
+:class:`Stats` (tokens per second, KV utilisation, TTFT / ITL percentiles) that the progress
+bar, the final report and ``--metrics-json`` read (mlx-lm's ``BatchCounters`` idea: the
+engine never draws).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Counters:
+    """Counters the engine increments (never decrements).
+
+    Attributes:
+        start_time: ``perf_counter`` seconds when the engine started its first step.
+        requests: Requests finished (errors included).
+        prompt_tokens: Prompt tokens of admitted requests (counted once each).
+        cached_prompt_tokens: Prompt tokens served from the prefix cache.
+        generation_tokens: Output tokens sampled.
+        num_preemptions: Requests preempted (recomputed later).
+        num_steps: Engine steps run.
+        peak_kv_blocks: Most KV blocks in use after any step.
+        kv_tokens_held: Sum over steps of tokens with K/V in the pool.
+        kv_slots_in_use: Sum over steps of ``blocks in use * block_size``.
+        ttft_s: Time to first token of each finished request, seconds.
+        itl_s: Inter-token latencies of all finished requests, seconds.
+    """
+
+    start_time: float = field(default_factory=time.perf_counter)
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+    peak_kv_blocks: int = 0
+    kv_tokens_held: int = 0
+    kv_slots_in_use: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Derived figures (the keys of ``--metrics-json``)."""
+
+    requests: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generation_tokens: int
+    elapsed_s: float
+    total_tokens_per_s: float
+    output_tokens_per_s: float
+    requests_per_s: float
+    peak_kv_blocks: int
+    kv_utilization: float
+    num_preemptions: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(c: Counters, now: float | None = None) -> Stats:
+    """Derive :class:`Stats` from counters at time ``now`` (``perf_counter`` seconds)."""
+    elapsed = max((now or time.perf_counter()) - c.start_time, 1e-9)
+    return Stats(
+        requests=c.requests, prompt_tokens=c.prompt_tokens,
+        cached_prompt_tokens=c.cached_prompt_tokens, generation_tokens=c.generation_tokens,
+        elapsed_s=elapsed,
+        total_tokens_per_s=(c.prompt_tokens + c.generation_tokens) / elapsed,
+        output_tokens_per_s=c.generation_tokens / elapsed,
+        requests_per_s=c.requests / elapsed,
+        peak_kv_blocks=c.peak_kv_blocks,
+        kv_utilization=c.kv_tokens_held / c.kv_slots_in_use if c.kv_slots_in_use else 0.0,
+        num_preemptions=c.num_preemptions,
+        ttft_p50_s=_pct(c.ttft_s, 50), ttft_p99_s=_pct(c.ttft_s, 99),
+        itl_p50_s=_pct(c.itl_s, 50), itl_p99_s=_pct(c.itl_s, 99))

@@ -1,0 +1,123 @@
+"""Request state: one dataclass with derived properties, status an ordered IntEnum.
+
+Follows vLLM v1's ``Request`` / ``RequestStatus``: ``num_computed_tokens`` counts tokens whose
+K/V are in the pool, so chunked prefill, decode and recompute after preemption are one code
+path (the scheduler schedules ``num_tokens - num_computed_tokens`` tokens).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from mlxpa.config import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every status above ``PREEMPTED`` is finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One prompt being generated.
+
+    Attributes:
+        request_id: Caller-given id (the input row index, or ``(row, sample)`` for n > 1).
+        prompt_token_ids: Prompt tokens (BOS included when the tokenizer adds one).
+        sampling_params: How to sample and when to stop.
+        arrival_time: ``time.perf_counter()`` seconds at admission to the engine.
+        max_tokens: Effective output cap: ``sampling_params.max_tokens`` clamped so that
+            prompt + output fits the model's context and the pool (set by the scheduler).
+        output_token_ids: Generated tokens so far (after a stop, trimmed tokens stay here).
+        status: Lifecycle status.
+        num_computed_tokens: Tokens whose K/V are written in the pool (prefix hits included).
+        num_cached_tokens: Prompt tokens served from the prefix cache at first admission.
+        block_table: KV block ids in token order; block ``i`` holds tokens
+            ``[i * block_size, (i + 1) * block_size)``.
+        num_preemptions: Times this request was preempted (its blocks freed, recomputed later).
+        token_times: ``perf_counter`` seconds of every sampled token (TTFT and ITL).
+        stop_reason: The matched stop string or token id, when stopped by one.
+    """
+
+    request_id: object
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    max_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    block_table: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    token_times: list[float] = field(default_factory=list)
+    stop_reason: object = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What the engine returns for a finished request.
+
+    Attributes:
+        request_id: The request's id.
+        text: Detokenized completion (stop string excluded).
+        token_ids: Generated token ids (tokens after a stop string's end trimmed).
+        finish_reason: ``stop``, ``length`` or ``abort``.
+        num_prompt_tokens: Prompt length in tokens.
+        num_cached_tokens: Prompt tokens served from the prefix cache.
+        ttft_s: Seconds from arrival to the first token (None when no token was generated).
+        itl_s: Seconds between consecutive output tokens.
+        error: Why the request could not run (finish reason ``abort``), else None.
+    """
+
+    request_id: object
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    error: str | None = None

@@ -1,0 +1,69 @@
+"""Batched per-row sampling: greedy rows by one argmax, the others with mlx-lm's filters.
+
+Greedy rows (temperature 0) need only an argmax over the vocabulary, so a step whose rows
+are all greedy costs one ``argmax``; log-probabilities are computed only for rows that sample.
+Sampling rows apply mlx-lm's ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k`` (in
+mlx-lm's order) and draw with ``mx.random.categorical`` under a per-row key derived from the
+row's seed and its output position, so a seeded request gets the same text whatever else is
+in the batch, and after preemption and recompute.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+from mlxpa.config import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def row_key(seed: int, position: int) -> mx.array:
+    """PRNG key for the token at output ``position`` of a request seeded with ``seed``
+    (a splitmix64 mix of both, so nearby seeds and positions give unrelated keys)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mx.random.key((z ^ (z >> 31)) & _MASK64)
+
+
+def sample_row(logits: mx.array, params: SamplingParams, seed: int, position: int) -> mx.array:
+    """Sample one token from ``[1, vocab]`` logits with temperature/top-p/top-k/min-p.
+
+    Returns:
+        ``[1]`` uint32 token id.
+    """
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if 0 < params.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, params.top_p)
+    if params.min_p > 0:
+        logprobs = apply_min_p(logprobs, params.min_p)
+    if 0 < params.top_k < logits.shape[-1]:
+        logprobs = apply_top_k(logprobs, params.top_k)
+    return mx.random.categorical(logprobs * (1 / params.temperature),
+                                 key=row_key(seed, position))
+
+
+def sample(logits: mx.array, params: list[SamplingParams], seeds: list[int],
+           positions: list[int]) -> mx.array:
+    """Sample one token per row.
+
+    Args:
+        logits: ``[S, vocab]`` logits of the rows being sampled (any float dtype).
+        params: Per-row sampling parameters.
+        seeds: Per-row seeds (the request's seed, or one the engine derived for it).
+        positions: Per-row output position of the token being sampled (0 for the first).
+
+    Returns:
+        ``[S]`` uint32 token ids (lazy; the caller evaluates).
+    """
+    greedy = mx.argmax(logits, axis=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return greedy
+    logits = logits.astype(mx.float32)
+    rows = [greedy[i:i + 1] for i in range(len(params))]
+    for i in sampled:
+        rows[i] = sample_row(logits[i:i + 1], params[i], seeds[i], positions[i]).astype(
+            greedy.dtype)
+    return mx.concatenate(rows)

@@ -1,0 +1,62 @@
+"""Tiny random-weight mlx-lm models and a character-level tokenizer, built offline."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models import gemma3_text, llama
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+VOCAB = 256
+
+
+def tiny_llama(seed: int = 0, vocab: int = VOCAB, tie: bool = False):
+    mx.random.seed(seed)
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2,
+                           intermediate_size=128, num_attention_heads=4, rms_norm_eps=1e-5,
+                           vocab_size=vocab, num_key_value_heads=2,
+                           max_position_embeddings=4096, tie_word_embeddings=tie)
+    model = llama.Model(args)
+    _scale_weights(model)
+    return model
+
+
+def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, sliding_window: int = 8):
+    mx.random.seed(seed)
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=3,
+                                 intermediate_size=128, num_attention_heads=4, head_dim=32,
+                                 num_key_value_heads=1, vocab_size=vocab,
+                                 sliding_window=sliding_window, sliding_window_pattern=3,
+                                 query_pre_attn_scalar=32, max_position_embeddings=4096)
+    model = gemma3_text.Model(args)
+    model.sanitize({})  # tie embeddings as the real checkpoint does
+    _scale_weights(model)
+    return model
+
+
+def _scale_weights(model) -> None:
+    """Random weights large enough that greedy tokens vary, as a trained model's do."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    params = []
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("embed_tokens.weight"):
+            v = mx.random.normal(v.shape) * 1.0
+        params.append((k, v))
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+
+
+def byte_tokenizer(eos_id: int = 1) -> TokenizerWrapper:
+    """A tokenizer whose ids 3..255 are single characters (BOS 2, EOS ``eos_id``)."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2}
+    chars = ["\n"] + [chr(c) for c in range(0x20, 0x7F)] + [chr(c) for c in range(0xA1, 0x200)]
+    for i in range(3, VOCAB):
+        vocab[chars[i - 3]] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>")
+    return TokenizerWrapper(fast, eos_token_ids={eos_id})
