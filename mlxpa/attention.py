@@ -43,6 +43,7 @@ class AttentionMetadata:
         context_lens: ``[B]`` int32 tokens with K/V after this step's write.
         query_start: ``[B]`` int32 position of each row's first scheduled token.
         window_tables: Per sliding-window size, tables trimmed to that window.
+        kernel: Paged-attention backend (``auto``, ``reference``, ``metal``, ``cuda``).
     """
 
     slot_blocks: mx.array
@@ -51,6 +52,7 @@ class AttentionMetadata:
     context_lens: mx.array
     query_start: mx.array
     window_tables: dict[int, WindowTables]
+    kernel: str = "auto"
 
 
 class PagedLayerCache:
@@ -96,7 +98,7 @@ class PagedLayerCache:
             queries, self.kv_cache.key_caches[self.layer_idx],
             self.kv_cache.value_caches[self.layer_idx], tables, m.context_lens,
             m.query_start, scale=scale, sliding_window=self.sliding_window,
-            key_start=key_start)
+            key_start=key_start, kernel=m.kernel)
 
 
 def _make_dispatch(original):

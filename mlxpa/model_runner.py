@@ -155,7 +155,8 @@ class ModelRunner:
             slot_blocks=mx.array((slots // bs).astype(np.int32)),
             slot_offsets=mx.array((slots % bs).astype(np.int32)),
             block_tables=mx.array(tables), context_lens=mx.array(ctx),
-            query_start=mx.array(starts), window_tables=window_tables)
+            query_start=mx.array(starts), window_tables=window_tables,
+            kernel=self.config.kernel)
         return mx.array(tokens), meta
 
     def _forward(self, tokens: mx.array, meta: AttentionMetadata, rows: list[int],

@@ -36,13 +36,16 @@ def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, sliding_window: int = 8):
 
 
 def _scale_weights(model) -> None:
-    """Random weights large enough that greedy tokens vary, as a trained model's do."""
+    """Random weights scaled so greedy tokens vary from step to step, as a trained model's
+    do (default init makes a tiny model repeat one token, which would hide bugs)."""
     from mlx.utils import tree_flatten, tree_unflatten
 
     params = []
     for k, v in tree_flatten(model.parameters()):
         if k.endswith("embed_tokens.weight"):
-            v = mx.random.normal(v.shape) * 1.0
+            v = mx.random.normal(v.shape) * 0.02
+        elif v.ndim == 2:
+            v = mx.random.normal(v.shape) / v.shape[1] ** 0.5
         params.append((k, v))
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
