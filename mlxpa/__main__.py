@@ -1,4 +1,4 @@
 """`python -m mlxpa` entry point."""
-from mlxpa.cli import app
+from mlxpa.cli import main
 
-app()
+main()

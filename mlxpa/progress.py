@@ -1,0 +1,80 @@
+"""Rich rendering of engine statistics on stderr: a live progress bar and a final report.
+
+The engine only counts (:mod:`mlxpa.metrics`); this module draws, and never on stdout
+(stdout carries results in shell pipelines).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mlxpa.metrics import Counters, Stats, summarize
+
+
+class RunProgress:
+    """Progress bar over rows: done/total, output tokens per second, KV blocks in use.
+
+    Args:
+        total: Rows expected (None when unknown).
+        counters: The engine's counters, read on every update.
+        console: Where to draw (stderr).
+        enabled: False draws nothing (``--quiet`` or a non-interactive stderr).
+    """
+
+    def __init__(self, total: int | None, counters: Counters, console: Console,
+                 enabled: bool = True) -> None:
+        self.counters = counters
+        self._progress = Progress(
+            TextColumn("[bold]mlxpa"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            console=console, disable=not enabled, transient=False)
+        self._task = self._progress.add_task("run", total=total, rate="")
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def advance(self, rows: int = 1) -> None:
+        s = summarize(self.counters)
+        self._progress.update(self._task, advance=rows,
+                              rate=f"{s.output_tokens_per_s:7.1f} out tok/s")
+
+
+def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
+    """The final report as a two-column table."""
+    t = Table(title="mlxpa run", show_header=False, box=None, pad_edge=False)
+    rows = [
+        ("requests", f"{stats.requests}"),
+        ("prompt tokens", f"{stats.prompt_tokens}"),
+        ("generated tokens", f"{stats.generation_tokens}"),
+        ("elapsed", f"{stats.elapsed_s:.2f} s"),
+        ("total tokens/s", f"{stats.total_tokens_per_s:.1f}"),
+        ("output tokens/s", f"{stats.output_tokens_per_s:.1f}"),
+        ("peak KV blocks", f"{stats.peak_kv_blocks}"
+         + (f" of {kv_blocks_total}" if kv_blocks_total else "")),
+        ("KV utilisation", f"{stats.kv_utilization:.1%}"),
+        ("preemptions", f"{stats.num_preemptions}"),
+    ]
+    if stats.ttft_p50_s is not None:
+        rows.append(("TTFT p50 / p99", f"{stats.ttft_p50_s:.3f} / {stats.ttft_p99_s:.3f} s"))
+    if stats.itl_p50_s is not None:
+        rows.append(("ITL p50 / p99", f"{stats.itl_p50_s * 1e3:.1f} / "
+                     f"{stats.itl_p99_s * 1e3:.1f} ms"))
+    for k, v in rows:
+        t.add_row(f"[bold]{k}", v)
+    return t
+
+
+def summary_line(stats: Stats) -> str:
+    """One line for logs: vLLM's throughput line plus the KV figures."""
+    return (f"Throughput: {stats.requests_per_s:.2f} requests/s, "
+            f"{stats.total_tokens_per_s:.2f} total tokens/s, "
+            f"{stats.output_tokens_per_s:.2f} output tokens/s | {stats.requests} requests, "
+            f"{stats.prompt_tokens} prompt + {stats.generation_tokens} generated tokens in "
+            f"{stats.elapsed_s:.2f} s | peak KV blocks {stats.peak_kv_blocks}, KV utilisation "
+            f"{stats.kv_utilization:.1%}, preemptions {stats.num_preemptions}")
