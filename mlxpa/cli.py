@@ -94,14 +94,18 @@ def run(
                  messages_column=messages_column, id_column=id_column,
                  metrics_json=metrics_json, console=console, show_progress=not quiet)
     except InputError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        _fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(1) from None
+        _fail(console, e, 1)
     except BrokenPipeError:
         sys.stderr.close()
         raise typer.Exit(0) from None
+
+
+def _fail(console, error: Exception, code: int) -> None:
+    """Print ``error`` on stderr unwrapped and without markup, then exit with ``code``."""
+    console.print(f"error: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from None
 
 
 def main() -> None:

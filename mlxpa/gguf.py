@@ -47,24 +47,17 @@ GEMMA_CHAT_TEMPLATE = (
 # GGUF value type -> struct format (8 is a string, 9 an array).
 _SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4  # tokenizer.ggml.token_type values
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LAYER = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
+# fmt: off
+_LAYER = {  # blk.N.<key> -> model.layers.N.<value> (ffn_norm depends on the architecture)
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-
-
-# fmt: off
 _HF_TOKENIZER_FIELDS = {  # tokenizer.ggml.<key> -> transformers' GGUF tokenizer field
     "model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",
     "token_type": "token_type", "merges": "merges", "bos_token_id": "bos_token_id",
@@ -190,7 +183,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     del weights
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    special = {k: v for k, v in tokenizer_config.items() if k.endswith("_token")}
+    special = {k: v for k, v in tokenizer_config.items() if k in _SPECIAL_TOKENS}
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     for filename, content in [
         ("config.json", config),

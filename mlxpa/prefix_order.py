@@ -14,13 +14,13 @@ key too, so identical prompts still end up adjacent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import NamedTuple
 
 
 class SharedPrefix(NamedTuple):
-    """A maximal shared prefix: ``num_rows`` prompts (the first is row ``first_row``) agree on
-    their first ``num_tokens`` tokens (a multiple of the block size) and then diverge or end."""
+    """A maximal shared prefix: ``num_rows`` prompts (the first is row ``first_row``) share
+    their first ``num_tokens`` tokens in whole blocks (they may agree on a few more tokens, in a
+    partial block that is never shared) and then diverge or end."""
 
     num_tokens: int
     num_rows: int
@@ -43,38 +43,33 @@ class PrefixStats(NamedTuple):
     top_prefixes: list[SharedPrefix]
 
 
-class _Event(NamedTuple):
-    rows: list[int]  # a group that shares ``depth`` blocks and splits or ends after them
-    depth: int  # blocks shared by ``rows``
-    new_blocks: int  # distinct full blocks of the tree created at this point
-
-
-def _walk(token_lists: list[list[int]], block_size: int) -> Iterator[_Event]:
-    """Depth-first over the block-level tree; singleton groups come out as leaves."""
+def _walk(token_lists: list[list[int]],
+          block_size: int) -> tuple[list[int], int, list[SharedPrefix]]:
+    """Depth-first over the block-level tree: returns the row order, the tree's distinct full
+    blocks and every maximal shared prefix of at least one block."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    stack = [(list(range(len(token_lists))), 0)]
+    order, num_blocks, shared = [], 0, []
+    stack = [(list(range(len(token_lists))), 0)] if token_lists else []
     while stack:
-        rows, depth = stack.pop()
+        rows, pos = stack.pop()
         if len(rows) == 1:
-            (r,) = rows
-            yield _Event(rows, depth, len(token_lists[r]) // block_size - depth)
+            order.append(rows[0])
+            num_blocks += len(token_lists[rows[0]]) // block_size - pos // block_size
             continue
         ended, groups = [], {}
         for r in rows:
-            key = tuple(token_lists[r][depth * block_size:(depth + 1) * block_size])
-            if key:
-                groups.setdefault(key, []).append(r)
-            else:
-                ended.append(r)
+            key = tuple(token_lists[r][pos:pos + block_size])
+            (groups.setdefault(key, []) if key else ended).append(r)
+        num_blocks += sum(len(key) == block_size for key in groups)
         if len(groups) == 1 and not ended:  # all still agree: go one block deeper
-            stack.append((rows, depth + 1))
+            stack.append((rows, pos + len(next(iter(groups)))))
             continue
-        full = sum(len(k) == block_size for k in groups)
-        yield _Event(ended, depth, 0)
-        yield _Event([], depth, full)  # counted apart so ``ended`` stays the emitted rows
-        stack.extend((g, depth + 1) for g in reversed(list(groups.values())))
-        yield _Event(rows, depth, -1)  # marks a branch point shared by ``rows``
+        if pos >= block_size:
+            shared.append(SharedPrefix(pos // block_size * block_size, len(rows), rows[0]))
+        order.extend(ended)
+        stack.extend((g, pos + len(key)) for key, g in reversed(groups.items()))
+    return order, num_blocks, shared
 
 
 def prefix_order(token_lists: list[list[int]], block_size: int) -> list[int]:
@@ -94,7 +89,7 @@ def prefix_order(token_lists: list[list[int]], block_size: int) -> list[int]:
     Raises:
         ValueError: ``block_size < 1``.
     """
-    return [r for ev in _walk(token_lists, block_size) if ev.new_blocks >= 0 for r in ev.rows]
+    return _walk(token_lists, block_size)[0]
 
 
 def shared_prefix_stats(token_lists: list[list[int]], block_size: int,
@@ -112,12 +107,7 @@ def shared_prefix_stats(token_lists: list[list[int]], block_size: int,
     Raises:
         ValueError: ``block_size < 1``.
     """
-    blocks, shared = 0, []
-    for ev in _walk(token_lists, block_size):
-        if ev.new_blocks >= 0:
-            blocks += ev.new_blocks
-        elif ev.depth > 0:
-            shared.append(SharedPrefix(ev.depth * block_size, len(ev.rows), min(ev.rows)))
+    _, blocks, shared = _walk(token_lists, block_size)
     tails = sum(len(t) % block_size for t in token_lists)
     shared.sort(key=lambda s: (-s.num_tokens, -s.num_rows, s.first_row))
     return PrefixStats(sum(map(len, token_lists)), blocks * block_size + tails, shared[:top_k])

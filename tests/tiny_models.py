@@ -63,3 +63,25 @@ def byte_tokenizer(eos_id: int = 1) -> TokenizerWrapper:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>")
     return TokenizerWrapper(fast, eos_token_ids={eos_id})
+
+
+def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = None) -> str:
+    """Write a tiny random model and the byte tokenizer as an MLX model folder
+    (what ``mlx_lm.load`` reads), for CLI tests."""
+    import json
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = tiny_llama() if kind == "llama" else tiny_gemma3()
+    config = {k: v for k, v in vars(model.args).items() if v is not None}
+    config["eos_token_id"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    tok = byte_tokenizer()._tokenizer
+    if chat_template:
+        tok.chat_template = chat_template
+    tok.save_pretrained(str(folder))
+    return str(folder)
