@@ -124,7 +124,8 @@ class BlockPool:
         """
         free = set(self._free)
         assert len(free) == len(self._free), "duplicate block in free queue"
-        assert NULL_BLOCK not in free and self._ref_cnt[NULL_BLOCK] == 0
+        assert free <= set(range(1, self.num_blocks)), "foreign id in free queue"
+        assert self._ref_cnt[NULL_BLOCK] == 0
         for b in range(1, self.num_blocks):
             rc = self._ref_cnt[b]
             assert rc >= 0, (b, rc)

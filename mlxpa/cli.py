@@ -57,7 +57,8 @@ def run(
     top_k: Annotated[int, typer.Option(help="Default top-k (0 = off).")] = 0,
     min_p: Annotated[float, typer.Option(help="Default min-p (0 = off).")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Default per-row seed.")] = None,
-    stop: Annotated[list[str] | None, typer.Option(help="Default stop string (repeatable).")] = None,
+    stop: Annotated[list[str] | None, typer.Option(
+        help="Default stop string (repeatable).")] = None,
     prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
     messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
     id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
@@ -69,7 +70,8 @@ def run(
     kernel: KernelOpt = "auto",
     metrics_json: Annotated[str | None, typer.Option(
         help="Write the final statistics as JSON here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress bar or report.")] = False,
     blas: BlasOpt = "auto",
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order."""

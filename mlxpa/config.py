@@ -102,8 +102,9 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.block_size in (8, 16, 32, 64, 128) if isinstance(self.block_size, int)
-               else False, "block_size", self.block_size, "one of 8, 16, 32, 64, 128")
+        _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
+               and self.block_size & (self.block_size - 1) == 0,
+               "block_size", self.block_size, "a power of two from 1 to 256")
         _check(self.num_blocks is None or (isinstance(self.num_blocks, int)
                                            and self.num_blocks >= 2),
                "num_blocks", self.num_blocks, "an integer >= 2 or None")

