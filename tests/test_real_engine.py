@@ -1,0 +1,58 @@
+"""The real default model (Gemma 3 270M, float32): our engine's greedy output is identical
+to ``mlx_lm.generate`` on the same converted folder and dtype (the oracle)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlx_lm import generate
+
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.engine import LLMEngine, PromptInput
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "Question: What is the capital of France?\nAnswer:",
+    "Classify the sentiment of the review as positive or negative.\n"
+    "Review: It broke after a week and support never answered.\nSentiment:",
+    "Question: Which planet is known as the red planet?\nAnswer:",
+    "The three primary colours are",
+]
+MAX_TOKENS = 12
+
+
+def test_greedy_matches_mlx_lm_generate(default_model):
+    model, tok, _ = default_model
+    refs = [generate(model, tok, p, max_tokens=MAX_TOKENS) for p in PROMPTS]
+    # Small blocks and a small step budget: chunked prefill and several blocks per prompt.
+    engine = LLMEngine(EngineConfig(block_size=8, num_blocks=64, max_num_batched_tokens=40),
+                       model, tok)
+    items = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=MAX_TOKENS))
+             for i, p in enumerate(PROMPTS)]
+    outs = {o.request_id: o for o in engine.generate(items)}
+    assert [outs[i].text for i in range(len(PROMPTS))] == refs
+    assert "Paris" in outs[0].text
+    engine.kv_cache_manager.check_invariants([])
+
+
+def test_cli_on_examples_subset(default_model, tmp_path):
+    """``run_file`` on example rows (shared instruction prefix, per-row stop and max_tokens)
+    gives mlx-lm's greedy text cut at the first stop string."""
+    from mlxpa.run import run_file
+
+    model, tok, _ = default_model
+    rows = [json.loads(line) for line in open("examples/prompts.jsonl")][::6]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
+    run_file(str(src), str(out), EngineConfig(), SamplingParams(), engine=engine,
+             show_progress=False)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["id"] for g in got] == [r["id"] for r in rows]
+    for r, g in zip(rows, got):
+        ref = generate(model, tok, r["prompt"], max_tokens=r["max_tokens"])
+        cut = min((ref.index(s) for s in r["stop"] if s in ref), default=len(ref))
+        assert g["text"] == ref[:cut], r["id"]
