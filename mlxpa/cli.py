@@ -7,6 +7,7 @@ stderr, so ``cat x.jsonl | mlxpa run - | jq ...`` works.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
@@ -82,6 +83,8 @@ def run(
     from mlxpa.run import run_file
 
     console = Console(stderr=True)
+    if not quiet:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
                               max_num_seqs=max_num_seqs,

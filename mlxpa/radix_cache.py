@@ -130,7 +130,6 @@ class RadixCache:
         refreshes access times. Returns the last node, matched tokens and their blocks."""
         node, pos, block_ids = self.root, 0, []
         end = len(token_ids) // self.block_size * self.block_size
-        node.last_access_time = next(self._clock)
         while pos < end and (child := node.children.get(self._child_key(token_ids, pos))):
             n = self._common_blocks(child.key, token_ids, pos)
             if n * self.block_size < len(child.key):
@@ -165,7 +164,7 @@ class RadixCache:
         Args:
             token_ids: Tokens whose K/V are in ``block_ids``; a trailing partial block is ignored.
             block_ids: One block id per block of ``token_ids`` (extra ones are ignored). May be
-                None only for a simulated tree.
+                None only for a simulated tree, which then numbers new blocks 1, 2, ...
 
         Returns:
             Tokens (a multiple of ``block_size``) the tree already held before this call.
@@ -174,22 +173,22 @@ class RadixCache:
             ValueError: Too few ``block_ids``, or none given to a tree over a pool.
         """
         num_blocks = len(token_ids) // self.block_size
-        if block_ids is None:
-            if self.pool is not None:
-                raise ValueError("block_ids are required when the tree holds pool references")
-            block_ids = [next(self._sim_block_ids) for _ in range(num_blocks)]
-        if len(block_ids) < num_blocks:
+        if block_ids is None and self.pool is not None:
+            raise ValueError("block_ids are required when the tree holds pool references")
+        if block_ids is not None and len(block_ids) < num_blocks:
             raise ValueError(f"{len(token_ids)} tokens need {num_blocks} blocks, "
                              f"got {len(block_ids)}")
         node, present, _ = self._walk(token_ids)
-        if present < num_blocks * self.block_size:
+        first = present // self.block_size
+        if first < num_blocks:
+            value = (list(block_ids[first:num_blocks]) if block_ids is not None
+                     else [next(self._sim_block_ids) for _ in range(first, num_blocks)])
             new = RadixNode(next(self._ids), tuple(token_ids[present:num_blocks * self.block_size]),
-                            list(block_ids[present // self.block_size:num_blocks]), node,
-                            last_access_time=next(self._clock))
+                            value, node, last_access_time=next(self._clock))
             node.children[new.key[:self.block_size]] = new
             if self.pool is not None:
-                self.pool.incref(new.value)
-            self.evictable_blocks += len(new.value)
+                self.pool.incref(value)
+            self.evictable_blocks += len(value)
         return present
 
     def lock(self, node: RadixNode) -> None:
@@ -226,7 +225,7 @@ class RadixCache:
             Blocks evicted: ``min(num_blocks, evictable_blocks)``.
         """
         heap = [(n.last_access_time, n.node_id, n) for n in self._nodes()
-                if not n.children and n.lock_ref == 0]
+                if not n.children]
         heapq.heapify(heap)
         evicted = 0
         while evicted < num_blocks and heap:
@@ -268,13 +267,13 @@ class RadixCache:
         bs, evictable, protected, seen = self.block_size, 0, 0, set()
         for node in [self.root, *self._nodes()]:
             assert node.lock_ref >= 0, node
-            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), node
             for k, child in node.children.items():
                 assert child.parent is node and k == child.key[:bs], (k, child)
             if node is self.root:
                 assert not node.key and not node.value and node.lock_ref == 0
                 continue
             assert node.key and len(node.key) == len(node.value) * bs, node
+            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), node
             if node.lock_ref:
                 protected += len(node.value)
             else:

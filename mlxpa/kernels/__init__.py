@@ -1,21 +1,129 @@
-"""Paged-attention kernels: the MLX-ops reference (the spec) and backend dispatch."""
+"""Paged-attention kernels: the MLX-ops reference (the spec) and a self-checked native path.
+
+``paged_attention`` picks the back end from ``kernel`` (the config's ``--kernel``):
+
+- ``auto``: Metal where ``mx.metal.is_available()``, else CUDA where ``mx.cuda.is_available()``,
+  else the reference.
+- ``metal`` / ``cuda``: that kernel; where the device is absent, a warning (once) and the
+  reference.
+- ``reference``: gather + ``mx.fast.scaled_dot_product_attention`` (``reference.py``).
+
+Only decode (``L == 1``) with a supported shape goes native; prefill over a cached prefix
+stays gather + SDPA on every back end. The first time a native kernel meets a shape class
+(back end, dtype, head dim, block size, window, heads) it runs both variants on a small random
+case with rows of 0, 1, ``block_size + 1`` and 600 keys (two v2 partitions) and compares them
+with the float32 reference on the CPU; on a mismatch, or when the kernel fails to compile or
+run, it warns once and that class uses the reference from then on. So a kernel that was never
+run on real hardware cannot silently give wrong numbers.
+"""
 
 from __future__ import annotations
 
+import importlib
+import warnings
+
 import mlx.core as mx
 
-from mlxpa.kernels import reference
+from mlxpa.kernels import _common, reference
+
+KERNELS = ("auto", "reference", "metal", "cuda")
+_MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
+            "cuda": "mlxpa.kernels.cuda_paged_attention"}
+# Self-check tolerance (atol = rtol) per dtype: looser than the emulator tests' 1e-5 / 2e-3
+# for device math, far below any indexing or softmax bug (errors of order 0.1).
+CHECK_TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 1e-2}
+
+_verified: dict[tuple, bool] = {}
+_warned: set[tuple] = set()
+
+
+def _warn_once(key: tuple, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _load_backend(name: str):
+    return importlib.import_module(_MODULES[name])
+
+
+def resolve_backend(kernel: str) -> str:
+    """``metal``, ``cuda`` or ``reference`` for a ``--kernel`` value on this machine.
+
+    Raises:
+        ValueError: ``kernel`` is not one of ``KERNELS``.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if kernel == "auto":
+        for name in ("metal", "cuda"):
+            if _load_backend(name).is_available():
+                return name
+        return "reference"
+    if kernel != "reference" and not _load_backend(kernel).is_available():
+        _warn_once(("unavailable", kernel),
+                   f"kernel={kernel!r}: this MLX build has no {kernel} device; "
+                   "paged attention uses the reference")
+        return "reference"
+    return kernel
+
+
+def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, window: int,
+               q_heads: int, kv_heads: int) -> str | None:
+    """Run ``backend``'s v1 and v2 on a random case of this shape class against the reference;
+    return why they fail (mismatch or exception text), or None when both match."""
+    module = _load_backend(backend)
+    lens = [0, 1, block_size + 1, 600]
+    case = _common.random_case(0, dtype, head_dim, block_size, q_heads, kv_heads, lens,
+                               window=window or None, trim=bool(window))
+    tol = CHECK_TOLERANCE[dtype]
+    try:
+        ref = _common.reference_f32(case)
+        for variant in ("v1", "v2"):
+            out = module.paged_attention(*case.args, **case.kwargs, variant=variant)
+            mx.eval(out)
+            why = _common.mismatch(out, ref, case.args[4], tol, tol)
+            if why:
+                return f"{variant}: {why}"
+    except Exception as e:  # noqa: BLE001 - a compile error must fall back, not crash
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,
                     key_start: mx.array | None = None, kernel: str = "auto") -> mx.array:
-    """Paged attention through the chosen backend (see ``reference.paged_attention`` for
-    shapes). Only the reference exists so far; every ``kernel`` value runs it."""
+    """Paged attention through the chosen back end; arguments, shapes and the result as
+    ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM).
+
+    Args:
+        kernel: ``auto``, ``reference``, ``metal`` or ``cuda`` (see the module docstring).
+
+    Raises:
+        ValueError: Unknown ``kernel``.
+    """
+    backend = resolve_backend(kernel)
+    if backend != "reference" and _common.supported(q, key_cache, value_cache):
+        window = sliding_window or 0
+        cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
+               key_cache.shape[1])
+        if cls not in _verified:
+            why = self_check(*cls)
+            _verified[cls] = why is None
+            if why:
+                _warn_once(("check",) + cls,
+                           f"{backend} paged-attention kernel failed its check against the "
+                           f"reference for dtype={q.dtype}, head_dim={cls[2]}, block_size="
+                           f"{cls[3]}, window={window}, heads={cls[5]}/{cls[6]} ({why}); "
+                           "using the reference")
+        if _verified[cls]:
+            return _load_backend(backend).paged_attention(
+                q, key_cache, value_cache, block_tables, context_lens, query_start,
+                scale=scale, sliding_window=sliding_window, key_start=key_start)
     return reference.paged_attention(q, key_cache, value_cache, block_tables, context_lens,
                                      query_start, scale=scale, sliding_window=sliding_window,
                                      key_start=key_start)
 
 
-__all__ = ["paged_attention"]
+__all__ = ["KERNELS", "paged_attention", "resolve_backend", "self_check"]
