@@ -224,8 +224,9 @@ class RadixCache:
         Returns:
             Blocks evicted: ``min(num_blocks, evictable_blocks)``.
         """
+        # NOTE: leaves are collected per call (O(nodes)), as SGLang's ``_collect_leaves`` does.
         heap = [(n.last_access_time, n.node_id, n) for n in self._nodes()
-                if not n.children]
+                if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         evicted = 0
         while evicted < num_blocks and heap:
