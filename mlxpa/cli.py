@@ -58,6 +58,7 @@ def run(
     top_k: Annotated[int, typer.Option(help="Default top-k (0 = off).")] = 0,
     min_p: Annotated[float, typer.Option(help="Default min-p (0 = off).")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Default per-row seed.")] = None,
+    n: Annotated[int, typer.Option("--n", help="Default samples per prompt.")] = 1,
     stop: Annotated[list[str] | None, typer.Option(
         help="Default stop string (repeatable).")] = None,
     prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
@@ -69,6 +70,12 @@ def run(
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     max_model_len: MaxModelLenOpt = None,
     kernel: KernelOpt = "auto",
+    order: Annotated[str, typer.Option(
+        help="Admission order: prefix (rows sharing a prefix run together) or input.")
+    ] = "prefix",
+    prefix_caching: Annotated[bool, typer.Option(
+        "--prefix-caching/--no-prefix-caching",
+        help="Share cached prompt prefixes across rows (radix tree).")] = True,
     metrics_json: Annotated[str | None, typer.Option(
         help="Write the final statistics as JSON here.")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -89,14 +96,18 @@ def run(
         config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
                               max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
-                              max_model_len=max_model_len, kernel=kernel)
+                              max_model_len=max_model_len, kernel=kernel,
+                              enable_prefix_caching=prefix_caching)
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()))
+                                  top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()),
+                                  n=n)
+        if order not in ("prefix", "input"):
+            raise ValueError(f"order must be prefix or input, got {order!r}")
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     try:
         run_file(input, output, config, defaults, prompt_column=prompt_column,
-                 messages_column=messages_column, id_column=id_column,
+                 messages_column=messages_column, id_column=id_column, order=order,
                  metrics_json=metrics_json, console=console, show_progress=not quiet)
     except InputError as e:
         _fail(console, e, 2)

@@ -19,7 +19,7 @@ from mlxpa.kv_cache_manager import KVCacheManager
 from mlxpa.metrics import Counters
 from mlxpa.model_runner import ModelRunner
 from mlxpa.request import Request, RequestOutput, RequestStatus
-from mlxpa.scheduler import Scheduler
+from mlxpa.scheduler import Scheduler, SchedulerOutput
 
 
 class PromptInput(NamedTuple):
@@ -48,46 +48,67 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config)
-        self.kv_cache_manager = KVCacheManager(BlockPool(self.runner.num_blocks,
-                                                         config.block_size))
+        self.kv_cache_manager = KVCacheManager(
+            BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
+        self._pending_forks: list[Request] = []
 
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
-                    params: SamplingParams) -> RequestOutput | None:
-        """Queue a request.
+                    params: SamplingParams) -> list[RequestOutput] | None:
+        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill,
+        the others fork its blocks when it is done).
 
         Returns:
-            A finished :class:`RequestOutput` right away when the request needs no model work
-            (``max_tokens`` 0) or cannot run (empty prompt, longer than the context or the
-            pool: ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
+            Finished :class:`RequestOutput` s (one per sample) right away when the request
+            needs no model work (``max_tokens`` 0) or cannot run (empty prompt, longer than
+            the context or the pool: ``finish_reason`` ``abort`` with ``error`` set);
+            otherwise None.
         """
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter())
-        if params.n != 1:
-            return self._error(req, "n > 1 is not supported yet")
         try:
             self.scheduler.add_request(req)
         except ValueError as e:
-            return self._error(req, str(e))
+            return [self._error(req, str(e), i) for i in range(params.n)]
         self.counters.prompt_tokens += req.num_prompt_tokens
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
-            return self._output(req, "")
+            return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        if params.n > 1:
+            self._pending_forks.append(req)
         return None
 
-    def _error(self, req: Request, message: str) -> RequestOutput:
+    def _error(self, req: Request, message: str, sample_index: int = 0) -> RequestOutput:
         req.status = RequestStatus.FINISHED_ABORTED
-        out = self._output(req, "")
+        out = self._output(req, "", sample_index)
         out.error = message
         return out
+
+    def _fork_samples(self, out: SchedulerOutput) -> None:
+        """Start samples 1..n-1 of every request whose prefill ran in step ``out`` (before
+        ``update_from_output``, which may finish and free the parent)."""
+        done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
+        still = []
+        for parent in self._pending_forks:
+            if id(parent) not in done:
+                still.append(parent)
+                continue
+            for i in range(1, parent.sampling_params.n):
+                child = Request(parent.request_id, parent.prompt_token_ids,
+                                parent.sampling_params, arrival_time=parent.arrival_time,
+                                sample_index=i)
+                self.scheduler.fork_request(parent, child)
+                self._detok[child] = IncrementalDetokenizer(self.tokenizer,
+                                                            parent.sampling_params.stop)
+        self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -101,11 +122,14 @@ class LLMEngine:
         sched = self.scheduler
         out = sched.schedule()
         sampled = self.runner.execute(out) if out.requests else []
+        if self._pending_forks:
+            self._fork_samples(out)
         updated = sched.update_from_output(out, sampled)
         c = self.counters
         c.num_steps += 1
         c.generation_tokens += len(sampled)
         c.num_preemptions += len(out.preempted)
+        c.evicted_blocks = self.kv_cache_manager.evicted_blocks
         used = self.kv_cache_manager.num_used_blocks
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
@@ -125,9 +149,11 @@ class LLMEngine:
                 finished.append(self._output(req, self._detok.pop(req).finalize()))
         return finished
 
-    def _output(self, req: Request, text: str) -> RequestOutput:
+    def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
         c.requests += 1
+        if sample_index in (None, 0):
+            c.cached_prompt_tokens += max(req.num_cached_tokens, 0)
         times = req.token_times
         ttft = times[0] - req.arrival_time if times else None
         itl = [b - a for a, b in zip(times, times[1:])]
@@ -135,7 +161,9 @@ class LLMEngine:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
         return RequestOutput(
-            request_id=req.request_id, text=text, token_ids=list(req.output_token_ids),
+            request_id=req.request_id,
+            sample_index=req.sample_index if sample_index is None else sample_index,
+            text=text, token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
 
@@ -159,7 +187,7 @@ class LLMEngine:
                     break
                 done = self.add_request(*item)
                 if done is not None:
-                    yield done
+                    yield from done
             if not self.has_unfinished_requests():
                 if exhausted:
                     return

@@ -25,6 +25,7 @@ class Counters:
         cached_prompt_tokens: Prompt tokens served from the prefix cache.
         generation_tokens: Output tokens sampled.
         num_preemptions: Requests preempted (recomputed later).
+        evicted_blocks: Blocks evicted from the prefix cache (radix tree).
         num_steps: Engine steps run.
         peak_kv_blocks: Most KV blocks in use after any step.
         kv_tokens_held: Sum over steps of tokens with K/V in the pool.
@@ -39,6 +40,7 @@ class Counters:
     cached_prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0
+    evicted_blocks: int = 0
     num_steps: int = 0
     peak_kv_blocks: int = 0
     kv_tokens_held: int = 0
@@ -54,6 +56,7 @@ class Stats:
     requests: int
     prompt_tokens: int
     cached_prompt_tokens: int
+    prefix_cache_hit_rate: float
     generation_tokens: int
     elapsed_s: float
     total_tokens_per_s: float
@@ -62,6 +65,7 @@ class Stats:
     peak_kv_blocks: int
     kv_utilization: float
     num_preemptions: int
+    evicted_blocks: int
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     itl_p50_s: float | None
@@ -80,13 +84,15 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
     elapsed = max((now or time.perf_counter()) - c.start_time, 1e-9)
     return Stats(
         requests=c.requests, prompt_tokens=c.prompt_tokens,
-        cached_prompt_tokens=c.cached_prompt_tokens, generation_tokens=c.generation_tokens,
+        cached_prompt_tokens=c.cached_prompt_tokens,
+        prefix_cache_hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+        generation_tokens=c.generation_tokens,
         elapsed_s=elapsed,
         total_tokens_per_s=(c.prompt_tokens + c.generation_tokens) / elapsed,
         output_tokens_per_s=c.generation_tokens / elapsed,
         requests_per_s=c.requests / elapsed,
         peak_kv_blocks=c.peak_kv_blocks,
         kv_utilization=c.kv_tokens_held / c.kv_slots_in_use if c.kv_slots_in_use else 0.0,
-        num_preemptions=c.num_preemptions,
+        num_preemptions=c.num_preemptions, evicted_blocks=c.evicted_blocks,
         ttft_p50_s=_pct(c.ttft_s, 50), ttft_p99_s=_pct(c.ttft_s, 99),
         itl_p50_s=_pct(c.itl_s, 50), itl_p99_s=_pct(c.itl_s, 99))

@@ -176,11 +176,14 @@ class ModelRunner:
         return self.model.model.embed_tokens.as_linear(hidden)
 
     def seed_for(self, req: Request) -> int:
-        """The request's seed, or one derived from the engine seed and the request id."""
+        """The request's seed (sample 0) or one derived from it and the sample index, or,
+        without a seed, one derived from the engine seed and the request id."""
         seed = req.sampling_params.seed
-        if seed is not None:
+        if seed is not None and req.sample_index == 0:
             return seed
-        return zlib.crc32(repr((self.config.seed, req.request_id)).encode())
+        key = (seed, req.sample_index) if seed is not None else (
+            self.config.seed, req.request_id, req.sample_index)
+        return zlib.crc32(repr(key).encode())
 
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run one scheduled step.

@@ -51,6 +51,8 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
     rows = [
         ("requests", f"{stats.requests}"),
         ("prompt tokens", f"{stats.prompt_tokens}"),
+        ("cached prompt tokens", f"{stats.cached_prompt_tokens} "
+         f"(prefix cache hit rate {stats.prefix_cache_hit_rate:.1%})"),
         ("generated tokens", f"{stats.generation_tokens}"),
         ("elapsed", f"{stats.elapsed_s:.2f} s"),
         ("total tokens/s", f"{stats.total_tokens_per_s:.1f}"),
@@ -59,6 +61,7 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
          + (f" of {kv_blocks_total}" if kv_blocks_total else "")),
         ("KV utilisation", f"{stats.kv_utilization:.1%}"),
         ("preemptions", f"{stats.num_preemptions}"),
+        ("evicted blocks", f"{stats.evicted_blocks}"),
     ]
     if stats.ttft_p50_s is not None:
         rows.append(("TTFT p50 / p99", f"{stats.ttft_p50_s:.3f} / {stats.ttft_p99_s:.3f} s"))
@@ -76,5 +79,7 @@ def summary_line(stats: Stats) -> str:
             f"{stats.total_tokens_per_s:.2f} total tokens/s, "
             f"{stats.output_tokens_per_s:.2f} output tokens/s | {stats.requests} requests, "
             f"{stats.prompt_tokens} prompt + {stats.generation_tokens} generated tokens in "
-            f"{stats.elapsed_s:.2f} s | peak KV blocks {stats.peak_kv_blocks}, KV utilisation "
+            f"{stats.elapsed_s:.2f} s | prefix cache hit rate "
+            f"{stats.prefix_cache_hit_rate:.1%} | peak KV blocks {stats.peak_kv_blocks}, "
+            "KV utilisation "
             f"{stats.kv_utilization:.1%}, preemptions {stats.num_preemptions}")

@@ -40,10 +40,11 @@ class Request:
     """One prompt being generated.
 
     Attributes:
-        request_id: Caller-given id (the input row index, or ``(row, sample)`` for n > 1).
+        request_id: Caller-given id (the input row index).
         prompt_token_ids: Prompt tokens (BOS included when the tokenizer adds one).
         sampling_params: How to sample and when to stop.
         arrival_time: ``time.perf_counter()`` seconds at admission to the engine.
+        sample_index: Which of the ``n`` samples of its prompt this request is (0-based).
         max_tokens: Effective output cap: ``sampling_params.max_tokens`` clamped so that
             prompt + output fits the model's context and the pool (set by the scheduler).
         output_token_ids: Generated tokens so far (after a stop, trimmed tokens stay here).
@@ -61,6 +62,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0
+    sample_index: int = 0
     max_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -102,6 +104,7 @@ class RequestOutput:
 
     Attributes:
         request_id: The request's id.
+        sample_index: Which sample of the prompt (n > 1), 0-based.
         text: Detokenized completion (stop string excluded).
         token_ids: Generated token ids (tokens after a stop string's end trimmed).
         finish_reason: ``stop``, ``length`` or ``abort``.
@@ -117,6 +120,7 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str
     num_prompt_tokens: int
+    sample_index: int = 0
     num_cached_tokens: int = 0
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)

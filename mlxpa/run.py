@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections import defaultdict
 
 from rich.console import Console
 
@@ -18,6 +18,7 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import ResultWriter, Row, read_rows
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.metrics import Stats, summarize
+from mlxpa.prefix_order import prefix_order
 from mlxpa.progress import RunProgress, summary_table
 from mlxpa.prompts import prompt_token_ids
 from mlxpa.request import RequestOutput
@@ -44,7 +45,9 @@ def _where(row: Row) -> str:
 
 
 def _requests(rows: list[Row], tokenizer, defaults: SamplingParams,
-              writer: ResultWriter) -> Iterator[PromptInput]:
+              writer: ResultWriter) -> list[PromptInput]:
+    """Tokenize every valid row; rows that cannot run get their error record now."""
+    items = []
     for row in rows:
         if row.error is not None:
             writer.add(row.index, error_record(row, row.error))
@@ -55,14 +58,24 @@ def _requests(rows: list[Row], tokenizer, defaults: SamplingParams,
         except ValueError as e:
             writer.add(row.index, error_record(row, f"{_where(row)}: {e}"))
             continue
-        yield PromptInput(row.index, ids, params)
+        items.append(PromptInput(row.index, ids, params))
+    return items
+
+
+def _ordered(items: list[PromptInput], order: str, block_size: int) -> list[PromptInput]:
+    if order == "input":
+        return items
+    if order != "prefix":
+        raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
+    return [items[i] for i in prefix_order([it.prompt_token_ids for it in items], block_size)]
 
 
 def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingParams, *,
              fmt: str | None = None, prompt_column: str = "prompt",
              messages_column: str = "messages", id_column: str = "id",
-             metrics_json: str | None = None, console: Console | None = None,
-             show_progress: bool = True, engine: LLMEngine | None = None) -> Stats:
+             order: str = "prefix", metrics_json: str | None = None,
+             console: Console | None = None, show_progress: bool = True,
+             engine: LLMEngine | None = None) -> Stats:
     """Run every row of ``source`` and write one result per row to ``output``.
 
     Args:
@@ -74,6 +87,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         prompt_column: Field of the text prompt.
         messages_column: Field of the chat messages.
         id_column: Field of the row id.
+        order: ``prefix`` admits rows in depth-first order of a radix tree over all prompts
+            (rows sharing a prefix run together); ``input`` keeps the file order. Output is in
+            input order either way.
         metrics_json: Where to write the final statistics as JSON.
         console: Where progress and the report go (default: stderr).
         show_progress: Draw the progress bar and final report.
@@ -94,12 +110,24 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     by_index = {row.index: row for row in rows}
     with ResultWriter(output) as writer, RunProgress(len(rows), engine.counters, console,
                                                      show_progress) as progress:
-        done = writer.num_written
-        for out in engine.generate(_requests(rows, engine.tokenizer, defaults, writer)):
-            writer.add(out.request_id, result_record(by_index[out.request_id], out))
-            progress.advance(writer.num_written - done)
-            done = writer.num_written
-        progress.advance(writer.num_written - done)
+        items = _ordered(_requests(rows, engine.tokenizer, defaults, writer), order,
+                         engine.config.block_size)
+        num_samples = {it.request_id: it.params.n for it in items}
+        samples: dict[int, list[dict]] = defaultdict(list)
+        progress.advance(len(rows) - len(items))  # rows that failed validation
+        for out in engine.generate(items):
+            row, n = by_index[out.request_id], num_samples[out.request_id]
+            record = result_record(row, out)
+            if n == 1:
+                writer.add(row.index, record)
+                progress.advance()
+                continue
+            group = samples[row.index]
+            group.append({**record, "sample_index": out.sample_index})
+            if len(group) == n:
+                writer.add(row.index, sorted(samples.pop(row.index),
+                                             key=lambda r: r["sample_index"]))
+                progress.advance()
     stats = summarize(engine.counters)
     if show_progress:
         console.print(summary_table(stats, engine.runner.num_blocks - 1))

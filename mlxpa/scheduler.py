@@ -19,6 +19,9 @@ from mlxpa.config import EngineConfig
 from mlxpa.kv_cache_manager import KVCacheManager
 from mlxpa.request import Request, RequestStatus
 
+# How many waiting requests admission may pass over while they wait for a shared prefix.
+_ADMISSION_LOOKAHEAD = 256
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -111,13 +114,18 @@ class Scheduler:
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+        deferred: list[Request] = []
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(deferred) < _ADMISSION_LOOKAHEAD):
+            req = self.waiting.popleft()
             computed = self.kv.get_computed_blocks(req)
+            if self._shares_uncached_prefix(req, computed.num_tokens):
+                deferred.append(req)
+                continue
             n = min(req.num_tokens - computed.num_tokens, budget)
             if self.kv.allocate_slots(req, n, computed) is None:
+                self.waiting.appendleft(req)
                 break
-            self.waiting.popleft()
             req.num_computed_tokens = computed.num_tokens
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed.num_tokens
@@ -126,7 +134,50 @@ class Scheduler:
             out.requests.append(req)
             out.num_scheduled_tokens.append(n)
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _shares_uncached_prefix(self, req: Request, num_cached: int) -> bool:
+        """True when a running request is still prefilling blocks ``req`` shares beyond its
+        cached prefix: ``req`` waits and reads them from the cache once they are computed,
+        instead of computing them a second time (SGLang's in-batch prefix deduplication)."""
+        if not self.kv.enable_prefix_caching:
+            return False
+        bs = self.kv.block_size
+        limit = (req.num_tokens - 1) // bs  # blocks a hit can cover
+        if limit * bs <= num_cached:
+            return False
+        prompt = req.prompt_token_ids
+        first = prompt[:bs]
+        for other in self.running:
+            if (other.num_computed_tokens >= other.num_prompt_tokens
+                    or other.prompt_token_ids[:bs] != first):
+                continue
+            shared = 0
+            top = min(limit, other.num_prompt_tokens // bs)
+            while (shared < top and prompt[shared * bs:(shared + 1) * bs]
+                   == other.prompt_token_ids[shared * bs:(shared + 1) * bs]):
+                shared += 1
+            if shared * bs > num_cached:
+                return True
+        return False
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """Start ``child``, another sample of ``parent``'s prompt, sharing its prompt blocks.
+
+        ``parent``'s prefill must have run (its prompt K/V written). The child shares every
+        prompt block and recomputes only the last prompt token (to sample its own first token): that
+        write lands in the shared last block, so the KV cache manager copies it first
+        (copy-on-write). The child joins the running batch directly (it may exceed
+        ``max_num_seqs`` by the fork's size for a while).
+        """
+        assert len(parent.block_table) * self.kv.block_size >= parent.num_prompt_tokens
+        self.kv.fork(parent, child)
+        child.num_computed_tokens = child.num_prompt_tokens - 1
+        child.max_tokens = parent.max_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.kv.free(req)
@@ -156,6 +207,7 @@ class Scheduler:
         updated = []
         for req, n, samples in zip(out.requests, out.num_scheduled_tokens, sampling):
             req.num_computed_tokens += n
+            self.kv.cache_blocks(req)
             if not samples:
                 continue
             tok = next(tokens)

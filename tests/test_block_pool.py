@@ -332,7 +332,7 @@ def test_cdiv():
 
 
 def test_manager_capacity_and_usage():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     assert kv.block_size == BS
     assert kv.capacity_tokens == USABLE * BS == 40
     assert kv.num_used_blocks == 0 and kv.usage == 0.0
@@ -340,7 +340,7 @@ def test_manager_capacity_and_usage():
 
 
 def test_allocate_slots_exact_ids_prefill_then_decode():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a = make_request("a", 10)
     assert kv.allocate_slots(a, 10) == [1, 2, 3]
     assert a.block_table == [1, 2, 3]
@@ -358,7 +358,7 @@ def test_allocate_slots_exact_ids_prefill_then_decode():
 
 
 def test_allocate_slots_chunked_prefill():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a = make_request("a", 10)
     got = []
     for n in (4, 4, 2):
@@ -370,7 +370,7 @@ def test_allocate_slots_chunked_prefill():
 
 
 def test_allocate_slots_interleaved_requests():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a, b = make_request("a", 5), make_request("b", 3)
     assert kv.allocate_slots(a, 5) == [1, 2]
     assert kv.allocate_slots(b, 3) == [3]
@@ -382,7 +382,7 @@ def test_allocate_slots_interleaved_requests():
 
 
 def test_allocate_slots_returns_none_when_full_and_changes_nothing():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a, b = make_request("a", 36), make_request("b", 8)
     assert kv.allocate_slots(a, 36) == list(range(1, 10))
     before = snapshot(kv.pool)
@@ -395,7 +395,7 @@ def test_allocate_slots_returns_none_when_full_and_changes_nothing():
 
 
 def test_manager_free_releases_tail_first():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a, b = make_request("a", 12), make_request("b", 8)
     assert kv.allocate_slots(a, 12) == [1, 2, 3]
     assert kv.allocate_slots(b, 8) == [4, 5]
@@ -413,7 +413,7 @@ def test_manager_free_releases_tail_first():
 
 
 def test_manager_free_of_full_pool_reuses_last_block_first():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a = make_request("a", 40)
     assert kv.allocate_slots(a, 40) == list(range(1, 11))
     kv.free(a)
@@ -426,7 +426,7 @@ def test_manager_free_of_full_pool_reuses_last_block_first():
 
 
 def test_manager_free_twice_is_harmless():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     a = make_request("a", 5)
     kv.allocate_slots(a, 5)
     kv.free(a)
@@ -436,7 +436,7 @@ def test_manager_free_twice_is_harmless():
 
 
 def test_manager_fork_then_copy_on_write_of_partial_block():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     parent, child = make_request("p", 6), make_request("c", 6)
     assert kv.allocate_slots(parent, 6) == [1, 2]
     parent.num_computed_tokens = 6
@@ -465,7 +465,7 @@ def test_manager_fork_then_copy_on_write_of_partial_block():
 
 
 def test_manager_fork_at_block_boundary_needs_no_copy():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     parent, child = make_request("p", 8), make_request("c", 8)
     assert kv.allocate_slots(parent, 8) == [1, 2]
     parent.num_computed_tokens = 8
@@ -478,7 +478,7 @@ def test_manager_fork_at_block_boundary_needs_no_copy():
 
 
 def test_manager_copy_on_write_and_new_block_in_one_call():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     parent, child = make_request("p", 6), make_request("c", 6)
     kv.allocate_slots(parent, 6)  # [1, 2]
     parent.num_computed_tokens = 6
@@ -499,7 +499,7 @@ def test_manager_copy_on_write_and_new_block_in_one_call():
 
 
 def test_manager_copy_on_write_without_free_block_returns_none():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     parent, child = make_request("p", 6), make_request("c", 6)
     kv.allocate_slots(parent, 6)
     parent.num_computed_tokens = 6
@@ -514,7 +514,7 @@ def test_manager_copy_on_write_without_free_block_returns_none():
 
 
 def test_manager_allocate_with_computed_prefix_forks_it():
-    kv = KVCacheManager(make_pool())
+    kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     donor = make_request("d", 8)
     kv.allocate_slots(donor, 8)  # [1, 2]
     a = make_request("a", 10)

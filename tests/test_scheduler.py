@@ -31,7 +31,7 @@ def make_scheduler(max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
                    eos: frozenset[int] = frozenset({EOS})) -> Scheduler:
     config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens)
-    return Scheduler(config, KVCacheManager(BlockPool(num_blocks, BS)),
+    return Scheduler(config, KVCacheManager(BlockPool(num_blocks, BS), enable_prefix_caching=False),
                      max_model_len=max_model_len, eos_token_ids=eos)
 
 
