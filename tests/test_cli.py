@@ -117,3 +117,25 @@ def test_bad_option_is_a_clear_error(tiny):
     folder, _ = tiny
     r = invoke(["-", "--model", folder, "--top-p", "0"], input="")
     assert r.exit_code == 2 and "top_p" in r.output
+
+
+def test_plan_predicts_hits_and_blocks(tiny, tmp_path):
+    """Hand-computed: block size 4, three prompts sharing 8 tokens (2 blocks)."""
+    folder, _ = tiny
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "abcdefgh" + "xy"},
+                                             {"prompt": "abcdefgh" + "zw"},
+                                             {"prompt": "qrstuvwx"}, {"prompt": ""}])
+    r = CliRunner().invoke(app, ["plan", src, "--model", folder, "--block-size", "4",
+                                 "--max-tokens", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.stdout)
+    assert p["rows"] == 3 and p["invalid_rows"] == 1
+    assert p["prompt_tokens"] == 28
+    # Second "abcdefgh.." row reuses 2 blocks (8 tokens); "qrstuvwx" shares nothing.
+    assert p["computed_prompt_tokens"] == 20
+    assert p["predicted_hit_rate"] == pytest.approx(8 / 28)
+    # Without sharing: cdiv(12, 4) * 2 + cdiv(10, 4) = 3 + 3 + 3 = 9 blocks.
+    assert p["kv_blocks_without_sharing"] == 9
+    # With sharing: tree holds abcd, efgh, qrst, uvwx = 4 blocks; tails: (3-2) + (3-2) + (3-2).
+    assert p["kv_blocks_with_sharing"] == 7
+    assert p["shared_prefixes"][0]["num_tokens"] == 8 and p["shared_prefixes"][0]["num_rows"] == 2
