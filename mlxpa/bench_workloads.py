@@ -1,0 +1,96 @@
+"""Benchmark workloads: token-id prompts with a fixed output length each.
+
+``random`` follows vLLM's random dataset (lengths uniform in ``[len * (1 - r), len * (1 + r)]``,
+ids drawn from the vocabulary), ``shared-prefix`` follows SGLang's generated-shared-prefix
+dataset (groups sharing a system prompt, each prompt adding its own question), and ``file``
+takes any input ``mlxpa run`` accepts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Workload(NamedTuple):
+    """Prompts (token ids) and the exact number of tokens each must generate."""
+
+    name: str
+    prompts: list[list[int]]
+    output_lens: list[int]
+    params: dict
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def _token_pool(tokenizer) -> np.ndarray:
+    """Ordinary token ids (special tokens excluded) to draw prompts from."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocab = len(tokenizer.vocab) if hasattr(tokenizer, "vocab") else tokenizer.vocab_size
+    ids = np.arange(vocab)
+    return ids[~np.isin(ids, list(special))] if special else ids
+
+
+def _draw(rng: np.random.Generator, pool: np.ndarray, n: int, bos: int | None) -> list[int]:
+    ids = rng.choice(pool, size=n).tolist()
+    return ([bos] + ids[:-1]) if bos is not None and n > 0 else ids
+
+
+def random_workload(tokenizer, num_prompts: int = 128, input_len: int = 320,
+                    output_len: int = 64, range_ratio: float = 0.6, seed: int = 0) -> Workload:
+    """Random prompts with lengths uniform in ``input_len * [1 - range_ratio, 1 + range_ratio]``.
+
+    Raises:
+        ValueError: ``range_ratio`` outside [0, 1) or non-positive sizes.
+    """
+    if not 0 <= range_ratio < 1 or num_prompts < 1 or input_len < 1 or output_len < 1:
+        raise ValueError("need num_prompts, input_len, output_len >= 1 and 0 <= range_ratio < 1")
+    rng = np.random.default_rng(seed)
+    pool = _token_pool(tokenizer)
+    lo, hi = max(1, int(input_len * (1 - range_ratio))), int(input_len * (1 + range_ratio))
+    lens = rng.integers(lo, hi + 1, size=num_prompts)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    prompts = [_draw(rng, pool, int(n), bos) for n in lens]
+    return Workload("random", prompts, [output_len] * num_prompts,
+                    dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+                         range_ratio=range_ratio, seed=seed))
+
+
+def shared_prefix_workload(tokenizer, num_groups: int = 8, prompts_per_group: int = 16,
+                           system_prompt_len: int = 512, question_len: int = 64,
+                           output_len: int = 32, seed: int = 0) -> Workload:
+    """``num_groups`` system prompts, each shared by ``prompts_per_group`` questions.
+
+    Prompts are listed group by group interleaved (row ``i`` belongs to group
+    ``i % num_groups``), so sharing must be found, not read off the input order."""
+    rng = np.random.default_rng(seed)
+    pool = _token_pool(tokenizer)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    systems = [_draw(rng, pool, system_prompt_len, bos) for _ in range(num_groups)]
+    prompts = [systems[i % num_groups] + _draw(rng, pool, question_len, None)
+               for i in range(num_groups * prompts_per_group)]
+    return Workload("shared-prefix", prompts, [output_len] * len(prompts),
+                    dict(num_groups=num_groups, prompts_per_group=prompts_per_group,
+                         system_prompt_len=system_prompt_len, question_len=question_len,
+                         output_len=output_len, seed=seed))
+
+
+def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
+    """Every valid row of an input file ``mlxpa run`` accepts.
+
+    Raises:
+        InputError: The file is malformed.
+    """
+    from mlxpa.data import read_rows
+    from mlxpa.prompts import prompt_token_ids
+
+    prompts = [prompt_token_ids(r, tokenizer) for r in read_rows(path) if r.error is None]
+    return Workload("file", prompts, [output_len] * len(prompts),
+                    dict(path=path, output_len=output_len))
