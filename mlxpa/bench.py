@@ -93,7 +93,7 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
     series = []
     while engine.has_unfinished_requests():
         engine.step()
-        series.append((time.perf_counter() - t0, engine.kv_cache_manager.num_used_blocks))
+        series.append((time.perf_counter() - t0, engine.kv_cache_manager.num_active_blocks))
     elapsed = time.perf_counter() - t0
     c, s = engine.counters, summarize(engine.counters)
     return SystemResult(

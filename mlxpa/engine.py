@@ -130,7 +130,7 @@ class LLMEngine:
         c.generation_tokens += len(sampled)
         c.num_preemptions += len(out.preempted)
         c.evicted_blocks = self.kv_cache_manager.evicted_blocks
-        used = self.kv_cache_manager.num_used_blocks
+        used = self.kv_cache_manager.num_active_blocks
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
         c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size

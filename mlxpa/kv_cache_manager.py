@@ -79,6 +79,13 @@ class KVCacheManager:
         return self.pool.num_usable_blocks - self.pool.num_free_blocks
 
     @property
+    def num_active_blocks(self) -> int:
+        """Blocks held by requests: used blocks minus those only the tree holds (unlocked,
+        evictable on demand; vLLM counts such cached blocks as free)."""
+        evictable = self.tree.evictable_blocks if self.tree is not None else 0
+        return self.num_used_blocks - evictable
+
+    @property
     def capacity_tokens(self) -> int:
         """Most tokens one request can ever hold (every usable block)."""
         return self.pool.num_usable_blocks * self.block_size

@@ -27,7 +27,8 @@ class Counters:
         num_preemptions: Requests preempted (recomputed later).
         evicted_blocks: Blocks evicted from the prefix cache (radix tree).
         num_steps: Engine steps run.
-        peak_kv_blocks: Most KV blocks in use after any step.
+        peak_kv_blocks: Most KV blocks held by requests after any step (blocks only the
+            prefix cache holds are evictable and not counted, as in vLLM).
         kv_tokens_held: Sum over steps of tokens with K/V in the pool.
         kv_slots_in_use: Sum over steps of ``blocks in use * block_size``.
         ttft_s: Time to first token of each finished request, seconds.
