@@ -442,6 +442,7 @@ def test_manager_fork_then_copy_on_write_of_partial_block():
     parent.num_computed_tokens = 6
     parent.output_token_ids.append(7)
     kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens  # the scheduler sets it
     child.output_token_ids.append(8)
     assert child.block_table == [1, 2] and child.num_computed_tokens == 6
     assert ref_cnts(kv.pool)[:4] == [0, 2, 2, 0]
@@ -470,6 +471,7 @@ def test_manager_fork_at_block_boundary_needs_no_copy():
     assert kv.allocate_slots(parent, 8) == [1, 2]
     parent.num_computed_tokens = 8
     kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens  # the scheduler sets it
     assert kv.allocate_slots(parent, 1) == [3]
     assert kv.allocate_slots(child, 1) == [4]
     assert kv.take_blocks_to_copy() == []
@@ -483,6 +485,7 @@ def test_manager_copy_on_write_and_new_block_in_one_call():
     kv.allocate_slots(parent, 6)  # [1, 2]
     parent.num_computed_tokens = 6
     kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens  # the scheduler sets it
     filler = make_request("f", 28)
     assert kv.allocate_slots(filler, 28) == [3, 4, 5, 6, 7, 8, 9]
     # Tokens 6..8: a copy of block 2 and one new block, but only one block is free.
@@ -504,6 +507,7 @@ def test_manager_copy_on_write_without_free_block_returns_none():
     kv.allocate_slots(parent, 6)
     parent.num_computed_tokens = 6
     kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens  # the scheduler sets it
     filler = make_request("f", 32)
     kv.allocate_slots(filler, 32)
     assert kv.pool.num_free_blocks == 0

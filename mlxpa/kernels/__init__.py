@@ -10,7 +10,7 @@
 
 Only decode (``L == 1``) with a supported shape goes native; prefill over a cached prefix
 stays gather + SDPA on every back end. The first time a native kernel meets a shape class
-(back end, dtype, head dim, block size, window, heads) it runs both variants on a small random
+(back end, dtype, head dim, block size, window, heads) it runs each variant on a small random
 case with rows of 0, 1, ``block_size + 1`` and 600 keys (two v2 partitions) and compares them
 with the float32 reference on the CPU; on a mismatch, or when the kernel fails to compile or
 run, it warns once and that class uses the reference from then on. So a kernel that was never
@@ -30,8 +30,9 @@ KERNELS = ("auto", "reference", "metal", "cuda")
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
             "cuda": "mlxpa.kernels.cuda_paged_attention"}
 # Self-check tolerance (atol = rtol) per dtype: looser than the emulator tests' 1e-5 / 2e-3
-# for device math, far below any indexing or softmax bug (errors of order 0.1).
-CHECK_TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 1e-2}
+# for device math; the short check rows (1 and block_size + 1 keys) turn an indexing or
+# softmax bug into errors of order 0.1.
+CHECK_TOLERANCE = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 4e-3}
 
 _verified: dict[tuple, bool] = {}
 _warned: set[tuple] = set()
@@ -70,8 +71,9 @@ def resolve_backend(kernel: str) -> str:
 
 def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, window: int,
                q_heads: int, kv_heads: int) -> str | None:
-    """Run ``backend``'s v1 and v2 on a random case of this shape class against the reference;
-    return why they fail (mismatch or exception text), or None when both match."""
+    """Run ``backend``'s variants (v1, and v2 where it may be picked) on a random case of this
+    shape class against the reference; return why one fails (mismatch or exception text), or
+    None when all match."""
     module = _load_backend(backend)
     lens = [0, 1, block_size + 1, 600]
     case = _common.random_case(0, dtype, head_dim, block_size, q_heads, kv_heads, lens,
@@ -79,7 +81,7 @@ def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, wi
     tol = CHECK_TOLERANCE[dtype]
     try:
         ref = _common.reference_f32(case)
-        for variant in ("v1", "v2"):
+        for variant in _common.variants(q_heads, kv_heads, head_dim):
             out = module.paged_attention(*case.args, **case.kwargs, variant=variant)
             mx.eval(out)
             why = _common.mismatch(out, ref, case.args[4], tol, tol)

@@ -33,9 +33,9 @@ PARTITION_SIZE = 512      # tokens per v2 partition
 V1_SIMDGROUPS = 32        # v1 threadgroup: 32 simdgroups = 1024 threads
 V2_SIMDGROUPS = 8         # v2 threadgroup: 256 threads, each lane holding G * D / 32 accumulators
 LONG_CONTEXT = 8192       # beyond this many keys v2 always runs
-# NOTE: about 4 threadgroups per GPU core on the largest Apple GPUs (76-80 cores) and 2 per SM
-# on an H100/H200 (132 SMs): with fewer v1 threadgroups than this the GPU idles, and v2's
-# extra partitions fill it.
+# NOTE: unmeasured guess, to tune with scripts/gpu_check.py: about two 1024-thread v1
+# threadgroups are resident per H100/H200 SM (132 SMs) or per core of the largest Apple GPUs
+# (up to 80 cores); with fewer v1 threadgroups the GPU idles and v2's partitions fill it.
 FILL_THREADGROUPS = 256
 MAX_V2_ACCUMULATORS = 64  # per-lane floats of q and acc each (G * D / 32); above, v1 only
 
@@ -110,6 +110,12 @@ def supported(q: mx.array, key_cache: mx.array, value_cache: mx.array) -> bool:
             and bs in BLOCK_SIZES and hkv > 0 and hq % hkv == 0)
 
 
+def variants(q_heads: int, kv_heads: int, head_dim: int) -> tuple[str, ...]:
+    """The variants ``choose_variant`` may pick for these heads (v2 needs few accumulators)."""
+    fits = q_heads // kv_heads * head_dim // 32 <= MAX_V2_ACCUMULATORS
+    return ("v1", "v2") if fits else ("v1",)
+
+
 def choose_variant(shape: DecodeShape) -> str:
     """v1 or v2 for a decode call (vLLM's rule, with an Apple-sized fill threshold).
 
@@ -119,8 +125,8 @@ def choose_variant(shape: DecodeShape) -> str:
     over the GPU. v2 keeps ``G * D / 32`` accumulators per lane, so large GQA groups with
     large heads stay on v1.
     """
-    group = shape.q_heads // shape.kv_heads
-    if shape.num_partitions == 1 or group * shape.head_dim // 32 > MAX_V2_ACCUMULATORS:
+    if shape.num_partitions == 1 or "v2" not in variants(shape.q_heads, shape.kv_heads,
+                                                          shape.head_dim):
         return "v1"
     if shape.span > LONG_CONTEXT:
         return "v2"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run the CUDA twin of mlxpa's paged-attention kernels on an NVIDIA GPU: correctness against a
+# float64 reference on random cases, then decode timings (contexts 512..32k, batch 1..256)
+# against gather + SDPA, with bandwidth as a fraction of a device-to-device copy.
+#
+# Needs nvcc and CuPy (PyTorch for the gather + SDPA baseline); MLX is optional: with an MLX
+# CUDA build it also runs the CUDA kernel tests through mx.fast.cuda_kernel.
+# Usage: scripts/gpu_check.sh [--quick] [--json PATH] [--arch sm_90a]
+# NOTE: written without access to a GPU; not yet run on one.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+echo "== GPU"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+nvcc --version | tail -n 1
+status=0
+if "$PY" -c "import mlx.core as mx, sys; sys.exit(0 if mx.cuda.is_available() else 1)" \
+    2>/dev/null; then
+  echo "== MLX with CUDA: kernel tests"
+  "$PY" -m pytest -q tests/test_kernels_cuda.py tests/test_kernels_dispatch.py || status=1
+fi
+echo "== CuPy: scripts/gpu_check.py $*"
+"$PY" scripts/gpu_check.py "$@" || status=1
+exit $status

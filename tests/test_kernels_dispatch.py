@@ -1,0 +1,196 @@
+"""The paged-attention dispatcher: back-end choice, warnings, and the first-use self-check that
+keeps a wrong or broken native kernel away from users (checked here with fake back ends and
+with the real Metal bodies running in the CPU emulator)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import warnings
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxpa.kernels as K
+from mlxpa.kernels import _common, reference
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
+import emu_harness as H  # noqa: E402
+
+NO_GPU = not (mx.metal.is_available() or mx.cuda.is_available())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch):
+    monkeypatch.setattr(K, "_verified", {})
+    monkeypatch.setattr(K, "_warned", set())
+
+
+def _decode_case(dtype=mx.float32):
+    return _common.random_case(0, dtype, 64, 8, 4, 2, [0, 1, 9, 20])
+
+
+def _ref(case):
+    return reference.paged_attention(*case.args, **case.kwargs)
+
+
+def _fake(impl, calls=None, available=True, pass_variant=False):
+    def paged_attention(*args, variant=None, **kwargs):
+        if calls is not None:
+            calls.append(variant)
+        if pass_variant:
+            kwargs["variant"] = variant
+        return impl(*args, **kwargs)
+
+    return types.SimpleNamespace(is_available=lambda: available, paged_attention=paged_attention)
+
+
+def _zero_empty_rows(*args, **kwargs):
+    """A correct 'native kernel': the reference, with rows without keys set to zero."""
+    out = reference.paged_attention(*args, **kwargs)
+    return mx.where((args[4] > 0)[:, None, None, None], out, 0)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a Metal or CUDA device")
+def test_auto_is_reference_without_gpu():
+    assert K.resolve_backend("auto") == "reference"
+    case = _decode_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="auto")
+    assert mx.array_equal(out, _ref(case))
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a Metal or CUDA device")
+@pytest.mark.parametrize("kernel", ["metal", "cuda"])
+def test_unavailable_kernel_warns_once_and_falls_back(kernel):
+    case = _decode_case()
+    with pytest.warns(RuntimeWarning, match=f"no {kernel} device"):
+        out = K.paged_attention(*case.args, **case.kwargs, kernel=kernel)
+    assert mx.array_equal(out, _ref(case))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        K.paged_attention(*case.args, **case.kwargs, kernel=kernel)
+
+
+def test_unknown_kernel_raises():
+    case = _decode_case()
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        K.paged_attention(*case.args, **case.kwargs, kernel="triton")
+
+
+def test_correct_native_kernel_is_used_after_its_check(monkeypatch):
+    calls = []
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
+    case = _decode_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None, None]   # checked once (both variants), then used
+    assert mx.array_equal(out, _zero_empty_rows(*case.args, **case.kwargs))
+
+
+@pytest.mark.parametrize("bug", ["wrong", "nan", "nonzero-empty", "raises"])
+def test_bad_native_kernel_warns_once_and_falls_back(monkeypatch, bug):
+    def impl(*args, **kwargs):
+        if bug == "raises":
+            raise RuntimeError("Unable to build metal library from source")
+        if bug == "nonzero-empty":   # rows without keys must be zeros
+            return reference.paged_attention(*args, **kwargs)
+        out = _zero_empty_rows(*args, **kwargs)
+        if bug == "nan":             # the check case's row of block_size + 1 = 9 keys
+            return mx.where((args[4] == 9)[:, None, None, None], mx.nan, out)
+        return out + 0.01
+
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
+    case = _decode_case()
+    with pytest.warns(RuntimeWarning, match="failed its check"):
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="cuda")
+    assert mx.array_equal(out, _ref(case))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = K.paged_attention(*case.args, **case.kwargs, kernel="cuda")
+    assert mx.array_equal(again, _ref(case))
+
+
+def test_prefill_and_unsupported_shapes_stay_on_reference(monkeypatch):
+    calls = []
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
+    prefill = _common.random_case(0, mx.float32, 64, 8, 4, 2, [5, 9])
+    q = mx.concatenate([prefill.args[0]] * 3, axis=2)           # L = 3
+    qs = prefill.args[5] - 2
+    args = (q,) + prefill.args[1:5] + (qs,)
+    out = K.paged_attention(*args, **prefill.kwargs, kernel="metal")
+    assert mx.array_equal(out, reference.paged_attention(*args, **prefill.kwargs))
+    odd = _common.random_case(0, mx.float32, 96, 8, 4, 2, [5, 9])  # head_dim 96
+    K.paged_attention(*odd.args, **odd.kwargs, kernel="metal")
+    assert calls == []
+
+
+def test_self_check_classes_are_separate(monkeypatch):
+    calls = []
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
+    for window in (None, 4, None):
+        case = _decode_case()
+        case.kwargs["sliding_window"] = window
+        K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None, "v1", "v2", None, None]
+
+
+def test_self_check_skips_v2_where_it_is_never_picked(monkeypatch):
+    calls = []
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
+    case = _common.random_case(0, mx.float32, 256, 16, 32, 2, [3, 20])   # G=16, D=256
+    K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", None]
+
+
+def test_choose_variant():
+    def shape(batch, q_heads, kv_heads, d, max_blocks, window=0):
+        return _common.DecodeShape(batch, q_heads, kv_heads, d, 16, max_blocks, window,
+                                   mx.bfloat16)
+
+    assert _common.choose_variant(shape(1, 4, 1, 256, 32)) == "v1"          # 512 keys
+    assert _common.choose_variant(shape(1, 4, 1, 256, 33)) == "v2"          # 2 partitions
+    assert _common.choose_variant(shape(64, 4, 1, 256, 256)) == "v1"        # 256 TGs fill
+    assert _common.choose_variant(shape(64, 4, 1, 256, 1024)) == "v2"       # 16k keys
+    assert _common.choose_variant(shape(1, 4, 1, 256, 1024, 512)) == "v1"   # window: 1 part
+    assert _common.choose_variant(shape(1, 32, 2, 256, 1024)) == "v1"       # G=16, D=256
+
+
+@pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
+def test_emulated_metal_kernel_passes_the_dispatcher_check(monkeypatch):
+    """The real Metal bodies (production 32 simdgroups, 512-token partitions) run in the
+    emulator as the 'metal' back end: the self-check accepts them and decode uses them."""
+    calls = []
+    monkeypatch.setattr(K, "_load_backend",
+                        lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
+    case = _common.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None]
+    ref = np.array(_ref(case))
+    assert np.allclose(np.array(out), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
+def test_emulated_metal_kernel_with_planted_bug_falls_back(monkeypatch):
+    """The same, with the online-softmax rescale removed from v1: the check fails, a warning
+    says so, and decode returns the reference's numbers."""
+    from mlxpa.kernels.metal_paged_attention import SOURCES
+
+    bad = {"v1": SOURCES["v1"].replace("acc[i] = acc[i] * alpha +", "acc[i] = acc[i] +")}
+    assert bad["v1"] != SOURCES["v1"]
+
+    def emulate(*args, **kwargs):
+        return H.emulate_decode(*args, **kwargs, sources=bad)
+
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(emulate, pass_variant=True))
+    case = _common.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
+    with pytest.warns(RuntimeWarning, match="failed its check.*v1: max error"):
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert mx.array_equal(out, _ref(case))

@@ -1,0 +1,78 @@
+"""The exact Metal source MLX generates for the paged-attention kernels is pinned per template
+instance (``tests/kernels_data/pinned/*.metal``), so an unintended change to a kernel body, to
+the launch plan or to MLX's code generation shows up in review.
+
+The source is captured by tracing the call inside ``mx.export_function`` with verbose=True
+(no Metal needed). Inputs are a batch of 8 rows, so per-row inputs take the ``device``
+address space (MLX puts inputs under 8 elements in ``constant``). After an intended change:
+``MLXPA_UPDATE_PINNED=1 pytest tests/test_kernels_pinned.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+
+import mlx.core as mx
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "kernels_data"))
+import emu_harness as H  # noqa: E402
+
+from mlxpa.kernels import _common  # noqa: E402
+
+PINNED_DIR = os.path.join(_HERE, "kernels_data", "pinned")
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(H.EMU_DIR, "msl_run.py")),
+    reason=f"msl_emu (source capture) not found at {H.EMU_DIR}")
+
+# (dtype, head_dim, block_size, window, q_heads, kv_heads); the last two are Gemma 3 270M's
+# global and local layers.
+INSTANCES = [
+    (dtype, d, bs, w, 8, 2)
+    for dtype in (mx.float32, mx.float16, mx.bfloat16)
+    for d, bs, w in ((64, 8, 0), (128, 16, 512), (256, 32, 0))
+] + [(mx.bfloat16, 256, 16, 0, 4, 1), (mx.bfloat16, 256, 16, 512, 4, 1)]
+
+
+def _name(inst) -> str:
+    dtype, d, bs, w, hq, hkv = inst
+    return f"{str(dtype).split('.')[-1]}_d{d}_bs{bs}_w{w}_h{hq}x{hkv}"
+
+
+def generated(inst) -> str:
+    """v1, v2 and reduce sources of one instance, as one text."""
+    dtype, d, bs, w, hq, hkv = inst
+    case = _common.random_case(0, dtype, d, bs, hq, hkv, [1, 9, 600, 0, 33, 17, 2, 70],
+                               window=w or None)
+    parts = []
+    for variant in ("v1", "v2"):
+        srcs = H.emulate_decode(*case.args, **case.kwargs, variant=variant, capture_only=True)
+        parts += srcs
+    return "".join(f"// ==== {kind} ====\n{src}" for kind, src in
+                   zip(("v1", "v2", "reduce"), parts))
+
+
+@pytest.mark.parametrize("inst", INSTANCES, ids=_name)
+def test_generated_metal_source_is_pinned(inst):
+    path = os.path.join(PINNED_DIR, _name(inst) + ".metal")
+    text = generated(inst)
+    if os.environ.get("MLXPA_UPDATE_PINNED"):
+        os.makedirs(PINNED_DIR, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    assert os.path.isfile(path), f"{path} missing; run with MLXPA_UPDATE_PINNED=1"
+    with open(path) as f:
+        pinned = f.read()
+    diff = "".join(list(difflib.unified_diff(pinned.splitlines(True), text.splitlines(True),
+                                             "pinned", "generated"))[:40])
+    assert text == pinned, f"generated Metal source changed ({_name(inst)}):\n{diff}"
+
+
+def test_pinned_sources_are_all_current():
+    """No stale pinned file for an instance the test no longer generates."""
+    names = {_name(i) + ".metal" for i in INSTANCES}
+    assert set(os.listdir(PINNED_DIR)) <= names
