@@ -4,10 +4,21 @@ MLX's Linux CPU wheels link the netlib reference BLAS (about 6 GFLOP/s for a flo
 2048^3 matmul on the development machine, 100–200 GFLOP/s with OpenBLAS preloaded). On Linux,
 ``mlxpa`` re-executes itself once with an installed OpenBLAS or MKL in ``LD_PRELOAD`` (mode
 ``auto``, the default); ``system`` insists on one (error when none), ``bundled`` keeps MLX's.
+
+Older OpenBLAS builds (Debian 12 ships 0.3.21) do not recognise recent Intel server CPUs and
+fall back to the generic ``Prescott`` kernels: 40 GFLOP/s instead of 170-210 for a float32
+2048^3 matmul on the development machine. When the library reports such a generic core and
+the CPU has AVX-512 (or AVX2/FMA), ``OPENBLAS_CORETYPE`` is set to ``SkylakeX`` (or
+``Haswell``) for the re-executed process, unless the user set it. Checked against a float64
+product: relative error 6e-7 either way.
+
+``python -m mlxpa.blas`` prints the ``export`` lines, for running tests or scripts at the
+same speed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import sys
@@ -33,6 +44,52 @@ def find_fast_blas() -> str | None:
     return hits[0] if hits else None
 
 
+_GENERIC_CORES = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias", "Atom",
+                  "Nehalem", "Sandybridge", "unknown"}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def coretype_override(path: str) -> str | None:
+    """The ``OPENBLAS_CORETYPE`` to use with the OpenBLAS at ``path``: None when the library
+    recognises this CPU (or it is not OpenBLAS), else the best kernel set the CPU supports."""
+    if "openblas" not in os.path.basename(path):
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        core = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return None
+    if core not in _GENERIC_CORES:
+        return None
+    flags = _cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
+
+
+def blas_env(path: str) -> dict[str, str]:
+    """Environment variables that preload the BLAS at ``path`` (and pick its kernels)."""
+    env = {"LD_PRELOAD": ":".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p)}
+    if "OPENBLAS_CORETYPE" not in os.environ:
+        core = coretype_override(path)
+        if core:
+            env["OPENBLAS_CORETYPE"] = core
+    return env
+
+
 def loaded_blas() -> str:
     """Which BLAS this process runs: ``openblas``, ``mkl`` or ``bundled`` (Linux; ``system``
     elsewhere: macOS uses Accelerate)."""
@@ -40,7 +97,8 @@ def loaded_blas() -> str:
         return "system"
     preload = os.environ.get("LD_PRELOAD", "")
     if "openblas" in preload:
-        return "openblas"
+        core = os.environ.get("OPENBLAS_CORETYPE")
+        return f"openblas ({core})" if core else "openblas"
     if "mkl" in preload:
         return "mkl"
     return "bundled"
@@ -76,10 +134,15 @@ def maybe_reexec(mode: str) -> str | None:
                                "(Debian/Ubuntu: apt-get install libopenblas0-pthread)")
         return ("hint: MLX is using its slow bundled reference BLAS; "
                 "`apt-get install libopenblas0-pthread` makes the CPU path 10-30x faster")
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (path, env.get("LD_PRELOAD")) if p)
-    env[_GUARD] = "1"
+    env = {**os.environ, **blas_env(path), _GUARD: "1"}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "mlxpa", *sys.argv[1:]], env)
     return None
+
+
+if __name__ == "__main__":
+    fast = find_fast_blas()
+    if sys.platform.startswith("linux") and fast and loaded_blas() == "bundled":
+        for key, value in blas_env(fast).items():
+            print(f"export {key}={value}")
