@@ -223,7 +223,7 @@ def bench(
     from mlxpa.data import InputError
     from mlxpa.models import load_model
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
     try:

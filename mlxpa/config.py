@@ -29,6 +29,11 @@ class SamplingParams:
         stop: Stop strings; the completion ends before the earliest match (not included).
         n: Number of samples of the prompt.
         ignore_eos: Keep generating past the model's EOS ids (benchmarks).
+        stop_token_ids: Token ids that end the completion like EOS (the token is kept in
+            ``token_ids``, its text is not in ``text``).
+        include_stop_str_in_output: Keep the matched stop string at the end of ``text``.
+        min_tokens: Tokens to generate before EOS, stop token ids or stop strings may end
+            the completion (EOS and stop token ids are masked out until then, as in vLLM).
     """
 
     max_tokens: int = 256
@@ -40,8 +45,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     n: int = 1
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop_token_ids, list):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
@@ -61,6 +71,11 @@ class SamplingParams:
         _check(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
                "stop", self.stop, "a list of non-empty strings")
         _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an integer >= 1")
+        _check(isinstance(self.stop_token_ids, tuple)
+               and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids", self.stop_token_ids, "a list of token ids")
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               self.min_tokens, "an integer >= 0")
 
     @property
     def greedy(self) -> bool:

@@ -16,11 +16,17 @@ class IncrementalDetokenizer:
         tokenizer: An mlx-lm ``TokenizerWrapper`` (its ``detokenizer`` property gives a fresh
             streaming detokenizer).
         stop: Stop strings; the text ends before the earliest match.
+        include_stop: End the text after the match instead (``include_stop_str_in_output``).
+        min_tokens: Only text produced after this many tokens is searched (vLLM's rule).
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), include_stop: bool = False,
+                 min_tokens: int = 0) -> None:
         self._detok = tokenizer.detokenizer
         self.stop = stop
+        self.include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._num_tokens = 0
         self._lookback = max((len(s) for s in stop), default=1) - 1
         self._checked = 0
         self.stop_index: int | None = None
@@ -29,6 +35,10 @@ class IncrementalDetokenizer:
     def add_token(self, token: int) -> bool:
         """Append one token; return True when a stop string now appears in the text."""
         self._detok.add_token(token)
+        self._num_tokens += 1
+        if self._num_tokens < self._min_tokens:
+            self._checked = len(self._detok.text) + self._lookback  # never search this text
+            return False
         return self._check(self._detok.text)
 
     def _check(self, text: str) -> bool:
@@ -50,5 +60,8 @@ class IncrementalDetokenizer:
         """Flush held-back bytes; return the final text (cut before a stop string)."""
         self._detok.finalize()
         text = self._detok.text
-        self._check(text)
-        return text if self.stop_index is None else text[:self.stop_index]
+        if self._num_tokens >= self._min_tokens:
+            self._check(text)
+        if self.stop_index is None:
+            return text
+        return text[:self.stop_index + (len(self.stop_string) if self.include_stop else 0)]

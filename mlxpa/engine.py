@@ -47,7 +47,7 @@ class LLMEngine:
             model, tokenizer, _ = load_model(config.model, config.dtype)
         self.config = config
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(model, config)
+        self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids))
         self.kv_cache_manager = KVCacheManager(
             BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
@@ -81,10 +81,14 @@ class LLMEngine:
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
-        self._detok[req] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self._detok[req] = self._detokenizer(params)
         if params.n > 1:
             self._pending_forks.append(req)
         return None
+
+    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, params.stop,
+                                      params.include_stop_str_in_output, params.min_tokens)
 
     def _error(self, req: Request, message: str, sample_index: int = 0) -> RequestOutput:
         req.status = RequestStatus.FINISHED_ABORTED
@@ -106,8 +110,7 @@ class LLMEngine:
                                 parent.sampling_params, arrival_time=parent.arrival_time,
                                 sample_index=i)
                 self.scheduler.fork_request(parent, child)
-                self._detok[child] = IncrementalDetokenizer(self.tokenizer,
-                                                            parent.sampling_params.stop)
+                self._detok[child] = self._detokenizer(parent.sampling_params)
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:

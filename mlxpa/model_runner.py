@@ -84,14 +84,17 @@ class ModelRunner:
     Args:
         model: An mlx-lm model (weights already in the compute dtype).
         config: Engine configuration (block size, pool budget, seed).
+        eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
 
     Attributes:
         num_blocks: Blocks per pool, null block included.
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
     """
 
-    def __init__(self, model, config: EngineConfig) -> None:
+    def __init__(self, model, config: EngineConfig,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.model = model
+        self.eos_token_ids = sorted(eos_token_ids)
         self.config = config
         self.block_size = config.block_size
         num_layers, kv_heads, head_dim = kv_shape(model)
@@ -185,6 +188,20 @@ class ModelRunner:
             self.config.seed, req.request_id, req.sample_index)
         return zlib.crc32(repr(key).encode())
 
+    def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
+        """EOS and stop token ids get -inf logits in rows that have not yet generated
+        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule)."""
+        rows, cols = [], []
+        for i, r in enumerate(reqs):
+            sp = r.sampling_params
+            if r.num_output_tokens < sp.min_tokens:
+                banned = set(sp.stop_token_ids) | set(self.eos_token_ids)
+                rows.extend([i] * len(banned))
+                cols.extend(sorted(banned))
+        if rows:
+            logits[mx.array(rows), mx.array(cols)] = -float("inf")
+        return logits
+
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run one scheduled step.
 
@@ -212,7 +229,8 @@ class ModelRunner:
             mx.eval(*pools)
             return []
         reqs = [out.requests[i] for i in order]
-        toks = sample(mx.concatenate(logits), [r.sampling_params for r in reqs],
+        logits = self._mask_early_stops(mx.concatenate(logits), reqs)
+        toks = sample(logits, [r.sampling_params for r in reqs],
                       [self.seed_for(r) for r in reqs], [r.num_output_tokens for r in reqs])
         mx.eval(toks, *pools)
         by_row = dict(zip(order, toks.tolist()))

@@ -214,7 +214,10 @@ class Scheduler:
             req.output_token_ids.append(tok)
             req.token_times.append(now)
             updated.append(req)
-            if tok in self.eos_token_ids and not req.sampling_params.ignore_eos:
+            sp = req.sampling_params
+            if req.num_output_tokens > sp.min_tokens - 1 and (
+                    tok in sp.stop_token_ids
+                    or (tok in self.eos_token_ids and not sp.ignore_eos)):
                 req.stop_reason = tok
                 self.finish_request(req, RequestStatus.FINISHED_STOPPED)
             elif req.num_output_tokens >= req.max_tokens:

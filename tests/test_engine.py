@@ -118,3 +118,34 @@ def test_seeded_sampling_independent_of_batch(model_and_refs):
     other = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.95, top_k=50, seed=8)
     _, diff = run_engine(model, tok, [ids[0]], EngineConfig(num_blocks=64), other)
     assert diff[0].token_ids != alone[0].token_ids
+
+
+def test_stop_edge_cases(model_and_refs):
+    """Earliest of several stop strings (one a prefix of another), include_stop_str_in_output,
+    stop_token_ids, min_tokens masking EOS, ignore_eos."""
+    model, _, _, _ = model_and_refs
+    free = byte_tokenizer(eos_id=-1)
+    ids = free.encode(PROMPTS[3])
+    ref = mlx_lm_greedy(model, ids, MAX_TOKENS)
+    full = free.decode(ref)
+
+    def one(params, tok=free):
+        _, outs = run_engine(model, tok, [ids], EngineConfig(num_blocks=32), params)
+        return outs[0]
+
+    a, b = full[3:6], full[3:5]               # b is a prefix of a: the earliest match wins
+    out = one(SamplingParams(max_tokens=MAX_TOKENS, stop=(a, b)))
+    assert out.text == full[:3] and out.finish_reason == "stop"
+    out = one(SamplingParams(max_tokens=MAX_TOKENS, stop=(a,), include_stop_str_in_output=True))
+    assert out.text == full[:6]
+    out = one(SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=(ref[4],)))
+    k = ref.index(ref[4])
+    assert out.token_ids == ref[:k + 1] and out.text == free.decode(ref[:k])
+    # min_tokens: EOS (the greedy first token here) is masked until 3 tokens exist.
+    eos_tok = byte_tokenizer(eos_id=ref[0])
+    out = one(SamplingParams(max_tokens=MAX_TOKENS, min_tokens=3), eos_tok)
+    assert len(out.token_ids) >= 3 and ref[0] not in out.token_ids[:3]
+    out = one(SamplingParams(max_tokens=MAX_TOKENS), eos_tok)
+    assert out.token_ids == [ref[0]] and out.finish_reason == "stop"
+    out = one(SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), eos_tok)
+    assert out.token_ids == ref and out.finish_reason == "length"
