@@ -93,8 +93,11 @@ class EngineConfig:
         block_size: Tokens per KV block.
         num_blocks: KV blocks per layer including the null block 0; None sizes the pool from
             ``kv_memory_gib``.
-        kv_memory_gib: KV pool budget in GiB (all layers, K and V) when ``num_blocks`` is None.
-        max_num_seqs: Most requests running at once (decode batch size).
+        kv_memory_gib: KV pool budget in GiB (all layers, K and V) when ``num_blocks`` is None;
+            None takes 15% of the machine's memory, at most 4 GiB.
+        max_num_seqs: Most requests running at once (decode batch size). On the CPU the LM
+            head and weight reads dominate a decode step, so a bigger batch is nearly free:
+            a step at 128 rows costs about what one at 64 does (measured with Gemma 3 270M).
         max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
         max_model_len: Longest prompt + completion in tokens; None takes the model's context.
         enable_prefix_caching: Reuse cached full blocks across requests (radix tree).
@@ -107,8 +110,8 @@ class EngineConfig:
     model: str | None = None
     block_size: int = 16
     num_blocks: int | None = None
-    kv_memory_gib: float = 1.0
-    max_num_seqs: int = 64
+    kv_memory_gib: float | None = None
+    max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
@@ -123,7 +126,8 @@ class EngineConfig:
         _check(self.num_blocks is None or (isinstance(self.num_blocks, int)
                                            and self.num_blocks >= 2),
                "num_blocks", self.num_blocks, "an integer >= 2 or None")
-        _check(self.kv_memory_gib > 0, "kv_memory_gib", self.kv_memory_gib, "> 0")
+        _check(self.kv_memory_gib is None or self.kv_memory_gib > 0, "kv_memory_gib",
+               self.kv_memory_gib, "> 0")
         _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
                "max_num_seqs", self.max_num_seqs, "an integer >= 1")
         _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,

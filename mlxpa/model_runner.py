@@ -17,6 +17,7 @@ requests, blocks or the scheduler. Per step it:
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import mlx.core as mx
@@ -33,6 +34,15 @@ from mlxpa.scheduler import SchedulerOutput
 _SPLIT_MODEL_TYPES = {"llama", "gemma3_text", "qwen2", "qwen3", "mistral"}
 # A prefill row joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
+
+
+def default_kv_bytes() -> int:
+    """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 * 2**30
+    return int(min(4 * 2**30, 0.15 * total))
 
 
 def kv_shape(model) -> tuple[int, int, int]:
@@ -102,8 +112,9 @@ class ModelRunner:
             mx.float32)
         self.block_bytes = block_bytes(num_layers, self.block_size, kv_heads, head_dim,
                                        self.dtype)
-        self.num_blocks = config.num_blocks or max(
-            2, int(config.kv_memory_gib * 2**30) // self.block_bytes + 1)
+        budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
+                  else default_kv_bytes())
+        self.num_blocks = config.num_blocks or max(2, int(budget) // self.block_bytes + 1)
         self.kv_cache = PagedKVCache(num_layers, self.num_blocks, self.block_size, kv_heads,
                                      head_dim, self.dtype)
         self.windows = sliding_windows(model)
