@@ -18,14 +18,18 @@ def prompt_token_ids(row: Row, tokenizer) -> list[int]:
         Prompt token ids (BOS included when the tokenizer adds one).
 
     Raises:
-        ValueError: ``messages`` given but the model has no chat template.
+        ValueError: ``messages`` given but the model has no chat template, or the template
+            rejects them (e.g. roles that do not alternate).
     """
     if row.messages is not None:
         if not tokenizer.has_chat_template:
             raise ValueError(
                 "field \"messages\": this model has no chat template; give a text \"prompt\"")
-        text = tokenizer.apply_chat_template(row.messages, tokenize=False,
-                                             add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(row.messages, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as e:  # jinja2 TemplateError and friends: the row's fault
+            raise ValueError(f"field \"messages\": the chat template rejected them: {e}") from e
     else:
         text = row.prompt
     bos = tokenizer.bos_token

@@ -70,3 +70,19 @@ def test_kernel_auto_and_reference_agree(default_model):
         texts.append([o.text for o in sorted(engine.generate(items),
                                              key=lambda o: o.request_id)])
     assert texts[0] == texts[1]
+
+
+def test_chat_template_rejection_is_a_row_error(default_model):
+    """Gemma's template raises on roles that do not alternate: that row fails alone."""
+    from mlxpa.data import Row
+    from mlxpa.prompts import prompt_token_ids
+
+    _, tok, _ = default_model
+    row = Row(0, 0, None, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+              {})
+    with pytest.raises(ValueError, match="chat template rejected"):
+        prompt_token_ids(row, tok)
+    ok = Row(1, 1, None, [{"role": "user", "content": "Name a colour."}], {})
+    ids = prompt_token_ids(ok, tok)
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert tok.decode(ids).endswith("<start_of_turn>model\n")
