@@ -79,10 +79,11 @@ class Scheduler:
             raise ValueError("prompt is empty (0 tokens)")
         room = self.max_model_len - req.num_prompt_tokens
         if room < 1:
+            which = ("the KV pool" if self.max_model_len == self.kv.capacity_tokens
+                     else "the model context (--max-model-len)")
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; the limit is "
-                f"{self.max_model_len - 1} (model context and KV pool "
-                f"{self.kv.capacity_tokens} tokens)")
+                f"{self.max_model_len - 1} ({which} holds {self.max_model_len} tokens)")
         req.max_tokens = min(req.sampling_params.max_tokens, room)
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
