@@ -20,7 +20,8 @@ ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="MLX model folder, a Hugging Face repo id in the local cache, or a "
     ".gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
 BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
-KVMemoryOpt = Annotated[float, typer.Option("--kv-memory", help="KV pool size in GiB.")]
+KVMemoryOpt = Annotated[float | None, typer.Option(
+    "--kv-memory", help="KV pool size in GiB (default: 15% of memory, at most 4).")]
 MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
 MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
@@ -42,17 +43,25 @@ Examples:
 
   mlxpa run prompts.parquet -o out.parquet --max-tokens 64 --temperature 0.7 --seed 1
 
+  mlxpa run batch_input.jsonl -o batch_output.jsonl   # OpenAI Batch lines in and out
+
+  mlxpa run data.csv -o out.jsonl --prompt-column question --keep-columns category
+
+  mlxpa run prompts.jsonl -o out.jsonl --resume       # after a crash or Ctrl-C
+
   cat x.jsonl | mlxpa run - | jq -r .text
 """
 
 
 @app.command(epilog=RUN_EXAMPLES)
 def run(
-    input: Annotated[str, typer.Argument(help="Prompts: .jsonl or .parquet file, or - (stdin).")],
+    input: Annotated[str, typer.Argument(
+        help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")],
     output: Annotated[str, typer.Option(
         "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL).")] = "-",
     model: ModelOpt = None,
-    max_tokens: Annotated[int, typer.Option(help="Default completion length cap.")] = 256,
+    max_tokens: Annotated[int, typer.Option(
+        help="Default completion length cap (clamped to the context).")] = 256,
     temperature: Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Default nucleus mass.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Default top-k (0 = off).")] = 0,
@@ -60,18 +69,49 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Default per-row seed.")] = None,
     n: Annotated[int, typer.Option("--n", help="Default samples per prompt.")] = 1,
     stop: Annotated[list[str] | None, typer.Option(
-        help="Default stop string (repeatable).")] = None,
+        help="Default stop string (repeatable; the earliest match ends the text).")] = None,
+    stop_token_id: Annotated[list[int] | None, typer.Option(
+        help="Default token id that ends the completion like EOS (repeatable).")] = None,
+    min_tokens: Annotated[int, typer.Option(
+        help="Default tokens to generate before EOS or a stop may end the completion.")] = 0,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos", help="Default: generate past EOS up to max tokens.")] = False,
+    include_stop_str: Annotated[bool, typer.Option(
+        "--include-stop-str", help="Default: keep the matched stop string in the text.")
+    ] = False,
+    system: Annotated[str | None, typer.Option(
+        help="System message put first: a system turn before chat messages (unless they "
+        "start with one), or text and a blank line before a text prompt.")] = None,
+    input_format: Annotated[str, typer.Option(
+        help="auto (by extension; a folder is a datasets folder), jsonl, parquet, csv, or hf "
+        "(through the datasets library).")] = "auto",
+    output_format: Annotated[str, typer.Option(
+        help="auto, mlxpa (a row per sample) or openai (Batch API output lines; the default "
+        "when every input line is an OpenAI Batch request and the output is JSONL).")
+    ] = "auto",
     prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
     messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
     id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
+    keep_columns: Annotated[list[str] | None, typer.Option(
+        help="Input fields to copy into every output row (repeatable or comma-separated).")
+    ] = None,
+    skip_invalid: Annotated[bool, typer.Option(
+        "--skip-invalid", help="Write an error row for each invalid row and run the rest "
+        "(default: list the first 20 problems and stop before loading the model).")] = False,
+    unordered: Annotated[bool, typer.Option(
+        "--unordered", help="Write rows as they finish, not in input order.")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the rows already in the output, skip their ids, append the "
+        "rest (a torn last line is cut off).")] = False,
     block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = 1.0,
-    max_num_seqs: MaxNumSeqsOpt = 64,
+    kv_memory: KVMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     max_model_len: MaxModelLenOpt = None,
     kernel: KernelOpt = "auto",
     order: Annotated[str, typer.Option(
-        help="Admission order: prefix (rows sharing a prefix run together) or input.")
+        help="Admission order: prefix (each window of 4096 rows read is ordered so rows "
+        "sharing a prefix run together) or input. Output order is not affected.")
     ] = "prefix",
     prefix_caching: Annotated[bool, typer.Option(
         "--prefix-caching/--no-prefix-caching",
@@ -82,16 +122,24 @@ def run(
         "--quiet", "-q", help="No progress bar or report.")] = False,
     blas: BlasOpt = "auto",
 ) -> None:
-    """Generate a completion for every row of INPUT; one result row per input row, in order."""
+    """Generate a completion for every row of INPUT; one result row per input row, in order.
+
+    Ctrl-C stops admitting rows, writes every finished row, prints the command that resumes
+    the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays
+    valid).
+    """
     from rich.console import Console
 
     from mlxpa.config import EngineConfig, SamplingParams
-    from mlxpa.data import InputError
-    from mlxpa.run import run_file
+    from mlxpa.data import InputError, InputOptions
+    from mlxpa.data_records import OUTPUT_FORMATS
+    from mlxpa.data_resume import resume_hint
+    from mlxpa.run import catch_sigint, run_file
 
     console = Console(stderr=True)
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
     try:
         config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
                               max_num_seqs=max_num_seqs,
@@ -100,22 +148,40 @@ def run(
                               enable_prefix_caching=prefix_caching)
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                   top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()),
-                                  n=n)
+                                  n=n, ignore_eos=ignore_eos,
+                                  stop_token_ids=tuple(stop_token_id or ()),
+                                  include_stop_str_in_output=include_stop_str,
+                                  min_tokens=min_tokens)
         if order not in ("prefix", "input"):
             raise ValueError(f"order must be prefix or input, got {order!r}")
+        if output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                             f"got {output_format!r}")
+        if resume and output == "-":
+            raise ValueError("--resume needs an output file (-o PATH), not stdout")
+        inputs = InputOptions(None if input_format == "auto" else input_format, prompt_column,
+                              messages_column, id_column, system, keep)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    try:
-        run_file(input, output, config, defaults, prompt_column=prompt_column,
-                 messages_column=messages_column, id_column=id_column, order=order,
-                 metrics_json=metrics_json, console=console, show_progress=not quiet)
-    except InputError as e:
-        _fail(console, e, 2)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(console, e, 1)
-    except BrokenPipeError:
-        sys.stderr.close()
-        raise typer.Exit(0) from None
+    with catch_sigint() as interrupted:
+        try:
+            run_file(input, output, config, defaults, inputs=inputs, output_fmt=output_format,
+                     order=order, ordered=not unordered, skip_invalid=skip_invalid,
+                     resume=resume, metrics_json=metrics_json, console=console,
+                     show_progress=not quiet, should_stop=interrupted.is_set)
+        except InputError as e:
+            _fail(console, e, 2)
+        except BrokenPipeError:
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+        except (OSError, ValueError) as e:
+            _fail(console, e, 1)
+        except KeyboardInterrupt:
+            interrupted.set()
+    if interrupted.is_set():
+        console.print(resume_hint(input, output, sys.argv), markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130)
 
 
 @app.command()
@@ -205,8 +271,8 @@ def bench(
         "mlxpa,mlxpa-noprefix,mlx-lm,static",
     repeats: Annotated[int, typer.Option(help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = 1.0,
-    max_num_seqs: MaxNumSeqsOpt = 64,
+    kv_memory: KVMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = "auto",
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,

@@ -1,8 +1,17 @@
 """Batch input and output: read validated rows, write results in input order.
 
-The public face of :mod:`mlxpa.data_read` (JSONL/Parquet/stdin readers, :class:`Row`,
-:class:`InputError`) and :mod:`mlxpa.data_write` (:class:`ResultWriter`), split in two to keep
-each file small (STYLE.md §9.1). Pure Python and pyarrow; no MLX.
+The public face of the ``data_*`` modules, split to keep each file one concern (STYLE.md
+§9.1). Pure Python, pyarrow and ``datasets``; no MLX.
+
+* :mod:`mlxpa.data_rows`: one record to a validated :class:`Row` (:class:`InputError`);
+  :mod:`mlxpa.data_params`: its sampling fields;
+* :mod:`mlxpa.data_read`: JSONL / Parquet / CSV / stdin readers; :mod:`mlxpa.data_hf`:
+  ``datasets`` folders and files;
+* :mod:`mlxpa.data_validate`: the validation pass before any model work;
+* :mod:`mlxpa.data_records`: result records (mlxpa rows or OpenAI Batch output lines);
+* :mod:`mlxpa.data_write`: :class:`ResultWriter` (reorder buffer, JSONL);
+  :mod:`mlxpa.data_parquet`: crash-safe Parquet output;
+* :mod:`mlxpa.data_resume`: what an existing output already holds (``--resume``).
 
 Data flow (STYLE.md §15)::
 
@@ -13,15 +22,16 @@ Data flow (STYLE.md §15)::
 
 from __future__ import annotations
 
+from mlxpa.data_params import SAMPLING_FIELDS
 from mlxpa.data_read import (
     FORMATS,
-    SAMPLING_FIELDS,
     STDIN,
-    InputError,
-    Row,
+    InputOptions,
     input_format,
     read_rows,
+    spool_stdin,
 )
+from mlxpa.data_rows import InputError, Row
 from mlxpa.data_write import CORE_COLUMNS, ResultWriter, output_format
 
 __all__ = [
@@ -30,9 +40,11 @@ __all__ = [
     "SAMPLING_FIELDS",
     "STDIN",
     "InputError",
+    "InputOptions",
     "ResultWriter",
     "Row",
     "input_format",
     "output_format",
     "read_rows",
+    "spool_stdin",
 ]

@@ -1,21 +1,47 @@
-"""``mlxpa run`` as a library call: rows in, results out in input order, statistics back.
+"""``mlxpa run`` as a library call: rows in, results out (in input order), statistics back.
 
-Data flow (one way): ``read_rows`` → validation and tokenization → ``LLMEngine.generate`` →
-``ResultWriter`` (input order, flushed as rows finish) while the progress bar reads the
-engine's counters. A row that cannot run gets a record with an ``error`` and the run goes on.
+Data flow (one way)::
+
+    [--resume: read_existing(output)]  ids already written, a torn last line cut
+    validate(read_rows(input))          pass 1, before the model loads: problems, duplicates
+    LLMEngine(config)                   the model loads
+    read_rows(input) -> _feed           pass 2, lazy: tokenize, order by prefix per window
+        -> _drive (engine steps; stops between steps when asked) -> RequestOutputs
+        -> result_records -> ResultWriter (reorder buffer; flushed as rows finish)
+
+Memory does not grow with the input: both passes stream, pass 2 reads at most one window of
+rows ahead of the engine (the engine pulls while its waiting queue is short), and the reorder
+buffer holds at most about two windows. stdin is spooled to a temporary file first, since it
+is read twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
+import threading
 import time
-from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data import ResultWriter, Row, read_rows
+from mlxpa.data import (
+    STDIN,
+    InputOptions,
+    ResultWriter,
+    Row,
+    input_format,
+    output_format,
+    spool_stdin,
+)
+from mlxpa.data_records import error_records, resolve_output_format, result_records
+from mlxpa.data_resume import Existing, cut, id_key, read_existing
+from mlxpa.data_rows import where
+from mlxpa.data_validate import Validation, check, validate
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.metrics import Stats, summarize
 from mlxpa.prefix_order import prefix_order
@@ -23,111 +49,92 @@ from mlxpa.progress import RunProgress, summary_table
 from mlxpa.prompts import prompt_token_ids
 from mlxpa.request import RequestOutput
 
-
-def error_record(row: Row, message: str, prompt_tokens: int | None = None) -> dict:
-    """The output record of a row that could not run."""
-    return {"id": row.id, "text": None, "finish_reason": "error",
-            "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0,
-            "error": message}
-
-
-def result_record(row: Row, out: RequestOutput) -> dict:
-    """The output record of a finished request."""
-    if out.error is not None:
-        return error_record(row, f"{_where(row)}: {out.error}", out.num_prompt_tokens)
-    return {"id": row.id, "text": out.text, "finish_reason": out.finish_reason,
-            "prompt_tokens": out.num_prompt_tokens, "completion_tokens": len(out.token_ids),
-            "cached_tokens": out.num_cached_tokens}
-
-
-def _where(row: Row) -> str:
-    return f"row {row.index}" + (f" (line {row.line})" if row.line is not None else "")
-
-
-def _requests(rows: list[Row], tokenizer, defaults: SamplingParams,
-              writer: ResultWriter) -> list[PromptInput]:
-    """Tokenize every valid row; rows that cannot run get their error record now."""
-    items = []
-    for row in rows:
-        if row.error is not None:
-            writer.add(row.index, error_record(row, row.error))
-            continue
-        try:
-            params = dataclasses.replace(defaults, **row.params)
-            ids = prompt_token_ids(row, tokenizer)
-        except ValueError as e:
-            writer.add(row.index, error_record(row, f"{_where(row)}: {e}"))
-            continue
-        items.append(PromptInput(row.index, ids, params))
-    return items
-
-
-def _ordered(items: list[PromptInput], order: str, block_size: int) -> list[PromptInput]:
-    if order == "input":
-        return items
-    if order != "prefix":
-        raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
-    return [items[i] for i in prefix_order([it.prompt_token_ids for it in items], block_size)]
+PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 
 
 def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingParams, *,
-             fmt: str | None = None, prompt_column: str = "prompt",
-             messages_column: str = "messages", id_column: str = "id",
-             order: str = "prefix", metrics_json: str | None = None,
+             inputs: InputOptions | None = None, output_fmt: str = "auto",
+             order: str = "prefix", ordered: bool = True, skip_invalid: bool = False,
+             resume: bool = False, metrics_json: str | None = None,
              console: Console | None = None, show_progress: bool = True,
-             engine: LLMEngine | None = None) -> Stats:
-    """Run every row of ``source`` and write one result per row to ``output``.
+             engine: LLMEngine | None = None, should_stop: Callable[[], bool] | None = None,
+             window: int = PREFIX_WINDOW) -> Stats:
+    """Run every row of ``source`` and write its results to ``output``.
 
     Args:
-        source: Input path or ``"-"`` (stdin).
+        source: Input path, ``datasets`` folder, or ``"-"`` (stdin, spooled to a temp file).
         output: Output path (``.jsonl`` or ``.parquet``) or ``"-"`` (stdout, JSONL).
         config: Engine configuration (used when ``engine`` is None).
         defaults: Sampling parameters for fields a row does not set.
-        fmt: Input format (None: by extension).
-        prompt_column: Field of the text prompt.
-        messages_column: Field of the chat messages.
-        id_column: Field of the row id.
-        order: ``prefix`` admits rows in depth-first order of a radix tree over all prompts
-            (rows sharing a prefix run together); ``input`` keeps the file order. Output is in
-            input order either way.
+        inputs: How to read the input (None: the defaults).
+        output_fmt: ``mlxpa`` rows, ``openai`` Batch output lines (JSONL only), or ``auto``
+            (what a resumed output holds, else ``openai`` when every input row is an OpenAI
+            Batch line and the output is JSONL, else ``mlxpa``).
+        order: ``prefix`` admits each window of ``window`` rows in depth-first order of a
+            radix tree over its prompts (rows sharing a prefix run together); ``input`` keeps
+            the file order.
+        ordered: Write results in input order (else as they finish).
+        skip_invalid: Write an error result for each invalid row and run the rest (else any
+            invalid row stops the run before the model loads).
+        resume: Keep the output's rows, skip their ids, and add the rest.
         metrics_json: Where to write the final statistics as JSON.
         console: Where progress and the report go (default: stderr).
         show_progress: Draw the progress bar and final report.
         engine: A ready engine (tests); None builds one from ``config``.
+        should_stop: Polled between engine steps; True stops admitting, drops the requests in
+            flight (a resume runs them) and writes every finished row.
+        window: Rows per prefix-ordering window.
 
     Returns:
         The run's statistics.
 
     Raises:
-        InputError: The input is malformed (raised before the model loads).
-        ValueError: A sampling default is invalid.
+        InputError: The input cannot be read, or has invalid rows (without ``skip_invalid``);
+            raised before the model loads.
+        ValueError: A bad option (an output format that does not fit, ``--resume`` to stdout,
+            an existing output that is not an mlxpa output).
+        KeyboardInterrupt: ``should_stop`` was already true once the model had loaded (the
+            output is left as it was).
     """
+    if order not in ("prefix", "input"):
+        raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
+    file_fmt = output_format(output)
+    if resume and output == STDIN:
+        raise ValueError("--resume needs an output file (-o PATH), not stdout")
     console = console or Console(stderr=True)
-    rows = list(read_rows(source, fmt=fmt, prompt_column=prompt_column,
-                          messages_column=messages_column, id_column=id_column))
-    engine = engine or LLMEngine(config)
-    engine.counters.start_time = time.perf_counter()
-    by_index = {row.index: row for row in rows}
-    with ResultWriter(output) as writer, RunProgress(len(rows), engine.counters, console,
-                                                     show_progress) as progress:
-        items = _ordered(_requests(rows, engine.tokenizer, defaults, writer), order,
-                         engine.config.block_size)
-        num_samples = {it.request_id: it.params.n for it in items}
-        samples: dict[int, list[dict]] = defaultdict(list)
-        progress.advance(len(rows) - len(items))  # rows that failed validation
-        for out in engine.generate(items):
-            row, n = by_index[out.request_id], num_samples[out.request_id]
-            record = result_record(row, out)
-            if n == 1:
-                writer.add(row.index, record)
-                progress.advance()
-                continue
-            group = samples[row.index]
-            group.append({**record, "sample_index": out.sample_index})
-            if len(group) == n:
-                writer.add(row.index, sorted(samples.pop(row.index),
-                                             key=lambda r: r["sample_index"]))
-                progress.advance()
+    inputs = inputs or InputOptions()
+    existing = read_existing(output, file_fmt) if resume else Existing({}, None, None, False)
+    if existing.torn:
+        console.print(f"{output}: cut a torn last line (it is run again)", markup=False)
+    fmt = input_format(source, inputs.fmt)
+    spooled = source == STDIN and fmt != "hf"
+    path = spool_stdin(fmt) if spooled else source
+    try:
+        name = "<stdin>" if spooled else source
+
+        def rows() -> Iterator[Row]:
+            return inputs.read(path, fmt, name)
+
+        unit = "line" if fmt in ("jsonl", "csv") else "row"
+        v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n)
+        if not skip_invalid:
+            check(v, name)
+        out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
+        if v.cut_at is not None:
+            cut(output, v.cut_at)
+        should_stop = should_stop or (lambda: False)
+        engine = engine or LLMEngine(config)
+        if should_stop():  # asked before anything was written: leave the output alone
+            raise KeyboardInterrupt
+        engine.counters.start_time = time.perf_counter()
+        with ResultWriter(output, ordered=ordered, append=resume) as writer, RunProgress(
+                v.num_rows - v.num_done, engine.counters, console, show_progress) as progress:
+            job = _Job(engine, v, defaults, out_fmt, lambda row: where(name, row.line, unit),
+                       writer, progress)
+            job.run(rows(), order, window, should_stop)
+    finally:
+        if spooled:
+            os.remove(path)
     stats = summarize(engine.counters)
     if show_progress:
         console.print(summary_table(stats, engine.runner.num_blocks - 1))
@@ -135,3 +142,141 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         with open(metrics_json, "w") as f:
             json.dump(stats.to_dict(), f, indent=2)
     return stats
+
+
+@dataclasses.dataclass(slots=True)
+class _Job:
+    """Pass 2: rows to requests, engine outputs to result records, for one writer."""
+
+    engine: LLMEngine
+    validation: Validation
+    defaults: SamplingParams
+    out_fmt: str
+    place: Callable[[Row], str]  # "file line 3" for run-time errors
+    writer: ResultWriter
+    progress: RunProgress
+    in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
+    unshown: int = 0  # rows done since the progress bar was last advanced
+    shown_at: float = 0.0
+
+    def run(self, rows: Iterable[Row], order: str, window: int,
+            should_stop: Callable[[], bool]) -> None:
+        model = _model_name(self.engine.config.model)
+        samples: dict[int, list[RequestOutput]] = {}
+        items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
+        for out in _drive(self.engine, items, should_stop):
+            group = samples.setdefault(out.request_id, [])
+            group.append(out)
+            row = self.in_flight[out.request_id]
+            if len(group) == row.params.get("n", self.defaults.n):
+                del samples[row.index], self.in_flight[row.index]
+                group.sort(key=lambda o: o.sample_index)
+                self.writer.add(row.index, result_records(row, group, self.out_fmt, model,
+                                                          self.place(row)))
+                self._advance()
+        self.progress.advance(self.unshown)
+
+    def _advance(self) -> None:
+        # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
+        # it runs at most 10 times a second, not once a row (that was quadratic in rows).
+        self.unshown += 1
+        now = time.monotonic()
+        if now - self.shown_at >= 0.1:
+            self.progress.advance(self.unshown)
+            self.unshown, self.shown_at = 0, now
+
+    def _feed(self, rows: Iterable[Row]) -> Iterator[PromptInput | None]:
+        """A request for each row left to run, in input order, and None for a row dealt
+        with here: already in the output (skipped) or unable to run (its error written)."""
+        for row in rows:
+            if id_key(row.id) in self.validation.done:
+                self.writer.skip(row.index)
+                yield None
+                continue
+            error = row.error or self.validation.duplicates.get(row.index)
+            if error is None:
+                try:
+                    params = dataclasses.replace(self.defaults, **row.params)
+                    ids = prompt_token_ids(row, self.engine.tokenizer)
+                except ValueError as e:
+                    error = f"{self.place(row)}: {e}"
+            if error is not None:
+                self.writer.add(row.index, error_records(row, error, self.out_fmt))
+                self._advance()
+                yield None
+                continue
+            self.in_flight[row.index] = row
+            yield PromptInput(row.index, ids, params)
+
+
+def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
+             window: int) -> Iterator[PromptInput]:
+    """The requests of ``items``: in input order, or (``prefix``) by windows of ``window``
+    rows (Nones count, so rows read ahead of the engine stay bounded), each window in
+    depth-first order of its prompts' prefix tree."""
+    if order == "input":
+        yield from (it for it in items if it is not None)
+        return
+    batch: list[PromptInput] = []
+    num_read = 0
+    for item in items:
+        num_read += 1
+        if item is not None:
+            batch.append(item)
+        if num_read >= window:
+            yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch],
+                                                       block_size))
+            batch, num_read = [], 0
+    yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
+
+
+def _drive(engine: LLMEngine, items: Iterable[PromptInput],
+           should_stop: Callable[[], bool]) -> Iterator[RequestOutput]:
+    """:meth:`LLMEngine.generate`'s loop, polling ``should_stop`` between steps (then the
+    requests in flight are dropped with the engine)."""
+    limit = 2 * engine.config.max_num_seqs
+    it = iter(items)
+    exhausted = False
+    while not should_stop():
+        while not exhausted and engine.num_waiting < limit:
+            item = next(it, None)
+            if item is None:
+                exhausted = True
+                break
+            done = engine.add_request(*item)
+            if done is not None:
+                yield from done
+        if not engine.has_unfinished_requests():
+            if exhausted:
+                return
+            continue
+        yield from engine.step()
+
+
+def _model_name(spec: str | None) -> str:
+    from mlxpa.models import DEFAULT_MODEL_NAME
+
+    return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
+
+
+@contextlib.contextmanager
+def catch_sigint() -> Iterator[threading.Event]:
+    """Turn the first Ctrl-C into a set event (poll it as ``should_stop``); the second one
+    raises ``KeyboardInterrupt`` as usual. Off the main thread, nothing is installed."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        os.write(2, b"\ninterrupted: writing the finished rows (Ctrl-C again to quit now)\n")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
+

@@ -1,0 +1,102 @@
+"""``mlxpa run`` in a subprocess on a tiny model, stopped part-way: SIGKILL then ``--resume``
+(exactly one row per input id, none torn), and SIGINT (exit 130, the resume command printed,
+and that command finishes the job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import save_tiny_model
+
+NUM_ROWS = 120
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """``(tiny model folder, input path, input ids)``."""
+    root = tmp_path_factory.mktemp("sig")
+    folder = save_tiny_model(root / "tiny")
+    src = root / "in.jsonl"
+    ids = [f"r{i}" for i in range(NUM_ROWS)]
+    src.write_text("".join(json.dumps({"id": rid, "prompt": f"row {i} of the job"}) + "\n"
+                           for i, rid in enumerate(ids)))
+    return folder, str(src), ids
+
+
+def mlxpa(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mlxpa", *args]
+
+
+def run_args(folder: str, src: str, out: str) -> list[str]:
+    return ["run", src, "-o", out, "--model", folder, "--max-tokens", "24", "--ignore-eos",
+            "--max-num-seqs", "4", "--kv-memory", "0.01", "--order", "input", "-q"]
+
+
+def wait_for_lines(path: str, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        if os.path.exists(path) and Path(path).read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} lines in {path} after {timeout} s")
+
+
+def output_ids(path: str) -> list[str]:
+    data = Path(path).read_text(encoding="utf-8")
+    assert data.endswith("\n")
+    rows = [json.loads(line) for line in data.splitlines()]  # every line whole
+    assert all(r["finish_reason"] == "length" and r["completion_tokens"] == 24 for r in rows)
+    return [r["id"] for r in rows]
+
+
+def test_sigkill_then_resume(job, tmp_path):
+    folder, src, ids = job
+    out = str(tmp_path / "out.jsonl")
+    proc = subprocess.Popen(mlxpa(*run_args(folder, src, out)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    wait_for_lines(out, 8, proc)
+    proc.kill()
+    proc.wait(30)
+    done = Path(out).read_bytes().count(b"\n")
+    assert 8 <= done < NUM_ROWS
+    with open(out, "a") as f:
+        f.write('{"id": "r999", "text": "torn by the')  # as if killed inside a write
+    r = subprocess.run(mlxpa(*run_args(folder, src, out), "--resume"), capture_output=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    got = output_ids(out)
+    assert sorted(got) == sorted(ids) and len(got) == len(set(got))
+    assert got[:done] == ids[:done]  # the rows of the killed run are kept as they were
+
+
+def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path):
+    folder, src, ids = job
+    out = str(tmp_path / "out.jsonl")
+    proc = subprocess.Popen(mlxpa(*run_args(folder, src, out)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    wait_for_lines(out, 8, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    first = output_ids(out)
+    assert 8 <= len(first) < NUM_ROWS and len(first) == len(set(first))
+    command = next(line.strip() for line in err.splitlines() if line.strip().startswith(
+        "mlxpa run"))
+    assert f"interrupted: finished rows are in {out}; to run the rest:" in err
+    assert command == shlex.join(["mlxpa", *run_args(folder, src, out), "--resume"])
+    r = subprocess.run(mlxpa(*shlex.split(command)[1:]), capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    got = output_ids(out)
+    assert got[:len(first)] == first and sorted(got) == sorted(ids) and len(got) == len(ids)
