@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The benchmark runs behind the README's Performance section (default model, this CPU).
+# Static allocation runs one request at a time (about 7 tokens/s here), so on the random
+# workload it is timed on the first 16 prompts of the same workload (its throughput does not
+# depend on how many requests follow each other).
+set -euo pipefail
+out=${1:-benchmarks/results}
+mkdir -p "$out"
+mlxpa bench --workload shared-prefix --num-groups 8 --prompts-per-group 16 \
+  --system-prompt-len 512 --question-len 64 --output-len 32 \
+  --baselines mlxpa,mlx-lm,static --json "$out/shared_prefix.json" --plot "$out/shared_prefix.png"
+mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6 \
+  --output-len 64 --baselines mlxpa,mlx-lm --json "$out/random.json" --plot "$out/random.png"
+mlxpa bench --workload random --num-prompts 16 --input-len 320 --range-ratio 0.6 \
+  --output-len 64 --baselines mlxpa,static --json "$out/random_static.json"
