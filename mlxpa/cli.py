@@ -159,6 +159,9 @@ def run(
                              f"got {output_format!r}")
         if resume and output == "-":
             raise ValueError("--resume needs an output file (-o PATH), not stdout")
+        if _same_file(input, output):
+            raise ValueError(f"the output {output} is the input file; writing it would "
+                             "destroy the input")
         inputs = InputOptions(None if input_format == "auto" else input_format, prompt_column,
                               messages_column, id_column, system, keep)
     except ValueError as e:
@@ -336,6 +339,15 @@ def bench(
         report.write_json(json_path, workload_info, machine, figures)
     if plot:
         report.write_plot(plot, figures, last, f"{wl.name} ({machine['blas']} BLAS)")
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return a != "-" and b != "-" and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _fail(console, error: Exception, code: int) -> None:

@@ -141,3 +141,10 @@ def test_plan_predicts_hits_and_blocks(tiny, tmp_path):
     # With sharing: tree holds abcd, efgh, qrst, uvwx = 4 blocks; tails: (3-2) + (3-2) + (3-2).
     assert p["kv_blocks_with_sharing"] == 7
     assert p["shared_prefixes"][0]["num_tokens"] == 8 and p["shared_prefixes"][0]["num_rows"] == 2
+
+
+def test_output_over_input_is_refused(tmp_path):
+    src = write_jsonl(tmp_path / "same.jsonl", [{"prompt": "hi"}])
+    r = CliRunner().invoke(app, ["run", src, "-o", src])
+    assert r.exit_code == 2 and "destroy the input" in r.output
+    assert json.loads(open(src).read()) == {"prompt": "hi"}
