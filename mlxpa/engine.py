@@ -9,7 +9,7 @@ admitting more only while the waiting queue is short, so large inputs never sit 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from mlxpa.block_pool import BlockPool
@@ -170,19 +170,21 @@ class LLMEngine:
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
 
-    def generate(self, prompts: Iterable[PromptInput],
-                 max_waiting: int | None = None) -> Iterator[RequestOutput]:
+    def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
         """Run every prompt to completion, yielding outputs as requests finish.
 
         Args:
             prompts: Requests to run, pulled lazily.
             max_waiting: Pull more prompts only while fewer than this many wait
                 (default: ``2 * max_num_seqs``).
+            should_stop: Polled between steps; when it returns True, generation ends and
+                the requests in flight stay unfinished (Ctrl-C).
         """
         limit = max_waiting or 2 * self.config.max_num_seqs
         it = iter(prompts)
         exhausted = False
-        while True:
+        while should_stop is None or not should_stop():
             while not exhausted and self.num_waiting < limit:
                 item = next(it, None)
                 if item is None:

@@ -6,7 +6,7 @@ Data flow (one way)::
     validate(read_rows(input))          pass 1, before the model loads: problems, duplicates
     LLMEngine(config)                   the model loads
     read_rows(input) -> _feed           pass 2, lazy: tokenize, order by prefix per window
-        -> _drive (engine steps; stops between steps when asked) -> RequestOutputs
+        -> LLMEngine.generate (stops between steps when asked) -> RequestOutputs
         -> result_records -> ResultWriter (reorder buffer; flushed as rows finish)
 
 Memory does not grow with the input: both passes stream, pass 2 reads at most one window of
@@ -164,7 +164,7 @@ class _Job:
         model = _model_name(self.engine.config.model)
         samples: dict[int, list[RequestOutput]] = {}
         items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
-        for out in _drive(self.engine, items, should_stop):
+        for out in self.engine.generate(items, should_stop=should_stop):
             group = samples.setdefault(out.request_id, [])
             group.append(out)
             row = self.in_flight[out.request_id]
@@ -228,29 +228,6 @@ def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
                                                        block_size))
             batch, num_read = [], 0
     yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
-
-
-def _drive(engine: LLMEngine, items: Iterable[PromptInput],
-           should_stop: Callable[[], bool]) -> Iterator[RequestOutput]:
-    """:meth:`LLMEngine.generate`'s loop, polling ``should_stop`` between steps (then the
-    requests in flight are dropped with the engine)."""
-    limit = 2 * engine.config.max_num_seqs
-    it = iter(items)
-    exhausted = False
-    while not should_stop():
-        while not exhausted and engine.num_waiting < limit:
-            item = next(it, None)
-            if item is None:
-                exhausted = True
-                break
-            done = engine.add_request(*item)
-            if done is not None:
-                yield from done
-        if not engine.has_unfinished_requests():
-            if exhausted:
-                return
-            continue
-        yield from engine.step()
 
 
 def _model_name(spec: str | None) -> str:
