@@ -43,7 +43,7 @@ class AttentionMetadata:
         context_lens: ``[B]`` int32 tokens with K/V after this step's write.
         query_start: ``[B]`` int32 position of each row's first scheduled token.
         window_tables: Per sliding-window size, tables trimmed to that window.
-        kernel: Paged-attention backend (``auto``, ``reference``, ``metal``, ``cuda``).
+        kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
     """
 
     slot_blocks: mx.array

@@ -27,7 +27,7 @@ MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
-KernelOpt = Annotated[str, typer.Option(help="Paged attention: auto, reference, metal, cuda.")]
+KernelOpt = Annotated[str, typer.Option(help="Paged attention: auto, reference, cpu, metal, cuda.")]
 BlasOpt = Annotated[str, typer.Option(
     help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
 

@@ -101,10 +101,14 @@ class EngineConfig:
         max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
         max_model_len: Longest prompt + completion in tokens; None takes the model's context.
         enable_prefix_caching: Reuse cached full blocks across requests (radix tree).
-        kernel: Paged-attention backend: ``auto``, ``reference``, ``metal`` or ``cuda``.
+        kernel: Paged-attention backend: ``auto``, ``reference``, ``cpu``, ``metal`` or
+            ``cuda``.
         dtype: Compute dtype name (``float32``, ``bfloat16``, ``float16``); None picks float32
             on the CPU and bfloat16 on a GPU.
         seed: Engine seed for requests that give none.
+        fused_cpu_ops: On MLX's CPU back end, run the model's tanh-GELU / SiLU and RoPE
+            through mlxpa's fused kernels (``mlxpa.kernels.cpu_fused``) during the forward
+            pass; no effect on Metal or CUDA.
     """
 
     model: str | None = None
@@ -118,6 +122,7 @@ class EngineConfig:
     kernel: str = "auto"
     dtype: str | None = None
     seed: int = 0
+    fused_cpu_ops: bool = True
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
@@ -134,7 +139,7 @@ class EngineConfig:
                "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
         _check(self.max_model_len is None or self.max_model_len >= 1,
                "max_model_len", self.max_model_len, "an integer >= 1 or None")
-        _check(self.kernel in ("auto", "reference", "metal", "cuda"), "kernel", self.kernel,
-               "one of auto, reference, metal, cuda")
+        _check(self.kernel in ("auto", "reference", "cpu", "metal", "cuda"), "kernel",
+               self.kernel, "one of auto, reference, cpu, metal, cuda")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 import zlib
+from contextlib import nullcontext
 
 import mlx.core as mx
 import numpy as np
 
 from mlxpa.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
 from mlxpa.config import EngineConfig
+from mlxpa.kernels.cpu_fused import active as cpu_fused_active
+from mlxpa.kernels.cpu_fused import fused_cpu_ops
 from mlxpa.kv_cache import PagedKVCache, block_bytes
 from mlxpa.request import Request
 from mlxpa.sampling import sample
@@ -225,7 +228,9 @@ class ModelRunner:
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
         order, logits = [], []
-        with patch_model(self.model):
+        fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and cpu_fused_active()
+                 else nullcontext())
+        with patch_model(self.model), fused:
             for group in group_rows(out.num_scheduled_tokens):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]

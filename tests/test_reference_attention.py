@@ -1,4 +1,5 @@
-"""Tests for mlxpa.kernels.reference: paged attention against a dense float64 numpy oracle.
+"""Tests for mlxpa.kernels.reference and mlxpa.kernels.cpu_paged_attention: paged attention
+against a dense float64 numpy oracle (every case runs on both implementations).
 
 The oracle is independent of the code under test: it rebuilds each sequence's contiguous K/V
 from the pool through its block table with plain numpy indexing, then applies causal, context
@@ -15,7 +16,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels.reference import attention_mask, gather_kv, paged_attention
+from mlxpa.kernels import cpu_paged_attention, reference
+from mlxpa.kernels.reference import attention_mask, gather_kv
 
 BS = 16
 D = 32
@@ -101,11 +103,23 @@ def oracle(case: dict, scale: float, sliding_window: int | None = None,
     return outs
 
 
+IMPLS = {"reference": reference.paged_attention, "cpu": cpu_paged_attention.paged_attention}
+_impl = [reference.paged_attention]
+
+
+@pytest.fixture(params=sorted(IMPLS), autouse=True)
+def impl(request):
+    """Runs each test on the reference and on the CPU kernel."""
+    _impl[0] = IMPLS[request.param]
+    yield request.param
+    _impl[0] = reference.paged_attention
+
+
 def run(case: dict, scale: float, *, dtype=mx.float32, sliding_window: int | None = None,
         key_start: np.ndarray | None = None, block_tables: np.ndarray | None = None
         ) -> mx.array:
     tables = case["block_tables"] if block_tables is None else block_tables
-    return paged_attention(
+    return _impl[0](
         mx.array(case["q"]).astype(dtype), mx.array(case["key_cache"]).astype(dtype),
         mx.array(case["value_cache"]).astype(dtype), mx.array(tables),
         mx.array(case["context_lens"]), mx.array(case["query_start"]), scale=scale,

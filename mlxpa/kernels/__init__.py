@@ -3,12 +3,15 @@
 ``paged_attention`` picks the back end from ``kernel`` (the config's ``--kernel``):
 
 - ``auto``: Metal where ``mx.metal.is_available()``, else CUDA where ``mx.cuda.is_available()``,
-  else the reference.
+  else, when the default device is the CPU, the CPU kernel, else the reference.
 - ``metal`` / ``cuda``: that kernel; where the device is absent, a warning (once) and the
   reference.
+- ``cpu``: MLX ops tuned for MLX's CPU back end (``cpu_paged_attention.py``: decode reads the
+  pool in place with ``mx.gather_mm``, base-2 softmax); where the default device is not the
+  CPU, a warning (once) and the reference.
 - ``reference``: gather + ``mx.fast.scaled_dot_product_attention`` (``reference.py``).
 
-Only decode (``L == 1``) with a supported shape goes native; prefill over a cached prefix
+Only decode (``L == 1``) with a supported shape goes to Metal or CUDA; prefill over a cached prefix
 stays gather + SDPA on every back end. The first time a native kernel meets a shape class
 (back end, dtype, head dim, block size, window, heads) it runs each variant on a small random
 case with rows of 0, 1, ``block_size + 1`` and 600 keys (two v2 partitions) and compares them
@@ -26,9 +29,10 @@ import mlx.core as mx
 
 from mlxpa.kernels import _common, reference
 
-KERNELS = ("auto", "reference", "metal", "cuda")
+KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
-            "cuda": "mlxpa.kernels.cuda_paged_attention"}
+            "cuda": "mlxpa.kernels.cuda_paged_attention",
+            "cpu": "mlxpa.kernels.cpu_paged_attention"}
 # Self-check tolerance (atol = rtol) per dtype: looser than the emulator tests' 1e-5 / 2e-3
 # for device math; the short check rows (1 and block_size + 1 keys) turn an indexing or
 # softmax bug into errors of order 0.1.
@@ -49,7 +53,7 @@ def _load_backend(name: str):
 
 
 def resolve_backend(kernel: str) -> str:
-    """``metal``, ``cuda`` or ``reference`` for a ``--kernel`` value on this machine.
+    """``metal``, ``cuda``, ``cpu`` or ``reference`` for a ``--kernel`` value on this machine.
 
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.
@@ -57,13 +61,14 @@ def resolve_backend(kernel: str) -> str:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if kernel == "auto":
-        for name in ("metal", "cuda"):
+        for name in ("metal", "cuda", "cpu"):
             if _load_backend(name).is_available():
                 return name
         return "reference"
     if kernel != "reference" and not _load_backend(kernel).is_available():
         _warn_once(("unavailable", kernel),
-                   f"kernel={kernel!r}: this MLX build has no {kernel} device; "
+                   f"kernel={kernel!r}: this MLX build or default device has no {kernel} "
+                   "device; "
                    "paged attention uses the reference")
         return "reference"
     return kernel
@@ -100,12 +105,17 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM).
 
     Args:
-        kernel: ``auto``, ``reference``, ``metal`` or ``cuda`` (see the module docstring).
+        kernel: ``auto``, ``reference``, ``cpu``, ``metal`` or ``cuda`` (see the module
+            docstring).
 
     Raises:
         ValueError: Unknown ``kernel``.
     """
     backend = resolve_backend(kernel)
+    if backend == "cpu":
+        return _load_backend("cpu").paged_attention(
+            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
+            sliding_window=sliding_window, key_start=key_start)
     if backend != "reference" and _common.supported(q, key_cache, value_cache):
         window = sliding_window or 0
         cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
