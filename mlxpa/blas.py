@@ -104,6 +104,9 @@ def loaded_blas() -> str:
     return "bundled"
 
 
+BLAS_MODES = ("auto", "system", "bundled")
+
+
 def argv_blas_mode(argv: list[str]) -> str:
     """The ``--blas`` value in ``argv`` (default ``auto``)."""
     for i, a in enumerate(argv):

@@ -31,8 +31,18 @@ KernelOpt = Annotated[str, typer.Option(help="Paged attention: auto, reference, 
 BlasOpt = Annotated[str, typer.Option(
     help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mlxpa {version('mlxpa')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
     """Offline batch LLM inference on MLX with a paged KV cache."""
 
 
@@ -358,10 +368,15 @@ def _fail(console, error: Exception, code: int) -> None:
 
 def main() -> None:
     """Console entry point: pick a fast BLAS on Linux, then run the Typer app."""
-    from mlxpa.blas import argv_blas_mode, maybe_reexec
+    from mlxpa.blas import BLAS_MODES, argv_blas_mode, maybe_reexec
 
+    mode = argv_blas_mode(sys.argv[1:])
+    if mode not in BLAS_MODES:
+        print(f"error: --blas must be one of {', '.join(BLAS_MODES)}, got {mode!r}",
+              file=sys.stderr)
+        raise SystemExit(2)
     try:
-        hint = maybe_reexec(argv_blas_mode(sys.argv[1:]))
+        hint = maybe_reexec(mode)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

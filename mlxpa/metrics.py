@@ -33,6 +33,7 @@ class Counters:
         kv_slots_in_use: Sum over steps of ``blocks in use * block_size``.
         ttft_s: Time to first token of each finished request, seconds.
         itl_s: Inter-token latencies of all finished requests, seconds.
+        failed_rows: Input rows whose result is an error row (invalid, or unable to run).
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -48,6 +49,7 @@ class Counters:
     kv_slots_in_use: int = 0
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
+    failed_rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class Stats:
     ttft_p99_s: float | None
     itl_p50_s: float | None
     itl_p99_s: float | None
+    failed_rows: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,4 +99,5 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         kv_utilization=c.kv_tokens_held / c.kv_slots_in_use if c.kv_slots_in_use else 0.0,
         num_preemptions=c.num_preemptions, evicted_blocks=c.evicted_blocks,
         ttft_p50_s=_pct(c.ttft_s, 50), ttft_p99_s=_pct(c.ttft_s, 99),
-        itl_p50_s=_pct(c.itl_s, 50), itl_p99_s=_pct(c.itl_s, 99))
+        itl_p50_s=_pct(c.itl_s, 50), itl_p99_s=_pct(c.itl_s, 99),
+        failed_rows=c.failed_rows)

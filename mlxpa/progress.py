@@ -50,6 +50,8 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
     t = Table(title="mlxpa run", show_header=False, box=None, pad_edge=False)
     rows = [
         ("requests", f"{stats.requests}"),
+        ("failed rows", f"{stats.failed_rows}" + (" (their output rows have an error field)"
+                                                  if stats.failed_rows else "")),
         ("prompt tokens", f"{stats.prompt_tokens}"),
         ("cached prompt tokens", f"{stats.cached_prompt_tokens} "
          f"(prefix cache hit rate {stats.prefix_cache_hit_rate:.1%})"),

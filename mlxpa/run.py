@@ -92,7 +92,8 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         InputError: The input cannot be read, or has invalid rows (without ``skip_invalid``);
             raised before the model loads.
         ValueError: A bad option (an output format that does not fit, ``--resume`` to stdout,
-            an existing output that is not an mlxpa output).
+            an output folder that does not exist, an existing output that is not an mlxpa
+            output); raised before the model loads.
         KeyboardInterrupt: ``should_stop`` was already true once the model had loaded (the
             output is left as it was).
     """
@@ -101,6 +102,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     file_fmt = output_format(output)
     if resume and output == STDIN:
         raise ValueError("--resume needs an output file (-o PATH), not stdout")
+    folder = os.path.dirname(os.path.abspath(output)) if output != STDIN else "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"{output}: the output folder {folder} does not exist")
     console = console or Console(stderr=True)
     inputs = inputs or InputOptions()
     existing = read_existing(output, file_fmt) if resume else Existing({}, None, None, False)
@@ -138,6 +142,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     stats = summarize(engine.counters)
     if show_progress:
         console.print(summary_table(stats, engine.runner.num_blocks - 1))
+        if stats.failed_rows:
+            console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
+                          "carry an error field", style="yellow", highlight=False)
     if metrics_json:
         with open(metrics_json, "w") as f:
             json.dump(stats.to_dict(), f, indent=2)
@@ -170,6 +177,8 @@ class _Job:
             row = self.in_flight[out.request_id]
             if len(group) == row.params.get("n", self.defaults.n):
                 del samples[row.index], self.in_flight[row.index]
+                if any(o.error for o in group):
+                    self.engine.counters.failed_rows += 1
                 group.sort(key=lambda o: o.sample_index)
                 self.writer.add(row.index, result_records(row, group, self.out_fmt, model,
                                                           self.place(row)))
@@ -201,6 +210,7 @@ class _Job:
                 except ValueError as e:
                     error = f"{self.place(row)}: {e}"
             if error is not None:
+                self.engine.counters.failed_rows += 1
                 self.writer.add(row.index, error_records(row, error, self.out_fmt))
                 self._advance()
                 yield None

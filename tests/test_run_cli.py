@@ -216,3 +216,41 @@ def test_unordered_and_windowed_prefix_order(tmp_path, tiny):
         if name != "unordered":
             assert [row["id"] for row in got] == list(range(9))
     assert texts["input"] == texts["window"] == texts["unordered"]
+
+
+def test_missing_output_folder_fails_before_the_model_loads(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
+    out = tmp_path / "no-such-folder" / "out.jsonl"
+    r = invoke([src, "-o", str(out), "--model", str(tmp_path / "no-such-model")])
+    assert r.exit_code == 1, r.output
+    assert f"the output folder {tmp_path / 'no-such-folder'} does not exist" in r.stderr
+    assert "no-such-model" not in r.stderr  # the model was never looked up
+
+
+def test_failed_rows_are_counted_in_the_report(tmp_path, tiny):
+    folder, _, _ = tiny
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": PROMPT},
+                                              {"id": "b", "prompt": ""},
+                                              {"id": "c", "prompt": PROMPT, "max_tokens": 2}])
+    out, metrics = tmp_path / "out.jsonl", tmp_path / "m.json"
+    r = CliRunner().invoke(app, ["run", src, "-o", str(out), "--model", str(folder),
+                                 "--kv-memory", "0.01", "--max-tokens", "3", "--skip-invalid",
+                                 "--metrics-json", str(metrics)])
+    assert r.exit_code == 0, r.output
+    rows = read_jsonl(out)
+    assert [bool(row.get("error")) for row in rows] == [False, True, False]
+    assert json.loads(metrics.read_text())["failed_rows"] == 1
+    assert "1 row(s) failed" in r.stderr
+
+
+def test_version_and_bad_blas_mode():
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"mlxpa {version('mlxpa')}"
+    p = subprocess.run([sys.executable, "-m", "mlxpa", "run", "x.jsonl", "--blas", "bogus"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "--blas must be one of auto, system, bundled, got 'bogus'" in p.stderr
