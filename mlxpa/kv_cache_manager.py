@@ -64,6 +64,10 @@ class KVCacheManager:
         self._locked: dict[Request, RadixNode] = {}
         self._num_cached_blocks: dict[Request, int] = {}
         self.evicted_blocks = 0
+        # Each eviction scans the tree's leaves (O(nodes)); evicting at least 1/128 of the
+        # pool per call keeps decode steps, which need one block at a time, from scanning a
+        # large tree once per request.
+        self.evict_batch = max(1, pool.num_blocks // 128)
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -127,7 +131,7 @@ class KVCacheManager:
             self.tree.lock(computed.last_node)  # protect the hit from the eviction below
         short = need + cow - self.pool.num_free_blocks
         if short > 0 and self.tree is not None:
-            self.evicted_blocks += self.tree.evict(short)
+            self.evicted_blocks += self.tree.evict(max(short, self.evict_batch))
         if need + cow > self.pool.num_free_blocks:
             if computed.last_node is not None:
                 self.tree.unlock(computed.last_node)
