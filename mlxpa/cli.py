@@ -13,23 +13,23 @@ from typing import Annotated
 
 import typer
 
+from mlxpa.cli_bench import BENCH_EXAMPLES, bench
+from mlxpa.cli_options import (
+    BlasOpt,
+    BlockSizeOpt,
+    KernelOpt,
+    KVMemoryOpt,
+    MaxBatchedOpt,
+    MaxModelLenOpt,
+    MaxNumSeqsOpt,
+    ModelOpt,
+    fail,
+)
+from mlxpa.cli_plan import plan
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Offline batch LLM inference on MLX with a paged KV cache.")
 
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="MLX model folder, a Hugging Face repo id in the local cache, or a "
-    ".gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
-BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
-KVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", help="KV pool size in GiB (default: 15% of memory, at most 4).")]
-MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
-MaxBatchedOpt = Annotated[int, typer.Option(
-    help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
-MaxModelLenOpt = Annotated[int | None, typer.Option(
-    help="Longest prompt + completion in tokens (default: the model's context).")]
-KernelOpt = Annotated[str, typer.Option(help="Paged attention: auto, reference, cpu, metal, cuda.")]
-BlasOpt = Annotated[str, typer.Option(
-    help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
 
 def _print_version(value: bool) -> None:
     if value:
@@ -183,172 +183,18 @@ def run(
                      resume=resume, metrics_json=metrics_json, console=console,
                      show_progress=not quiet, should_stop=interrupted.is_set)
         except InputError as e:
-            _fail(console, e, 2)
+            fail(console, e, 2)
         except BrokenPipeError:
             sys.stderr.close()
             raise typer.Exit(0) from None
         except (OSError, ValueError) as e:
-            _fail(console, e, 1)
+            fail(console, e, 1)
         except KeyboardInterrupt:
             interrupted.set()
     if interrupted.is_set():
         console.print(resume_hint(input, output, sys.argv), markup=False, highlight=False,
                       soft_wrap=True)
         raise typer.Exit(130)
-
-
-@app.command()
-def plan(
-    input: Annotated[str, typer.Argument(help="Prompts: .jsonl or .parquet file, or -.")],
-    model: ModelOpt = None,
-    block_size: BlockSizeOpt = 16,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per row (KV estimate).")] = 256,
-    top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
-    prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
-    messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
-    id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
-    blas: BlasOpt = "auto",
-) -> None:
-    """Predict prefix sharing without running the model: prompt tokens, tokens after
-    sharing, hit rate, KV blocks with and without sharing, the longest shared prefixes."""
-    import json
-
-    from mlx_lm.utils import load_tokenizer
-    from rich.console import Console
-    from rich.table import Table
-
-    from mlxpa.data import InputError
-    from mlxpa.models import resolve_model
-    from mlxpa.plan import plan_file
-
-    console = Console(stderr=True)
-    try:
-        tokenizer = load_tokenizer(resolve_model(model))
-        p = plan_file(input, tokenizer, block_size=block_size, max_tokens=max_tokens,
-                      top_k=top, prompt_column=prompt_column,
-                      messages_column=messages_column, id_column=id_column)
-    except InputError as e:
-        _fail(console, e, 2)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(console, e, 1)
-    if json_out:
-        print(json.dumps(p.to_dict(), indent=2, ensure_ascii=False))
-        return
-    out = Console()
-    t = Table(title=f"mlxpa plan: {input}", show_header=False, box=None)
-    for k, v in [("rows", f"{p.rows} (+{p.invalid_rows} invalid)"),
-                 ("prompt tokens", f"{p.prompt_tokens}"),
-                 ("tokens after sharing", f"{p.computed_prompt_tokens}"),
-                 ("predicted prefix cache hit rate", f"{p.predicted_hit_rate:.1%}"),
-                 ("KV blocks without sharing", f"{p.kv_blocks_without_sharing}"),
-                 ("KV blocks with sharing", f"{p.kv_blocks_with_sharing}"),
-                 ("block size", f"{p.block_size}")]:
-        t.add_row(f"[bold]{k}", v)
-    out.print(t)
-    s = Table(title="longest shared prefixes")
-    for col in ("tokens", "rows", "first row", "starts with"):
-        s.add_column(col)
-    for sp in p.shared_prefixes:
-        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
-    out.print(s)
-
-
-BENCH_EXAMPLES = """
-Examples:
-
-  mlxpa bench --workload shared-prefix --num-groups 8 --prompts-per-group 16 --json sp.json
-
-  mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6
-
-  mlxpa bench --workload file --input examples/prompts.jsonl --baselines mlxpa,mlx-lm
-"""
-
-
-@app.command(epilog=BENCH_EXAMPLES)
-def bench(
-    workload: Annotated[str, typer.Option(help="random, shared-prefix or file.")] = "random",
-    model: ModelOpt = None,
-    input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random: prompts.")] = 128,
-    input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
-    range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
-    output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
-    num_groups: Annotated[int, typer.Option(help="shared-prefix: groups.")] = 8,
-    prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: prompts each.")] = 16,
-    system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: shared tokens.")] = 512,
-    question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
-    baselines: Annotated[str, typer.Option(
-        help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] =
-        "mlxpa,mlxpa-noprefix,mlx-lm,static",
-    repeats: Annotated[int, typer.Option(help="Timed runs per system (median).")] = 1,
-    block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 128,
-    max_num_batched_tokens: MaxBatchedOpt = 2048,
-    kernel: KernelOpt = "auto",
-    json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
-    blas: BlasOpt = "auto",
-) -> None:
-    """Time our engine against mlx-lm's batch_generate and static allocation, same prompts."""
-    from rich.console import Console
-
-    from mlxpa import bench_report as report
-    from mlxpa import bench_workloads as w
-    from mlxpa.bench import SYSTEMS, run_bench
-    from mlxpa.config import EngineConfig
-    from mlxpa.data import InputError
-    from mlxpa.models import load_model
-
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
-    try:
-        bad = [s for s in systems if s not in SYSTEMS]
-        if bad or not systems:
-            raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
-        if repeats < 1:
-            raise ValueError("repeats must be >= 1")
-        config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
-                              max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, kernel=kernel)
-        mdl, tok, _ = load_model(model)
-        if workload == "random":
-            wl = w.random_workload(tok, num_prompts, input_len, output_len, range_ratio, seed)
-        elif workload == "shared-prefix":
-            wl = w.shared_prefix_workload(tok, num_groups, prompts_per_group,
-                                          system_prompt_len, question_len, output_len, seed)
-        elif workload == "file":
-            if not input:
-                raise ValueError("--workload file needs --input PATH")
-            wl = w.file_workload(tok, input, output_len)
-        else:
-            raise ValueError(f"workload must be random, shared-prefix or file, got {workload!r}")
-        console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
-                      f"tokens, {wl.num_output_tokens} output tokens; systems: "
-                      f"{', '.join(systems)}; repeats: {repeats}", markup=False)
-        figures, last = run_bench(mdl, tok, wl, config, systems, repeats)
-    except InputError as e:
-        _fail(console, e, 2)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(console, e, 1)
-    dtype = str(mdl.model.embed_tokens.weight.dtype).split(".")[-1] if hasattr(
-        mdl, "model") else "unknown"
-    machine = report.machine_info(dtype)
-    console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
-    console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "
-                  f"mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, {dtype}", markup=False)
-    if "mlxpa" in figures:
-        print(report.throughput_line(figures["mlxpa"]))
-    workload_info = {"name": wl.name, **wl.params, "num_prompts": len(wl.prompts),
-                     "prompt_tokens": wl.num_prompt_tokens,
-                     "output_tokens": wl.num_output_tokens}
-    if json_path:
-        report.write_json(json_path, workload_info, machine, figures)
-    if plot:
-        report.write_plot(plot, figures, last, f"{wl.name} ({machine['blas']} BLAS)")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -360,10 +206,12 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _fail(console, error: Exception, code: int) -> None:
-    """Print ``error`` on stderr unwrapped and without markup, then exit with ``code``."""
-    console.print(f"error: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(code) from None
+app.command()(plan)
+app.command(epilog=BENCH_EXAMPLES)(bench)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def main() -> None:
@@ -382,4 +230,7 @@ def main() -> None:
         raise SystemExit(2) from None
     if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench"):
         print(hint, file=sys.stderr)
+    import warnings
+
+    warnings.showwarning = _show_warning
     app(prog_name="mlxpa")
