@@ -76,7 +76,9 @@ def run(
     top_p: Annotated[float, typer.Option(help="Default nucleus mass.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Default top-k (0 = off).")] = 0,
     min_p: Annotated[float, typer.Option(help="Default min-p (0 = off).")] = 0.0,
-    seed: Annotated[int | None, typer.Option(help="Default per-row seed.")] = None,
+    seed: Annotated[int, typer.Option(
+        help="Engine seed: a row without a seed field samples with a seed derived from this "
+        "and its row index (vLLM's LLM(seed=...)).")] = 0,
     n: Annotated[int, typer.Option("--n", help="Default samples per prompt.")] = 1,
     stop: Annotated[list[str] | None, typer.Option(
         help="Default stop string (repeatable; the earliest match ends the text).")] = None,
@@ -155,9 +157,9 @@ def run(
                               max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=max_model_len, kernel=kernel,
-                              enable_prefix_caching=prefix_caching)
+                              enable_prefix_caching=prefix_caching, seed=seed)
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()),
+                                  top_k=top_k, min_p=min_p, stop=tuple(stop or ()),
                                   n=n, ignore_eos=ignore_eos,
                                   stop_token_ids=tuple(stop_token_id or ()),
                                   include_stop_str_in_output=include_stop_str,

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,11 +54,14 @@ class ParquetSink:
     Args:
         path: The target ``.parquet`` path.
         row_group_size: Records per row group (a row's samples are never split, so a group
-            may hold up to ``n - 1`` more).
+            may hold up to ``n - 1`` more). A group is also written once its first record is
+            ``flush_interval_s`` old, so a crash loses at most that much finished work.
+        flush_interval_s: Seconds a finished record may wait in memory.
         resume: Keep the existing target and parts; the merge puts them first.
     """
 
-    def __init__(self, path: str, row_group_size: int, resume: bool = False) -> None:
+    def __init__(self, path: str, row_group_size: int, resume: bool = False,
+                 flush_interval_s: float = 30.0) -> None:
         import pyarrow as pa
 
         self._pa = pa
@@ -66,6 +70,8 @@ class ParquetSink:
         self._parts = parts_dir(path)
         self._row_group_size = max(1, row_group_size)
         self._buffer: list[dict] = []
+        self._flush_interval_s = flush_interval_s
+        self._buffered_at = 0.0
         for stale in glob.glob(os.path.join(self._dir, f".{os.path.basename(path)}.*.tmp")):
             os.remove(stale)  # an interrupted merge
         if os.path.isdir(self._parts) and (not resume or _merged_already(path)):
@@ -78,8 +84,11 @@ class ParquetSink:
 
     def write(self, groups: list[list[dict]]) -> None:
         for records in groups:
+            if records and not self._buffer:
+                self._buffered_at = time.monotonic()
             self._buffer.extend(records)
-            if len(self._buffer) >= self._row_group_size:
+            if (len(self._buffer) >= self._row_group_size or self._buffer and
+                    time.monotonic() - self._buffered_at >= self._flush_interval_s):
                 self._flush()
 
     def close(self, merge: bool = True) -> None:

@@ -1,15 +1,17 @@
 """``--resume``: what an existing output already holds, so a rerun skips those rows.
 
 A JSONL output is scanned line by line. A torn last line (a crash in the middle of a write:
-no final newline) is cut off the file. Each line counts for its ``id`` (OpenAI Batch output
-lines: ``custom_id``); an error record, or an OpenAI line, stands for its whole row. The last
+no final newline) is cut off the file. Error records (``error`` set) are removed from the file
+(rewritten through a temporary file) so that those rows run again: the input may have been
+fixed since. Each other line counts for its ``id`` (OpenAI Batch output lines: ``custom_id``);
+an OpenAI line stands for its whole row. The last
 run of lines with one id is remembered, so a row whose ``n`` samples were only partly written
 when the run died (they are written together, so only the last row can be partial) can be cut
 off too and run again (:func:`cut`).
 
 A Parquet output counts the ids of the complete file and of the finished row groups an
 interrupted run left in its parts folder (:func:`~mlxpa.data_parquet.iter_parquet_ids`);
-a row's samples never straddle two row groups.
+a row's samples never straddle two row groups. Its error rows count as done.
 
 Ids are compared as text (``7`` and ``"7"`` are the same id), as a Parquet ``id`` column turns
 int ids into strings once a string id appears.
@@ -21,7 +23,7 @@ import json
 import os
 from typing import Any, NamedTuple
 
-COMPLETE = 1 << 30  # the count of a row that is done whatever its n (an error, an OpenAI line)
+COMPLETE = 1 << 30  # the count of a row that is done whatever its n (an OpenAI line)
 
 
 class Tail(NamedTuple):
@@ -40,12 +42,14 @@ class Existing(NamedTuple):
         fmt: ``"openai"`` or ``"mlxpa"`` (the first record's shape), None when empty.
         tail: JSONL only: the last run of lines with one id, else None.
         torn: A torn last line was cut off.
+        retried: Error records removed from a JSONL output (their rows run again).
     """
 
     counts: dict[str, int]
     fmt: str | None
     tail: Tail | None
     torn: bool
+    retried: int = 0
 
 
 def id_key(value: Any) -> str:
@@ -85,7 +89,7 @@ def _scan_jsonl(path: str) -> Existing:
     counts: dict[str, int] = {}
     fmt = tail = None
     torn = False
-    offset = 0
+    offset = errors = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             start, offset = offset, offset + len(raw)
@@ -104,16 +108,39 @@ def _scan_jsonl(path: str) -> Existing:
                 raise ValueError(f"{path} line {lineno}: not an mlxpa result line; cannot "
                                  "resume into this file")
             fmt = fmt or ("openai" if openai else "mlxpa")
+            if obj.get("error") is not None:
+                errors += 1
+                continue
             key = id_key(obj["custom_id"] if openai else obj["id"])
-            done = openai or obj.get("error") is not None
-            counts[key] = COMPLETE if done else counts.get(key, 0) + 1
+            counts[key] = COMPLETE if openai else counts.get(key, 0) + 1
             if tail is not None and tail.key == key:
                 tail = tail._replace(count=tail.count + 1)
             else:
                 tail = Tail(key, start, 1)
     if torn:
         cut(path, offset)
+    if errors:
+        _drop_error_lines(path)
+        return _scan_jsonl(path)._replace(torn=torn, retried=errors)
     return Existing(counts, fmt, tail, torn)
+
+
+def _drop_error_lines(path: str) -> None:
+    """Rewrite the JSONL file at ``path`` without its error records (atomically)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            for raw in src:
+                if raw.strip() and json.loads(raw).get("error") is not None:
+                    continue
+                dst.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
 
 
 def resume_hint(source: str, output: str, argv: list[str]) -> str:

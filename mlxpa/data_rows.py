@@ -64,7 +64,8 @@ class Row:
 
     Attributes:
         index: 0-based position among the input's rows (blank JSONL lines skipped).
-        id: The row's id field (str or int); defaults to ``index``.
+        id: The row's id field (str or int); defaults to ``index``; None for a record that
+            could not be decoded.
         prompt: Text prompt, or None when ``messages`` is given.
         messages: Chat messages (``[{"role": str, "content": str, ...}]``, null keys dropped),
             or None when ``prompt`` is given.
@@ -162,8 +163,9 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
 
 
 def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:
-    """A row for a record that could not be decoded (invalid JSON, not an object, bad UTF-8)."""
-    return Row(index, index, None, None, {}, f"{where(spec.source, line, spec.unit)}: {detail}",
+    """A row for a record that could not be decoded (invalid JSON, not an object, bad UTF-8);
+    its id is None (unknown: never the index, which could be another row's id)."""
+    return Row(index, None, None, None, {}, f"{where(spec.source, line, spec.unit)}: {detail}",
                line)
 
 

@@ -75,6 +75,11 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
     for row in rows:
         v.num_rows += 1
         openai = openai and row.openai is not None
+        if row.id is None:  # an undecodable record: a problem, never a duplicate or done
+            v.num_problems += 1
+            if len(v.problems) < MAX_PROBLEMS:
+                v.problems.append(row.error)
+            continue
         key = id_key(row.id)
         if existing is not None and _is_done(row, key, existing, default_n, v):
             v.done.add(key)

@@ -43,7 +43,7 @@ from mlxpa.data_resume import Existing, cut, id_key, read_existing
 from mlxpa.data_rows import where
 from mlxpa.data_validate import Validation, check, validate
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.metrics import Stats, summarize
+from mlxpa.metrics import Counters, Stats, summarize
 from mlxpa.prefix_order import prefix_order
 from mlxpa.progress import RunProgress, summary_table
 from mlxpa.prompts import prompt_token_ids
@@ -102,14 +102,22 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     file_fmt = output_format(output)
     if resume and output == STDIN:
         raise ValueError("--resume needs an output file (-o PATH), not stdout")
-    folder = os.path.dirname(os.path.abspath(output)) if output != STDIN else "."
-    if not os.path.isdir(folder):
-        raise ValueError(f"{output}: the output folder {folder} does not exist")
+    for target in (output, metrics_json):
+        if target is None or target == STDIN:
+            continue
+        if os.path.isdir(target):
+            raise ValueError(f"{target} is a folder; give a file path")
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder):
+            raise ValueError(f"{target}: the output folder {folder} does not exist")
     console = console or Console(stderr=True)
     inputs = inputs or InputOptions()
     existing = read_existing(output, file_fmt) if resume else Existing({}, None, None, False)
     if existing.torn:
         console.print(f"{output}: cut a torn last line (it is run again)", markup=False)
+    if existing.retried:
+        console.print(f"{output}: removed {existing.retried} error row(s); they run again",
+                      markup=False, soft_wrap=True)
     fmt = input_format(source, inputs.fmt)
     spooled = source == STDIN and fmt != "hf"
     path = spool_stdin(fmt) if spooled else source
@@ -126,6 +134,17 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
         if v.cut_at is not None:
             cut(output, v.cut_at)
+        if resume:
+            console.print(f"{output}: {v.num_done} row(s) already done, "
+                          f"{v.num_rows - v.num_done} to run", markup=False, highlight=False,
+                          soft_wrap=True)
+        if v.num_rows == v.num_done:  # nothing to run: no model load
+            with ResultWriter(output, ordered=ordered, append=resume):
+                pass
+            if show_progress and not resume:
+                console.print(f"{name}: no rows; wrote an empty output", markup=False,
+                              soft_wrap=True)
+            return _finish(summarize(Counters()), None, console, show_progress, metrics_json)
         should_stop = should_stop or (lambda: False)
         engine = engine or LLMEngine(config)
         if should_stop():  # asked before anything was written: leave the output alone
@@ -139,12 +158,18 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     finally:
         if spooled:
             os.remove(path)
-    stats = summarize(engine.counters)
-    if show_progress:
-        console.print(summary_table(stats, engine.runner.num_blocks - 1))
-        if stats.failed_rows:
-            console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
-                          "carry an error field", style="yellow", highlight=False)
+    return _finish(summarize(engine.counters), engine.runner.num_blocks - 1, console,
+                   show_progress, metrics_json)
+
+
+def _finish(stats: Stats, num_blocks: int | None, console: Console, show_progress: bool,
+            metrics_json: str | None) -> Stats:
+    """The final report and ``--metrics-json``."""
+    if show_progress and num_blocks is not None:
+        console.print(summary_table(stats, num_blocks))
+    if show_progress and stats.failed_rows:
+        console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
+                      "carry an error field", style="yellow", highlight=False, soft_wrap=True)
     if metrics_json:
         with open(metrics_json, "w") as f:
             json.dump(stats.to_dict(), f, indent=2)
@@ -198,7 +223,7 @@ class _Job:
         """A request for each row left to run, in input order, and None for a row dealt
         with here: already in the output (skipped) or unable to run (its error written)."""
         for row in rows:
-            if id_key(row.id) in self.validation.done:
+            if row.id is not None and id_key(row.id) in self.validation.done:
                 self.writer.skip(row.index)
                 yield None
                 continue
@@ -248,22 +273,26 @@ def _model_name(spec: str | None) -> str:
 
 @contextlib.contextmanager
 def catch_sigint() -> Iterator[threading.Event]:
-    """Turn the first Ctrl-C into a set event (poll it as ``should_stop``); the second one
-    raises ``KeyboardInterrupt`` as usual. Off the main thread, nothing is installed."""
+    """Turn the first Ctrl-C (SIGINT) or SIGTERM (``timeout``, ``docker stop``, batch
+    schedulers) into a set event (poll it as ``should_stop``); a second one raises
+    ``KeyboardInterrupt``. Off the main thread, nothing is installed."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        os.write(2, b"\ninterrupted: writing the finished rows (Ctrl-C again to quit now)\n")
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        os.write(2, f"\ninterrupted ({name}): writing the finished rows (again to quit now)\n"
+                 .encode())
 
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    old = signal.signal(signal.SIGINT, handler)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
 

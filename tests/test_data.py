@@ -79,7 +79,7 @@ def test_invalid_json_is_a_row_error_with_line(tmp_path):
     src = write_lines(tmp_path / "bad.jsonl", ['{"prompt": "a"}', "", '{"prompt": "b",}',
                                                '{"prompt": "c"}'])
     rows = list(read_rows(src))  # reading goes on past a bad line
-    assert [(r.index, r.id, r.line) for r in rows] == [(0, 0, 1), (1, 1, 3), (2, 2, 4)]
+    assert [(r.index, r.id, r.line) for r in rows] == [(0, 0, 1), (1, None, 3), (2, 2, 4)]
     assert rows[1].error.startswith(f"{src} line 3: invalid JSON (")
     assert (rows[1].prompt, rows[1].messages, rows[1].params) == (None, None, {})
     assert rows[0].error is None and rows[2].error is None

@@ -103,13 +103,28 @@ def test_partial_samples_of_the_last_row_are_cut_and_rerun(tmp_path):
              {**record("e"), "text": None, "error": "bad"}, record("b", sample_index=0)]
     out.write_text("".join(json.dumps(r) + "\n" for r in lines))
     e = read_existing(str(out), "jsonl")
-    assert e.counts == {"a": 2, "e": COMPLETE, "b": 1}
-    offset = len("".join(json.dumps(r) + "\n" for r in lines[:3]).encode())
+    # The error record is removed from the file: row "e" runs again.
+    assert e.counts == {"a": 2, "b": 1} and e.retried == 1
+    kept = [lines[0], lines[1], lines[3]]
+    assert out.read_text() == "".join(json.dumps(r) + "\n" for r in kept)
+    offset = len("".join(json.dumps(r) + "\n" for r in kept[:2]).encode())
     assert e.tail == Tail("b", offset, 1)
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": "x"}) + "\n" for i in "aebc"))
     v = validate(read_rows(str(src)), source=str(src), unit="line", existing=e, default_n=2)
-    assert v.done == {"a", "e"} and v.num_done == 2 and v.cut_at == offset
+    assert v.done == {"a"} and v.num_done == 1 and v.cut_at == offset
+
+
+def test_openai_lines_count_whole_rows_and_errors_are_dropped(tmp_path):
+    out = tmp_path / "o.jsonl"
+    ok = {"id": "batch_req_1", "custom_id": "r1", "response": {"status_code": 200},
+          "error": None}
+    bad = {"id": "batch_req_2", "custom_id": "r2", "response": None,
+           "error": {"code": "invalid_request", "message": "x"}}
+    out.write_text(json.dumps(ok) + "\n" + json.dumps(bad) + "\n")
+    e = read_existing(str(out), "jsonl")
+    assert e.counts == {"r1": COMPLETE} and e.fmt == "openai" and e.retried == 1
+    assert out.read_text() == json.dumps(ok) + "\n"
 
 
 # ----------------------------------------------------------------------------- validation

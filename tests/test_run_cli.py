@@ -65,7 +65,7 @@ def test_invalid_rows_stop_before_the_model_loads(tmp_path, tiny):
     assert r.exit_code == 0, r.output
     rows = read_jsonl(out)
     assert [(row["id"], row["finish_reason"]) for row in rows] == [
-        ("a", "length"), (1, "error"), ("a", "error"), (3, "error")]
+        ("a", "length"), (None, "error"), ("a", "error"), (3, "error")]
     assert rows[2]["error"] == f'{src} line 4: duplicate id "a" (first at line 1)'
 
 
@@ -254,3 +254,61 @@ def test_version_and_bad_blas_mode():
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert "--blas must be one of auto, system, bundled, got 'bogus'" in p.stderr
+
+
+def test_resume_runs_error_rows_again(tmp_path, tiny):
+    folder = tiny[0]
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [{"id": "a", "prompt": PROMPT}, {"id": "b", "prompt": ""}])
+    out = tmp_path / "out.jsonl"
+    r = invoke([str(src), "-o", str(out), "--model", folder, "--max-tokens", "2",
+                "--skip-invalid"])
+    assert r.exit_code == 0, r.output
+    first = read_jsonl(out)
+    assert [row["finish_reason"] for row in first] == ["length", "error"]
+    write_jsonl(src, [{"id": "a", "prompt": PROMPT}, {"id": "b", "prompt": PROMPT}])
+    r = invoke([str(src), "-o", str(out), "--model", folder, "--max-tokens", "2", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "removed 1 error row(s); they run again" in r.stderr
+    assert "1 row(s) already done, 1 to run" in r.stderr
+    rows = read_jsonl(out)
+    assert rows[0] == first[0]
+    assert [(row["id"], row["finish_reason"]) for row in rows] == [("a", "length"),
+                                                                   ("b", "length")]
+    assert rows[1]["text"] == rows[0]["text"]  # same prompt, greedy
+
+
+def test_empty_input_writes_an_empty_output_without_a_model(tmp_path):
+    src = tmp_path / "empty.jsonl"
+    src.write_text("\n")
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(app, ["run", str(src), "-o", str(out), "--model",
+                                 str(tmp_path / "no-such-model")])
+    assert r.exit_code == 0, r.output
+    assert out.read_text() == ""
+    assert "no rows; wrote an empty output" in r.stderr
+
+
+def test_output_that_is_a_folder_fails_before_the_model_loads(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "x"}])
+    r = invoke([src, "-o", str(tmp_path), "--model", str(tmp_path / "no-such-model")])
+    assert r.exit_code == 1 and f"{tmp_path} is a folder; give a file path" in r.stderr
+    r = invoke([src, "-o", str(tmp_path / "o.jsonl"), "--metrics-json",
+                str(tmp_path / "nope" / "m.json"), "--model", str(tmp_path / "no-such-model")])
+    assert r.exit_code == 1 and "the output folder" in r.stderr and "nope" in r.stderr
+
+
+def test_seed_is_the_engine_seed(tmp_path, tiny):
+    folder = tiny[0]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": PROMPT}] * 4)
+
+    def texts(seed):
+        out = tmp_path / f"out{seed}.jsonl"
+        r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "8",
+                    "--temperature", "1.5", "--seed", str(seed), "--ignore-eos"])
+        assert r.exit_code == 0, r.output
+        return [row["text"] for row in read_jsonl(out)]
+
+    a = texts(7)
+    assert len(set(a)) > 1  # identical prompts sample differently (seeds differ per row)
+    assert texts(7) == a and texts(8) != a

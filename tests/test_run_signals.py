@@ -80,13 +80,14 @@ def test_sigkill_then_resume(job, tmp_path):
     assert got[:done] == ids[:done]  # the rows of the killed run are kept as they were
 
 
-def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path, sig):
     folder, src, ids = job
     out = str(tmp_path / "out.jsonl")
     proc = subprocess.Popen(mlxpa(*run_args(folder, src, out)), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     wait_for_lines(out, 8, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     err = err.decode()
     assert proc.returncode == 130, err
