@@ -218,8 +218,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main() -> None:
     """Console entry point: pick a fast BLAS on Linux, then run the Typer app."""
+    import os
+
     from mlxpa.blas import BLAS_MODES, argv_blas_mode, maybe_reexec
 
+    # transformers' tokenizer warns about prompts longer than its model_max_length; mlxpa
+    # checks lengths itself and reports them per row.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     mode = argv_blas_mode(sys.argv[1:])
     if mode not in BLAS_MODES:
         print(f"error: --blas must be one of {', '.join(BLAS_MODES)}, got {mode!r}",

@@ -76,6 +76,8 @@ class SamplingParams:
                "stop_token_ids", self.stop_token_ids, "a list of token ids")
         _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
                self.min_tokens, "an integer >= 0")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               self.min_tokens, f"<= max_tokens ({self.max_tokens}), as in vLLM")
 
     @property
     def greedy(self) -> bool:

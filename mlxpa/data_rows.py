@@ -191,15 +191,21 @@ def _check_body_fields(body: dict, problems: list[str]) -> None:
         if key == "stream":
             if value:
                 problems.append(bad("body.stream", "false (a batch does not stream)", value))
-        elif key not in known and value is not None:
+        elif key not in known and value is not None and not _off(key, value):
             problems.append(_unknown_field("body." + key, key))
 
 
 def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
     for key, value in obj.items():
         if (value is not None and _sampling_like(key) and key not in spec.known()
-                and key not in spec.keep_columns):
+                and key not in spec.keep_columns and not _off(key, value)):
             problems.append(_unknown_field(key, key))
+
+
+def _off(key: str, value: Any) -> bool:
+    """An unsupported feature explicitly switched off (``"logprobs": false``, ``"echo":
+    false``, ``"presence_penalty": 0``): nothing to do, so not an error."""
+    return key in UNSUPPORTED_FIELDS and value in (False, 0, [], {}, "")
 
 
 def is_relevant(key: str, spec: RowSpec) -> bool:
@@ -251,12 +257,27 @@ def _parse_input(fields: dict, prefix: str, spec: RowSpec,
             problems.append(bad(f"{mc}[{i}]", 'an object with "role" and "content"', m))
             return None, None
         m = {k: v for k, v in m.items() if v is not None}
+        if isinstance(m.get("content"), list):
+            text = _text_parts(m["content"])
+            if text is None:
+                problems.append(bad(f"{mc}[{i}].content", 'a string or a list of {"type": '
+                                    '"text", "text": string} parts', m["content"]))
+                return None, None
+            m["content"] = text
         for key in ("role", "content"):
             if not isinstance(m.get(key), str):
                 problems.append(bad(f"{mc}[{i}].{key}", "a string", m.get(key)))
                 return None, None
         clean.append(m)
     return None, clean
+
+
+def _text_parts(parts: list) -> str | None:
+    """OpenAI content parts, text only, joined by newlines (as vLLM does), or None."""
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    if not texts or len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
+        return None
+    return "\n".join(texts)
 
 
 def _with_system(system: str, prompt: str | None,

@@ -179,3 +179,25 @@ def test_parquet_nulls_named(tmp_path):
     assert rows[0].error == f'{path} row 0: field "prompt" is null (and no "messages")'
     assert rows[1].error == (f'{path} row 1: field "presence_penalty": sampling field not '
                              "supported by mlxpa")
+
+
+def test_openai_text_content_parts_and_switched_off_features(tmp_path):
+    from mlxpa.data import read_rows
+
+    src = tmp_path / "batch.jsonl"
+    lines = [
+        {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": [
+             {"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}],
+             "logprobs": False, "presence_penalty": 0}},
+        {"custom_id": "r2", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": [
+             {"type": "image_url", "image_url": {"url": "x"}}]}]}},
+        {"custom_id": "r3", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True}},
+    ]
+    src.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    r1, r2, r3 = read_rows(str(src))
+    assert r1.error is None and r1.messages == [{"role": "user", "content": "Hi\nthere"}]
+    assert 'body.messages[0].content" must be a string or a list of {"type": "text"' in r2.error
+    assert 'field "body.logprobs": sampling field not supported by mlxpa' in r3.error

@@ -149,3 +149,13 @@ def test_stop_edge_cases(model_and_refs):
     assert out.token_ids == [ref[0]] and out.finish_reason == "stop"
     out = one(SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), eos_tok)
     assert out.token_ids == ref and out.finish_reason == "length"
+
+
+def test_min_tokens_above_max_tokens_is_rejected():
+    import pytest
+
+    from mlxpa.config import SamplingParams
+
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=2, min_tokens=5)
+    assert SamplingParams(max_tokens=5, min_tokens=5).min_tokens == 5
