@@ -35,7 +35,7 @@ def resolve_output_format(requested: str, file_fmt: str, existing: str | None,
         requested: ``--output-format``: ``auto``, ``mlxpa`` or ``openai``.
         file_fmt: The output file's format (``jsonl`` or ``parquet``).
         existing: The format of the records a resumed output holds, or None.
-        all_openai: Every input row is an OpenAI Batch API line.
+        all_openai: Every valid input row is an OpenAI Batch API line.
 
     Returns:
         ``requested`` unless ``auto``: then what a resumed output holds, else ``openai`` for

@@ -30,7 +30,7 @@ class Validation:
         done: Id keys of rows the output already holds in full (``--resume``).
         num_done: Rows skipped because the output already holds them.
         cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
-        all_openai: Every row is an OpenAI Batch API line (and there is at least one).
+        all_openai: Every row that is not invalid is an OpenAI Batch API line (at least one is).
     """
 
     num_rows: int = 0
@@ -71,10 +71,12 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
     """
     v = Validation()
     first_line: dict[str, int | None] = {}
-    openai = True
+    openai, any_openai = True, False
     for row in rows:
         v.num_rows += 1
-        openai = openai and row.openai is not None
+        # An invalid line does not change the output format of an OpenAI Batch file.
+        openai = openai and (row.openai is not None or row.error is not None)
+        any_openai = any_openai or row.openai is not None
         if row.id is None:  # an undecodable record: a problem, never a duplicate or done
             v.num_problems += 1
             if len(v.problems) < MAX_PROBLEMS:
@@ -97,7 +99,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_problems += 1
             if len(v.problems) < MAX_PROBLEMS:
                 v.problems.append(problem)
-    v.all_openai = openai and v.num_rows > 0
+    v.all_openai = openai and any_openai
     return v
 
 

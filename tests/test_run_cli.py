@@ -121,6 +121,16 @@ def test_openai_batch_in_and_out(tmp_path, tiny):
     r = invoke([src, "-o", str(tmp_path / "rows.jsonl"), "--model", folder, "--skip-invalid",
                 "--output-format", "mlxpa"])
     assert [row["id"] for row in read_jsonl(tmp_path / "rows.jsonl")] == ["one", "one", "two"]
+    # An invalid line (no custom_id) does not switch a Batch file's output to mlxpa rows.
+    with open(src, "a") as f:
+        f.write(json.dumps({"method": "POST", "url": "/v1/completions",
+                            "body": {"prompt": PROMPT}}) + "\n")
+    out = tmp_path / "out3.jsonl"
+    r = invoke([src, "-o", str(out), "--model", folder, "--skip-invalid"])
+    assert r.exit_code == 0, r.output
+    lines = read_jsonl(out)
+    assert len(lines) == 3 and all("custom_id" in line for line in lines)
+    assert lines[2]["response"] is None and lines[2]["error"]["code"]
 
 
 def test_stop_and_decode_fields(tmp_path, tiny):
