@@ -155,6 +155,10 @@ def resume_hint(source: str, output: str, argv: list[str]) -> str:
 
     if output == "-":
         return "interrupted: the rows finished so far are on stdout (no --resume for stdout)"
+    from mlxpa.data_parquet import parts_dir
+
+    if not os.path.exists(output) and not os.path.isdir(parts_dir(output)):
+        return f"interrupted before any row finished; nothing was written to {output}"
     if len(argv) > 1 and argv[1] == "run":
         args = argv[2:] + ([] if "--resume" in argv else ["--resume"])
         command = shlex.join(["mlxpa", "run", *args])

@@ -131,7 +131,8 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     """
     problems: list[str] = []
     fields, prefix, id_field, kind = obj, "", spec.id_column, None
-    if "custom_id" in obj and "body" in obj:  # OpenAI Batch API line
+    openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
+    if openai:  # OpenAI Batch API line
         fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
         kind = _check_openai(obj, problems)
         if not isinstance(fields, dict):
@@ -141,13 +142,15 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     else:
         _check_unknown(obj, spec, problems)
     row_id = obj.get(id_field)
-    if row_id is None:
+    if row_id is None and openai:
+        pass  # no custom_id: unknown (an error row with a null custom_id, never the index)
+    elif row_id is None:
         row_id = index
     elif isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
         problems.append(bad(id_field, "a string or an integer", row_id))
         row_id = index
     prompt, messages = _parse_input(fields, prefix, spec, problems)
-    if kind is None and "custom_id" in obj:
+    if kind is None and openai:
         kind = "chat" if messages is not None else "completions"
     if kind is not None and (messages is None) != (kind == "completions") and not problems:
         want = spec.messages_column if kind == "chat" else spec.prompt_column

@@ -8,10 +8,12 @@ already wrote (``--resume``) and whether the input is an OpenAI Batch file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from mlxpa.config import SamplingParams
 from mlxpa.data_resume import Existing, id_key
 from mlxpa.data_rows import InputError, Row, where
 
@@ -26,7 +28,9 @@ class Validation:
         num_rows: Rows in the input.
         problems: The first ``MAX_PROBLEMS`` problems, each with file, line and field.
         num_problems: All problems (invalid rows and duplicate ids) of rows not yet done.
-        duplicates: Row index to message, for rows whose id an earlier row already has.
+        row_problems: Row index to message, for rows that are invalid beyond their own
+            fields: an id an earlier row already has, or sampling fields that conflict with
+            the run's defaults (``min_tokens`` above ``max_tokens``).
         done: Id keys of rows the output already holds in full (``--resume``).
         num_done: Rows skipped because the output already holds them.
         cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
@@ -36,7 +40,7 @@ class Validation:
     num_rows: int = 0
     problems: list[str] = field(default_factory=list)
     num_problems: int = 0
-    duplicates: dict[int, str] = field(default_factory=dict)
+    row_problems: dict[int, str] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     num_done: int = 0
     cut_at: int | None = None
@@ -53,7 +57,8 @@ class Validation:
 
 
 def validate(rows: Iterable[Row], *, source: str, unit: str,
-             existing: Existing | None = None, default_n: int = 1) -> Validation:
+             existing: Existing | None = None, default_n: int = 1,
+             defaults: SamplingParams | None = None) -> Validation:
     """Read every row once; collect problems, duplicate ids and rows already done.
 
     Args:
@@ -62,6 +67,8 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         unit: ``"line"`` or ``"row"``.
         existing: What the output already holds (``--resume``), or None.
         default_n: Samples per row for rows that do not set ``n``.
+        defaults: The run's sampling defaults: each row's fields are checked merged with
+            them (None: not checked).
 
     Returns:
         The :class:`Validation`.
@@ -83,16 +90,24 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
                 v.problems.append(row.error)
             continue
         key = id_key(row.id)
-        if existing is not None and _is_done(row, key, existing, default_n, v):
+        # A duplicate is never done: the output's rows for this id are the first row's.
+        if (key not in first_line and existing is not None
+                and _is_done(row, key, existing, default_n, v)):
             v.done.add(key)
             v.num_done += 1
-            first_line.setdefault(key, row.line)
+            first_line[key] = row.line
             continue
         problem = row.error
+        if problem is None and defaults is not None:
+            try:
+                dataclasses.replace(defaults, **row.params)
+            except ValueError as e:
+                problem = f"{where(source, row.line, unit)}: {e}"
+                v.row_problems[row.index] = problem
         if key in first_line:
             problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)} "
                        f"(first at {unit} {first_line[key]})")
-            v.duplicates[row.index] = problem
+            v.row_problems[row.index] = problem
         else:
             first_line[key] = row.line
         if problem is not None:

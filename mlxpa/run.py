@@ -128,7 +128,8 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             return inputs.read(path, fmt, name)
 
         unit = "line" if fmt in ("jsonl", "csv") else "row"
-        v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n)
+        v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n,
+                     defaults=defaults)
         if not skip_invalid:
             check(v, name)
         out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
@@ -227,7 +228,7 @@ class _Job:
                 self.writer.skip(row.index)
                 yield None
                 continue
-            error = row.error or self.validation.duplicates.get(row.index)
+            error = row.error or self.validation.row_problems.get(row.index)
             if error is None:
                 try:
                     params = dataclasses.replace(self.defaults, **row.params)

@@ -201,3 +201,16 @@ def test_openai_text_content_parts_and_switched_off_features(tmp_path):
     assert r1.error is None and r1.messages == [{"role": "user", "content": "Hi\nthere"}]
     assert 'body.messages[0].content" must be a string or a list of {"type": "text"' in r2.error
     assert 'field "body.logprobs": sampling field not supported by mlxpa' in r3.error
+
+
+def test_openai_line_without_custom_id_names_it_and_has_no_id(tmp_path):
+    from mlxpa.data import read_rows
+
+    src = tmp_path / "batch.jsonl"
+    src.write_text(json.dumps({"method": "POST", "url": "/v1/chat/completions",
+                               "body": {"messages": [{"role": "user", "content": "Hi"}]}})
+                   + "\n")
+    (row,) = read_rows(str(src))
+    assert row.id is None and row.openai == "chat"
+    assert 'field "custom_id" must be a non-empty string' in row.error
+    assert "prompt" not in row.error

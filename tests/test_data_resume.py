@@ -13,7 +13,7 @@ import pytest
 from mlxpa.data import InputError, ResultWriter, Row, read_rows
 from mlxpa.data_parquet import parts_dir
 from mlxpa.data_records import error_records, resolve_output_format, result_records
-from mlxpa.data_resume import COMPLETE, Tail, read_existing
+from mlxpa.data_resume import COMPLETE, Tail, read_existing, resume_hint
 from mlxpa.data_validate import MAX_PROBLEMS, check, validate
 from mlxpa.request import RequestOutput
 
@@ -138,7 +138,7 @@ def test_validation_lists_first_problems_and_duplicates(tmp_path):
     v = validate(read_rows(str(src)), source=str(src), unit="line")
     assert (v.num_rows, v.num_problems, len(v.problems)) == (len(objs) + 1, len(objs), 20)
     assert v.problems[0] == f'{src} line 2: duplicate id "x" (first at line 1)'
-    assert v.duplicates == {1: v.problems[0]}
+    assert v.row_problems == {1: v.problems[0]}
     assert v.problems[1] == f'{src} line 3: field "prompt" must be a non-empty string, got ""'
     with pytest.raises(InputError) as info:
         check(v, str(src))
@@ -210,3 +210,33 @@ def test_parquet_merge_widens_part_schemas(tmp_path):
     assert t.schema.field("id").type == pa.string()
     assert t.column("id").to_pylist() == ["0", "b"]
     assert t.column("score").to_pylist() == [1.0, 2.5]
+
+
+def test_a_duplicate_id_is_never_done_on_resume(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text(json.dumps(record(1)) + "\n")
+    src = tmp_path / "in.jsonl"
+    # Row 1 has no id: it defaults to its index, 1, which row 0 already has.
+    src.write_text('{"id": 1, "prompt": "a"}\n{"prompt": "b"}\n')
+    v = validate(read_rows(str(src)), source=str(src), unit="line",
+                 existing=read_existing(str(out), "jsonl"))
+    assert v.done == {"1"} and v.num_done == 1
+    assert v.row_problems == {1: f"{src} line 2: duplicate id 1 (first at line 1)"}
+
+
+def test_sampling_fields_are_checked_against_the_defaults(tmp_path):
+    from mlxpa.config import SamplingParams
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "a", "min_tokens": 5, "max_tokens": 2}\n'
+                   '{"prompt": "b", "min_tokens": 5}\n{"prompt": "c", "min_tokens": 2}\n')
+    v = validate(read_rows(str(src)), source=str(src), unit="line",
+                 defaults=SamplingParams(max_tokens=3))
+    assert sorted(v.row_problems) == [0, 1] and v.num_problems == 2
+    assert v.problems[0].startswith(f"{src} line 1: ") and "min_tokens" in v.problems[0]
+
+
+def test_resume_hint_when_nothing_was_written(tmp_path):
+    out = str(tmp_path / "never.jsonl")
+    hint = resume_hint("in.jsonl", out, ["mlxpa", "run", "in.jsonl", "-o", out])
+    assert hint == f"interrupted before any row finished; nothing was written to {out}"
