@@ -85,9 +85,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         openai = openai and (row.openai is not None or row.error is not None)
         any_openai = any_openai or row.openai is not None
         if row.id is None:  # an undecodable record: a problem, never a duplicate or done
-            v.num_problems += 1
-            if len(v.problems) < MAX_PROBLEMS:
-                v.problems.append(row.error)
+            _add_problem(v, row.error)
             continue
         key = id_key(row.id)
         # A duplicate is never done: the output's rows for this id are the first row's.
@@ -111,11 +109,15 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         else:
             first_line[key] = row.line
         if problem is not None:
-            v.num_problems += 1
-            if len(v.problems) < MAX_PROBLEMS:
-                v.problems.append(problem)
+            _add_problem(v, problem)
     v.all_openai = openai and any_openai
     return v
+
+
+def _add_problem(v: Validation, problem: str) -> None:
+    v.num_problems += 1
+    if len(v.problems) < MAX_PROBLEMS:
+        v.problems.append(problem)
 
 
 def _is_done(row: Row, key: str, existing: Existing, default_n: int, v: Validation) -> bool:
