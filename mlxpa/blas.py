@@ -19,8 +19,9 @@ same speed.
 from __future__ import annotations
 
 import ctypes
-import glob
+import ctypes.util
 import os
+import subprocess
 import sys
 
 _GUARD = "MLXPA_BLAS_REEXEC"
@@ -35,13 +36,45 @@ _CANDIDATES = (
 )
 
 
+def _ldconfig_paths() -> list[str]:
+    """Library paths from the dynamic linker's cache (``ldconfig -p``), or [] when the cache
+    cannot be read within 2 s. Reads one cache file; never walks a directory."""
+    for exe in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        try:
+            out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=2,
+                                 check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return [line.rsplit("=>", 1)[1].strip() for line in out.splitlines() if "=>" in line]
+    return []
+
+
+def _is_fast_blas(path: str) -> bool:
+    name = os.path.basename(path)
+    return ((name.startswith("libopenblas") and name.endswith(".so.0"))
+            or name.startswith("libmkl_rt.so"))
+
+
 def find_fast_blas() -> str | None:
-    """Path of an installed OpenBLAS (or MKL) shared library, or None."""
+    """Path (or soname) of an installed OpenBLAS (or MKL) shared library, or None.
+
+    Looks only where a library can be found without walking the file system: a list of
+    known paths (Debian/Ubuntu/Fedora/oneAPI), then the dynamic linker's cache
+    (``ldconfig -p``, pthread builds first), then ``ctypes.util.find_library``. A recursive
+    search of ``/usr/lib`` took over ten minutes on one machine before anything printed.
+    """
     for path in _CANDIDATES:
         if os.path.exists(path):
             return path
-    hits = sorted(glob.glob("/usr/lib*/**/libopenblas*.so.0", recursive=True))
-    return hits[0] if hits else None
+    cached = sorted((p for p in _ldconfig_paths() if _is_fast_blas(p)),
+                    key=lambda p: ("pthread" not in p, "mkl" in p, p))
+    if cached:
+        return cached[0]
+    for name in ("openblas", "mkl_rt"):
+        found = ctypes.util.find_library(name)
+        if found:
+            return found
+    return None
 
 
 _GENERIC_CORES = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias", "Atom",

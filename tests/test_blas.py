@@ -35,3 +35,33 @@ def test_blas_env_preloads_and_mlx_still_computes_right(monkeypatch):
                          check=True)
     assert float(out.stdout) < 1e-5
     assert "openblas" in env["LD_PRELOAD"]
+
+
+def test_find_fast_blas_never_walks_the_file_system(monkeypatch):
+    """Issue: a recursive glob of /usr/lib took minutes. Only known paths and the linker's
+    cache are consulted; any directory listing fails the test."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("find_fast_blas walked a directory")
+
+    import glob
+
+    for mod, name in ((os, "walk"), (os, "scandir"), (os, "listdir"), (glob, "glob"),
+                      (glob, "iglob")):
+        monkeypatch.setattr(mod, name, forbidden)
+    monkeypatch.setattr(blas, "_CANDIDATES", ("/nonexistent/libopenblas.so.0",))
+    fake = ("3 libs found in cache `/etc/ld.so.cache'\n"
+            "\tlibopenblas.so.0 (libc6,x86-64) => /opt/x/openblas-serial/libopenblas.so.0\n"
+            "\tlibopenblas.so.0 (libc6,x86-64) => /opt/x/openblas-pthread/libopenblas.so.0\n"
+            "\tlibm.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libm.so.6\n")
+
+    def fake_run(cmd, **kwargs):
+        assert cmd[-1] == "-p" and "ldconfig" in cmd[0]
+        return subprocess.CompletedProcess(cmd, 0, stdout=fake, stderr="")
+
+    monkeypatch.setattr(blas.subprocess, "run", fake_run)
+    assert blas.find_fast_blas() == "/opt/x/openblas-pthread/libopenblas.so.0"
+    monkeypatch.setattr(blas.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    monkeypatch.setattr(blas.ctypes.util, "find_library", lambda name: None)
+    assert blas.find_fast_blas() is None
+
