@@ -1,17 +1,16 @@
-"""Tests for mlxpa.core.radix_cache and mlxpa.core.prefix_order: exact block ids on a tiny pool,
-and a hypothesis state machine checked against a dict model of the tree."""
+"""Tests for mlxpa.core.radix_cache: exact block ids on a tiny pool, and a hypothesis state machine
+checked against a dict model of the tree."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mlxpa.core.block_pool import BlockPool
-from mlxpa.core.prefix_order import SharedPrefix, prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache, RadixNode
 
 BS = 4
@@ -209,60 +208,6 @@ def test_simulated_tree():
     assert cache.total_blocks == 0
     with pytest.raises(ValueError, match="pool.block_size"):
         RadixCache(BlockPool(4, 8), BS)
-
-
-# ----------------------------------------------------------------------------- prefix order
-
-
-def test_prefix_order_groups_shared_system_prompts():
-    s1, s2 = blk(1, 2), blk(3, 3)
-    rows = [s1 + blk(10) + [11], s2 + [20], s1 + blk(12), blk(9), s2 + [21, 22],
-            s1 + blk(10) + [13]]
-    assert prefix_order(rows, BS) == [0, 5, 2, 1, 4, 3]
-    stats = shared_prefix_stats(rows, BS)
-    assert stats.num_prompt_tokens == sum(map(len, rows)) == 61
-    # Tree blocks: [1] [2] [10] [12] [3] [3] [9] = 7 blocks; tails 1 + 1 + 2 + 1 = 5.
-    assert stats.num_unique_tokens == 7 * BS + 5
-    assert stats.top_prefixes == [SharedPrefix(12, 2, 0), SharedPrefix(8, 3, 0),
-                                  SharedPrefix(8, 2, 1)]
-    # Agreeing on a partial block groups nothing: rows keep input order.
-    assert prefix_order([s1 + [10, 11], s1 + blk(12), s1 + [10, 13]], BS) == [0, 1, 2]
-
-
-def test_prefix_order_identical_prompts_and_prefixes():
-    rows = [[5, 6, 7], blk(1) + [2], [5, 6, 7], blk(1) + [2]]
-    assert prefix_order(rows, BS) == [0, 2, 1, 3]
-    assert shared_prefix_stats(rows, BS).top_prefixes == [SharedPrefix(4, 2, 1)]
-    # A prompt that is a prefix of another comes first, so the longer one hits its blocks.
-    rows = [blk(1, 2, 3), [8], blk(1, 2), blk(1, 2, 3, 4)]
-    assert prefix_order(rows, BS) == [2, 0, 3, 1]
-    assert shared_prefix_stats(rows, BS, top_k=1).top_prefixes == [SharedPrefix(12, 2, 0)]
-    # Agreeing on a partial block groups nothing: only whole blocks are shared.
-    assert prefix_order([blk(1) + [5, 6], blk(9), blk(1) + [5, 6, 7, 8]], BS) == [0, 2, 1]
-    assert prefix_order([], BS) == [] and shared_prefix_stats([], BS) == (0, 0, [])
-
-
-prompts = st.lists(st.lists(st.integers(0, 1), max_size=14), max_size=12)
-
-
-@settings(max_examples=200, deadline=None)
-@given(prompts)
-def test_prefix_order_properties(rows):
-    order = prefix_order(rows, BS)
-    assert sorted(order) == list(range(len(rows)))
-    pos = {r: i for i, r in enumerate(order)}
-    for k in range(1, 4):  # rows sharing k whole blocks are contiguous
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for r, t in enumerate(rows):
-            if len(t) >= k * BS:
-                groups.setdefault(tuple(t[:k * BS]), []).append(pos[r])
-        for g in groups.values():
-            assert max(g) - min(g) == len(g) - 1
-    sim = RadixCache(None, BS)
-    for t in rows:
-        sim.insert(t)
-    tails = sum(len(t) % BS for t in rows)
-    assert shared_prefix_stats(rows, BS).num_unique_tokens == sim.total_blocks * BS + tails
 
 
 # ----------------------------------------------------------------------------- state machine
