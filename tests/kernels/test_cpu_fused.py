@@ -12,6 +12,7 @@ import pytest
 from mlx_lm.models import gemma3_text, llama
 
 from mlxpa.kernels import cpu_fused
+from mlxpa.worker.patches import fused_cpu_ops
 from tests.tiny_models import tiny_gemma3, tiny_llama
 
 X = np.concatenate([np.linspace(-12, 12, 20001), [0.0, 1e-6, -1e-6, 50.0, -50.0, 1e4, -1e4]])
@@ -102,7 +103,7 @@ def test_patch_swaps_inside_context_only(make):
     x = mx.array([[5, 9, 33, 71, 2, 8]])
     want = model(x)
     ropes = [m.self_attn.rope for m in model.layers]
-    with cpu_fused.fused_cpu_ops(model):
+    with fused_cpu_ops(model):
         assert module.nn is not nn
         if module is llama:
             assert module.swiglu is cpu_fused.swiglu
