@@ -11,6 +11,8 @@ from importlib.metadata import version
 
 from rich.table import Table
 
+from mlxpa.bench.flops import ModelFlops
+from mlxpa.bench.limits import LimitRow
 from mlxpa.bench.systems import SystemResult
 from mlxpa.blas import cpuinfo_field, host_memory_bytes, loaded_blas
 
@@ -89,3 +91,22 @@ def write_plot(path: str, figures: dict[str, dict], last: dict[str, SystemResult
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def limit_line(fractions: dict[str, float], flops: ModelFlops, gemm_rate: float) -> str:
+    """The "fraction of the matmul limit" line under every bench table."""
+    per_system = ", ".join(f"{name} {f:.2f}" for name, f in fractions.items())
+    return (f"fraction of the matmul limit: {per_system} (float32 GEMM {gemm_rate / 1e9:.1f} "
+            f"GFLOP/s; {flops.prefill / 1e9:.3f} GFLOP per prompt token, "
+            f"{flops.decode / 1e9:.3f} per output token)")
+
+
+def limits_table(rows: list[LimitRow]) -> Table:
+    """One row per phase of ``--workload limits``: achieved and limit tok/s, fraction."""
+    t = Table(title="mlxpa bench: limits")
+    for c in ("phase", "tokens", "seconds", "tok/s", "limit tok/s", "fraction of limit"):
+        t.add_column(c, justify="right" if c != "phase" else "left")
+    for r in rows:
+        t.add_row(r.phase, str(r.tokens), f"{r.seconds:.2f}", f"{r.tokens_per_s:.1f}",
+                  f"{r.limit_tokens_per_s:.1f}", f"{r.fraction:.2f}")
+    return t

@@ -31,10 +31,12 @@ Examples:
   mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6
 
   mlxpa bench --workload file --input examples/prompts.jsonl --baselines mlxpa,mlx-lm
+
+  mlxpa bench --workload limits
 """
 
-
-Workload = choices("Workload", WORKLOADS)
+LIMITS = "limits"
+Workload = choices("Workload", (*WORKLOADS, LIMITS))
 ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"
 
 
@@ -63,7 +65,8 @@ def bench(
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     blas: BlasOpt = "auto",
 ) -> None:
-    """Time our engine against mlx-lm's batch_generate and static allocation, same prompts."""
+    """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
+    ``--workload limits`` times mlxpa's prefill and decode against the matmul limit instead."""
     from rich.console import Console
 
     from mlxpa.bench.systems import SYSTEMS, run_bench
@@ -81,6 +84,9 @@ def bench(
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
         mdl, tok, _ = load_model(model)
+        if workload.value == LIMITS:
+            _limits(console, mdl, tok, config, repeats, json_path)
+            return
         wl = make_workload(workload.value, tok, input=input, num_prompts=num_prompts,
                            input_len=input_len, range_ratio=range_ratio, output_len=output_len,
                            num_groups=num_groups, prompts_per_group=prompts_per_group,
@@ -101,11 +107,20 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
             plot: str | None) -> None:
     """The table and throughput line, then the JSON and plot files asked for."""
     from mlxpa.bench import report
+    from mlxpa.bench.flops import model_flops
+    from mlxpa.bench.limits import gemm_flops_per_s, limit_fraction
     from mlxpa.loader.models import model_dtype
 
     dtype = str(model_dtype(model)).split(".")[-1]
     machine = report.machine_info(dtype)
+    flops, rate = model_flops(model), gemm_flops_per_s()
+    machine["gemm_flops_per_s"] = rate
+    fractions = {}
+    for name, f in figures.items():
+        f["matmul_limit_fraction"] = fractions[name] = limit_fraction(
+            f, wl.num_prompt_tokens, len(wl.prompts), flops, rate)
     console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
+    console.print(report.limit_line(fractions, flops, rate), markup=False)
     console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "
                   f"mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, {dtype}", markup=False)
     if "mlxpa" in figures:
@@ -117,3 +132,35 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
         report.write_json(json_path, workload_info, machine, figures)
     if plot:
         report.write_plot(plot, figures, last, f"{wl.name} ({machine['blas']} BLAS)")
+
+
+def _limits(console, model, tokenizer, config, repeats: int, json_path: str | None) -> None:
+    """``--workload limits``: the GEMM rate, the model's FLOPs per token, mlxpa's prefill and
+    decode rates against the limit (table on stderr, JSON when asked)."""
+    import json
+
+    from mlxpa.bench import report
+    from mlxpa.bench.flops import model_flops
+    from mlxpa.bench.limits import gemm_flops_per_s, run_limits
+    from mlxpa.loader.models import model_dtype
+
+    flops, rate = model_flops(model), gemm_flops_per_s()
+    rows = run_limits(model, tokenizer, config, flops, rate, repeats)
+    machine = report.machine_info(str(model_dtype(model)).split(".")[-1])
+    console.print(report.limits_table(rows))
+    console.print(f"float32 GEMM 2048^3: {rate / 1e9:.1f} GFLOP/s; "
+                  f"{flops.prefill / 1e9:.3f} GFLOP per prefill token (no LM head), "
+                  f"{flops.decode / 1e9:.3f} GFLOP per decode token; machine: {machine['cpu']}, "
+                  f"BLAS {machine['blas']}", markup=False)
+    for r in rows:
+        print(f"{r.phase}: {r.tokens_per_s:.1f} tok/s, {r.fraction:.2f} of the matmul limit "
+              f"({r.limit_tokens_per_s:.1f} tok/s)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"machine": {**machine, "gemm_flops_per_s": rate},
+                       "flops_per_token": {"prefill": flops.prefill, "decode": flops.decode},
+                       "phases": {r.phase: {"tokens": r.tokens, "seconds": r.seconds,
+                                            "tokens_per_s": r.tokens_per_s,
+                                            "limit_tokens_per_s": r.limit_tokens_per_s,
+                                            "fraction": r.fraction} for r in rows}},
+                      f, indent=2)
