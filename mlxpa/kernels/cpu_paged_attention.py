@@ -12,6 +12,13 @@ scores, a base-2 softmax over the row's keys, and one ``[q_per_kv, block_size] @
 layer above. Prefill chunks keep the gather (its copy is small next to the chunk's matmuls)
 and use the same base-2 softmax.
 
+A prefill chunk's queries are cut into tiles of ``query_tile`` rows, and each tile attends
+only the key range some row of the batch can see from it (causal above, sliding window
+below): for a fresh 512-token prompt in tiles of 64 that is 56% of the scores, for a
+2,048-token chunk on a 512-token window layer 36%. The softmax's ``power`` runs on one thread
+at about 15 ns per score on this project's machine and was the largest cost of a prefill step
+after the matmuls (FlashAttention's block skipping, Dao et al. 2022, at tile granularity).
+
 The softmax is ``2^(s log2 e - max) / sum`` with the scale and ``log2 e`` folded into the
 queries (FlashAttention-2's ``exp2``): on MLX's CPU back end ``power(2, x)`` costs about half
 of ``exp``.
@@ -23,11 +30,14 @@ import math
 
 import mlx.core as mx
 
+from mlxpa.kernels.cpu_streams import cpu_streams
 from mlxpa.kernels.device import on_cpu
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
 _LOG2E = 1 / math.log(2)
 _MASKED = -1e30
+# Query rows per tile of a prefill chunk (see the module docstring).
+QUERY_TILE = 64
 
 
 def is_available() -> bool:
@@ -63,6 +73,40 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
     s = (qg @ k.swapaxes(-1, -2)).reshape(b, kv_heads, g, length, -1)
     p = softmax_exp2(s, mask[:, :, None]).reshape(b, kv_heads, g * length, -1)
     return (p @ v).reshape(b, heads, length, d)
+
+
+def key_ranges(rel: list[int], length: int, num_keys: int, tile: int,
+               sliding_window: int | None) -> list[tuple[int, int, int, int]]:
+    """``(q0, q1, k0, k1)`` per tile of ``tile`` query rows: the gathered keys ``[k0, k1)``
+    that contain every key some row sees from queries ``[q0, q1)``.
+
+    ``rel``: per row, the position of query 0 minus the position of gathered key 0
+    (``query_start - key_start``). Query ``i`` of a row sees key ``j`` only when
+    ``j <= rel + i`` and, with a window ``w``, ``j > rel + i - w``.
+    """
+    lo, hi = min(rel), max(rel)
+    out = []
+    for q0 in range(0, length, tile):
+        q1 = min(q0 + tile, length)
+        k0 = 0 if sliding_window is None else max(0, lo + q0 - sliding_window + 1)
+        k1 = min(num_keys, hi + q1)
+        out.append((q0, q1, min(k0, k1 - 1), max(k1, 1)))
+    return out
+
+
+def sdpa_exp2_tiled(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+                    ranges: list[tuple[int, int, int, int]]) -> mx.array:
+    """:func:`sdpa_exp2` one query tile at a time over the tile's key range (``ranges`` from
+    :func:`key_ranges`, covering every query row), tiles alternating between the two CPU
+    streams of :func:`cpu_streams`; same shapes and result."""
+    if len(ranges) == 1 and ranges[0][2:] == (0, k.shape[2]):
+        return sdpa_exp2(q, k, v, mask, scale)
+    streams, tiles = cpu_streams(), []
+    for t, (q0, q1, k0, k1) in enumerate(ranges):
+        with mx.stream(streams[t % len(streams)]):
+            tiles.append(sdpa_exp2(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1],
+                                   mask[:, :, q0:q1, k0:k1], scale))
+    return mx.concatenate(tiles, axis=2)
 
 
 def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
@@ -104,12 +148,13 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None) -> mx.array:
+                    key_start: mx.array | None = None, query_tile: int | None = None) -> mx.array:
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
     place (:func:`decode_attention`) when the pool is float32; prefill chunks and
-    half-precision pools gather, then :func:`sdpa_exp2`. Computes in float32 whatever the pool
-    dtype (MLX's CPU half-precision matmul is slower and less exact)."""
+    half-precision pools gather, then :func:`sdpa_exp2_tiled` in tiles of ``query_tile`` query
+    rows (default :data:`QUERY_TILE`). Computes in float32 whatever the pool dtype (MLX's CPU
+    half-precision matmul is slower and less exact)."""
     length = q.shape[2]
     num_keys = block_tables.shape[1] * key_cache.shape[2]
     mask = attention_mask(query_start, length, context_lens, num_keys, key_start,
@@ -121,5 +166,8 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     else:
         k = f32(gather_kv(key_cache, block_tables))
         v = f32(gather_kv(value_cache, block_tables))
-        out = sdpa_exp2(f32(q), k, v, mask, scale)
+        rel = query_start if key_start is None else query_start - key_start
+        ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
+                            sliding_window)
+        out = sdpa_exp2_tiled(f32(q), k, v, mask, scale, ranges)
     return out.astype(dtype)

@@ -9,7 +9,8 @@ runner's forward pass, and only then (mlx-lm's own calls in the same process are
   other cache to the original;
 * :func:`fused_cpu_ops` (MLX's CPU back end) swaps ``nn`` and ``swiglu`` for the fused
   element-wise kernels of :mod:`mlxpa.kernels.cpu_fused`, and plain ``nn.RoPE`` children for
-  :class:`~mlxpa.kernels.cpu_fused.TableRoPE`.
+  :class:`~mlxpa.kernels.cpu_fused.TableRoPE`, and ``mlp`` children for
+  :class:`~mlxpa.kernels.cpu_streams.RowSplitMLP` (the two row halves on two CPU streams).
 
 Both find the modules the same way (:func:`model_modules`) and undo their swaps in reverse
 order on exit, also after an exception. When an mlx-lm release changes how models bind these
@@ -27,6 +28,7 @@ from typing import Any
 import mlx.nn as nn
 
 from mlxpa.kernels import cpu_fused
+from mlxpa.kernels.cpu_streams import RowSplitMLP
 from mlxpa.worker.attention import PagedLayerCache
 
 
@@ -108,7 +110,9 @@ def paged_attention(model: nn.Module) -> Iterator[None]:
 def fused_cpu_ops(model: nn.Module) -> Iterator[None]:
     """While open, the model's modules see the fused kernels for ``nn`` and ``swiglu``, and its
     plain ``nn.RoPE`` children are :class:`~mlxpa.kernels.cpu_fused.TableRoPE` (sharing one
-    cos/sin table cache); everything is restored on exit. Subclasses of ``nn.RoPE`` (scaled
+    cos/sin table cache), and its ``mlp`` children run their row halves on two CPU streams
+    (:class:`~mlxpa.kernels.cpu_streams.RowSplitMLP`); everything is restored on exit.
+    Subclasses of ``nn.RoPE`` (scaled
     variants) are left alone."""
     swaps = _Swaps()
     mlx_lm_swiglu = cpu_fused.mlx_lm_swiglu()
@@ -123,6 +127,8 @@ def fused_cpu_ops(model: nn.Module) -> Iterator[None]:
         for key, child in list(parent.items()):
             if type(child) is nn.RoPE:
                 swaps.child(parent, key, cpu_fused.TableRoPE(child, tables))
+            elif key == "mlp" and isinstance(child, nn.Module):
+                swaps.child(parent, key, RowSplitMLP(child))
     try:
         yield
     finally:

@@ -63,6 +63,23 @@ def test_greedy_matches_mlx_lm(model_and_refs, config):
     assert eng.counters.generation_tokens == MAX_TOKENS * len(ids)
 
 
+@pytest.mark.parametrize("config", [
+    EngineConfig(block_size=16, num_blocks=64),
+    EngineConfig(block_size=8, num_blocks=64, max_num_batched_tokens=7),
+], ids=["plain", "chunked"])
+def test_greedy_matches_mlx_lm_with_small_tiles_and_row_splits(model_and_refs, config,
+                                                               monkeypatch):
+    """Query tiles of 4 rows and MLPs split from 2 rows on (the real sizes only act on prompts
+    longer than these tiny ones) keep greedy output identical to mlx-lm."""
+    from mlxpa.kernels import cpu_paged_attention, cpu_streams
+
+    monkeypatch.setattr(cpu_paged_attention, "QUERY_TILE", 4)
+    monkeypatch.setattr(cpu_streams, "MIN_SPLIT_ROWS", 2)
+    model, tok, ids, refs = model_and_refs
+    _, outs = run_engine(model, tok, ids, config)
+    assert [outs[i].token_ids for i in range(len(ids))] == refs
+
+
 def test_greedy_window_longer_than_prompt_layers(model_and_refs):
     """Contexts far beyond the sliding window (8) still match (window tables trimmed)."""
     model, tok, _, _ = model_and_refs

@@ -86,3 +86,18 @@ def test_chat_template_rejection_is_a_row_error(default_model):
     ids = prompt_token_ids(ok, tok)
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
     assert tok.decode(ids).endswith("<start_of_turn>model\n")
+
+
+def test_long_prompts_tiled_and_row_split_match_mlx_lm(default_model):
+    """Prompts of over 600 tokens: prefill in query tiles across the 512-token window, MLP
+    row halves on two CPU streams (at least 256 rows), greedy text still mlx-lm's."""
+    model, tok, _ = default_model
+    story = ("The lighthouse keeper wrote in his log every evening: the weather, the ships "
+             "that passed, the colour of the sea and the birds on the rocks. ")
+    prompts = [story * 22 + "On the last page he wrote", story * 21 + "The next morning"]
+    assert all(len(tok.encode(p)) > 600 for p in prompts)
+    refs = [generate(model, tok, p, max_tokens=8) for p in prompts]
+    engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
+    outs = {o.request_id: o for o in engine.generate(
+        PromptInput(i, tok.encode(p), SamplingParams(max_tokens=8)) for i, p in enumerate(prompts))}
+    assert [outs[i].text for i in range(len(prompts))] == refs

@@ -1,0 +1,53 @@
+"""Time one prefill step of the default model (``B`` prompts of ``L`` random tokens, one
+engine step) with the CPU prefill changes switched off one by one, interleaved in one process,
+medians over repeats:
+
+- ``untiled``: attention over all keys at once, MLP whole, one CPU stream (before issue 15);
+- ``tiles``: query tiles of 64 rows over their key ranges, one stream;
+- ``tiles+streams``: tiles alternating between two CPU streams, MLP row halves on both (now).
+
+    python benchmarks/prefill_step.py [B] [L] [repeats]     # default 4 512 5
+"""
+
+import statistics
+import sys
+import time
+
+from mlxpa.bench.flops import model_flops
+from mlxpa.bench.limits import gemm_flops_per_s
+from mlxpa.bench.workloads import random_workload
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.engine import LLMEngine
+from mlxpa.kernels import cpu_paged_attention, cpu_streams
+from mlxpa.loader.models import load_model
+
+B, L, REPEATS = (int(a) for a in (sys.argv[1:] + ["4", "512", "5"][len(sys.argv) - 1:]))
+model, tok, _ = load_model(None)
+wl = random_workload(tok, B, L, 1, 0.0)
+streams = cpu_streams.cpu_streams()[:]
+VARIANTS = {"untiled": (1 << 30, 1 << 30, 1), "tiles": (64, 1 << 30, 1),
+            "tiles+streams": (64, 256, 2)}
+
+
+def step_seconds(tile: int, split_rows: int, num_streams: int) -> float:
+    cpu_paged_attention.QUERY_TILE, cpu_streams.MIN_SPLIT_ROWS = tile, split_rows
+    cpu_streams._STREAMS[:] = streams[:num_streams]
+    engine = LLMEngine(EngineConfig(kv_memory_gib=0.5, max_num_batched_tokens=B * L), model, tok)
+    for i, p in enumerate(wl.prompts):
+        engine.add_request(i, p, SamplingParams(max_tokens=1, ignore_eos=True))
+    t0 = time.perf_counter()
+    engine.step()
+    return time.perf_counter() - t0
+
+
+step_seconds(*VARIANTS["tiles+streams"])
+times = {k: [] for k in VARIANTS}
+for _ in range(REPEATS):
+    for k, v in VARIANTS.items():
+        times[k].append(step_seconds(*v))
+f, rate = model_flops(model), gemm_flops_per_s()
+limit = (B * L * f.prefill + B * f.head) / rate
+print(f"{B} x {L} tokens; GEMM {rate / 1e9:.1f} GFLOP/s; matmul limit {limit:.3f} s")
+for k, v in times.items():
+    m = statistics.median(v)
+    print(f"{k:14s} {m:.3f} s  {B * L / m:7.1f} tok/s  {limit / m:.2f} of the limit")

@@ -1,0 +1,57 @@
+"""RowSplitMLP: an MLP run on two row halves on two CPU streams against a float64 numpy MLP
+(Gemma's tanh-GELU gate) and against the unsplit module; small inputs are not split."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxpa.kernels.cpu_streams import RowSplitMLP, cpu_streams
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(16, 32, bias=False)
+        self.up_proj = nn.Linear(16, 32, bias=False)
+        self.down_proj = nn.Linear(32, 16, bias=False)
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, x: mx.array) -> mx.array:
+        self.calls.append(tuple(x.shape))
+        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _oracle(mlp: _MLP, x: np.ndarray) -> np.ndarray:
+    w = {k: np.array(v).astype(np.float64) for k, v in
+         [("g", mlp.gate_proj.weight), ("u", mlp.up_proj.weight), ("d", mlp.down_proj.weight)]}
+    g = x @ w["g"].T
+    gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+    return (gelu * (x @ w["u"].T)) @ w["d"].T
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 16), (1, 5, 16), (4, 1, 16)])
+def test_row_split_matches_float64_and_unsplit(shape):
+    mx.random.seed(0)
+    mlp = _MLP()
+    x = mx.random.normal(shape)
+    split = RowSplitMLP(mlp, min_rows=2)
+    got = split(x)
+    rows = shape[0] * shape[1]
+    assert mlp.calls == [(rows // 2, 16), (rows - rows // 2, 16)]
+    assert got.shape == shape
+    np.testing.assert_allclose(np.array(got), _oracle(mlp, np.array(x).astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array(got), np.array(mlp(x)), rtol=1e-6, atol=1e-6)
+
+
+def test_small_inputs_run_whole_and_streams_differ():
+    mlp = _MLP()
+    RowSplitMLP(mlp, min_rows=100)(mx.zeros((2, 3, 16)))
+    assert mlp.calls == [(2, 3, 16)]
+    a, b = cpu_streams()
+    assert a == mx.default_stream(mx.cpu) and b != a

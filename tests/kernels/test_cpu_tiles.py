@@ -1,0 +1,50 @@
+"""The CPU kernel's query tiles: key ranges computed by hand, and tiled prefill attention
+against the float64 oracle of test_reference (causal, sliding window, trimmed window tables,
+padded rows, chunks over a cached prefix)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxpa.kernels import cpu_paged_attention
+from mlxpa.kernels.cpu_paged_attention import key_ranges
+from tests.kernels.test_reference import SCALE, assert_matches, make_case, oracle, window_tables
+
+
+def test_key_ranges_by_hand():
+    # One fresh row of 10 queries over 10 keys, tiles of 4: causal upper bounds 4, 8, 10.
+    assert key_ranges([0], 10, 10, 4, None) == [(0, 4, 0, 4), (4, 8, 0, 8), (8, 10, 0, 10)]
+    # Rows starting at 0 and at 6 (a cached prefix): the later row needs 6 more keys.
+    assert key_ranges([0, 6], 8, 14, 4, None) == [(0, 4, 0, 10), (4, 8, 0, 14)]
+    # Window 3: query i sees keys (i - 3, i]; tile [4, 8) needs keys from 2 on.
+    assert key_ranges([0], 8, 8, 4, 3) == [(0, 4, 0, 4), (4, 8, 2, 8)]
+    # One tile covering everything.
+    assert key_ranges([5], 3, 8, 128, None) == [(0, 3, 0, 8)]
+
+
+def _run(case, tile, window=None, key_start=None, tables=None):
+    tables = case["block_tables"] if tables is None else tables
+    return cpu_paged_attention.paged_attention(
+        mx.array(case["q"], mx.float32), mx.array(case["key_cache"], mx.float32),
+        mx.array(case["value_cache"], mx.float32), mx.array(tables),
+        mx.array(case["context_lens"]), mx.array(case["query_start"]), scale=SCALE,
+        sliding_window=window, key_start=None if key_start is None else mx.array(key_start),
+        query_tile=tile)
+
+
+@pytest.mark.parametrize("tile", [1, 3, 8, 64])
+@pytest.mark.parametrize("window", [None, 5, 16])
+def test_tiled_prefill_matches_float64_oracle(tile, window):
+    rng = np.random.default_rng(7)
+    rows = [(0, 40), (16, 21), (3, 12), (50, 1), (0, 33)]
+    case = make_case(rng, rows, q_heads=4, kv_heads=1)
+    ref = oracle(case, SCALE, sliding_window=window)
+    full = assert_matches(_run(case, tile, window), case, ref)
+    untiled = np.array(_run(case, 1 << 20, window)).astype(np.float64)
+    for b, n in enumerate(case["num_new"]):
+        np.testing.assert_allclose(full[b, :, :n], untiled[b, :, :n], rtol=1e-6, atol=1e-6)
+    if window is not None:
+        tables, key_start = window_tables(case, window)
+        assert_matches(_run(case, tile, window, key_start, tables), case, ref)
