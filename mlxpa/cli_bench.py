@@ -64,6 +64,7 @@ def bench(
     from mlxpa.bench import SYSTEMS, run_bench
     from mlxpa.config import EngineConfig
     from mlxpa.data import InputError
+    from mlxpa.loader.model_probe import floating_dtype
     from mlxpa.models import load_model
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -98,8 +99,7 @@ def bench(
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
-    dtype = str(mdl.model.embed_tokens.weight.dtype).split(".")[-1] if hasattr(
-        mdl, "model") else "unknown"
+    dtype = str(floating_dtype(mdl)).split(".")[-1]
     machine = report.machine_info(dtype)
     console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
     console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "

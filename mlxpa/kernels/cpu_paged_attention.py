@@ -48,12 +48,13 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
 
     Args:
         q: ``[B, q_heads, L, D]`` float32.
-        k, v: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
+        k: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
+        v: ``[B, kv_heads, S, Dv]`` float32 (``Dv`` may differ from ``D``).
         mask: Boolean, broadcastable to ``[B, 1, L, S]``; True where a query sees a key.
         scale: Softmax scale.
 
     Returns:
-        ``[B, q_heads, L, D]`` float32.
+        ``[B, q_heads, L, Dv]`` float32.
     """
     b, heads, length, d = q.shape
     kv_heads = k.shape[1]
@@ -61,7 +62,7 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
     qg = (q * (scale * _LOG2E)).reshape(b, kv_heads, g * length, d)
     s = (qg @ k.swapaxes(-1, -2)).reshape(b, kv_heads, g, length, -1)
     p = softmax_exp2(s, mask[:, :, None]).reshape(b, kv_heads, g * length, -1)
-    return (p @ v).reshape(b, heads, length, d)
+    return (p @ v).reshape(b, heads, length, v.shape[-1])
 
 
 def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
@@ -70,15 +71,17 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
 
     Args:
         q: ``[B, q_heads, 1, D]`` float32.
-        key_cache, value_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pools.
+        key_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pool.
+        value_cache: ``[num_blocks, kv_heads, block_size, Dv]`` float32 pool.
         block_tables: ``[B, nb]`` int32 pool block ids (padding entries any valid id).
         mask: Boolean ``[B, 1, 1, nb * block_size]``; True where the query sees the key.
         scale: Softmax scale.
 
     Returns:
-        ``[B, q_heads, 1, D]`` float32.
+        ``[B, q_heads, 1, Dv]`` float32.
     """
     b, heads, _, d = q.shape
+    dv = value_cache.shape[3]
     num_blocks, kv_heads, bs, _ = key_cache.shape
     g = heads // kv_heads
     nb = block_tables.shape[1]
@@ -95,9 +98,9 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                                                                            nb * bs)
     p = softmax_exp2(s, mask)                                                # [B, kvh, g, S]
     p = p.reshape(b, kv_heads, g, nb, bs).transpose(0, 1, 3, 2, 4).reshape(-1, g, bs)
-    values = value_cache.reshape(num_blocks * kv_heads, bs, d)
-    out = mx.gather_mm(p, values, None, rhs).reshape(b, kv_heads, nb, g, d).sum(axis=2)
-    return out.reshape(b, heads, 1, d)
+    values = value_cache.reshape(num_blocks * kv_heads, bs, dv)
+    out = mx.gather_mm(p, values, None, rhs).reshape(b, kv_heads, nb, g, dv).sum(axis=2)
+    return out.reshape(b, heads, 1, dv)
 
 
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,

@@ -61,7 +61,8 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
         q: ``[B, q_heads, L, head_dim]`` queries (RoPE applied); rows shorter than ``L`` are
             right-padded and their padded outputs are garbage but finite.
         key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer.
-        value_cache: Same shape as ``key_cache``.
+        value_cache: ``[num_blocks, kv_heads, block_size, v_dim]`` V pool (``v_dim`` may
+            differ from ``head_dim``).
         block_tables: ``[B, max_blocks]`` int32; row ``b`` lists the blocks holding its keys
             from position ``key_start[b]`` on.
         context_lens: ``[B]`` int32 tokens with K/V in the pool (computed + this step's).
@@ -72,7 +73,7 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
             the block size); None means 0. Lets window layers gather only recent blocks.
 
     Returns:
-        ``[B, q_heads, L, head_dim]`` in ``q.dtype``.
+        ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
     k = gather_kv(key_cache, block_tables)
     v = gather_kv(value_cache, block_tables)

@@ -1,0 +1,1 @@
+"""Model loading: what the engine learns about an mlx-lm model before it runs it."""

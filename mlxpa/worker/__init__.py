@@ -1,0 +1,1 @@
+"""Model execution helpers used by the model runner."""
