@@ -1,1 +1,2 @@
-"""Model loading: what the engine learns about an mlx-lm model before it runs it."""
+"""``--model`` to a local MLX folder and a loaded model: resolution, GGUF conversion, the
+model geometry probe and load-time refusals."""

@@ -1,1 +1,1 @@
-"""Model execution helpers used by the model runner."""
+"""One engine step on MLX: model runner, paged KV cache, attention, sampling."""

@@ -3,7 +3,7 @@
 The check is the engine's guarantee that a model it accepts does not crash mid-run and does
 not silently differ from mlx-lm: two prompts of different lengths are prefilled together as
 one right-padded batch (per-row offsets, padding, block tables), then decoded together one
-token, exactly as :class:`mlxpa.model_runner.ModelRunner` runs them; the log-probabilities at
+token, exactly as :class:`mlxpa.worker.model_runner.ModelRunner` runs them; the log-probabilities at
 every sampled position must match mlx-lm's own forward (``make_prompt_cache``, one prompt at
 a time) within float tolerance. Anything else is an :class:`UnsupportedModelError` naming the
 failure. The body/LM-head split (see :func:`find_head_split`) is accepted only when it passes
@@ -16,9 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxpa.kv_cache import PagedKVCache
 from mlxpa.loader.errors import UnsupportedModelError
 from mlxpa.loader.model_probe import ModelGeometry, reference_logits
+from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.paged_forward import (
     HeadSplit,
     build_metadata,

@@ -14,10 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxpa.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
 from mlxpa.kernels.cpu_fused import active as cpu_fused_active
 from mlxpa.kernels.cpu_fused import fused_cpu_ops
-from mlxpa.kv_cache import PagedKVCache
+from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
+from mlxpa.worker.kv_cache import PagedKVCache
 
 
 @dataclass(frozen=True, slots=True)

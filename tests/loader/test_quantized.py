@@ -17,7 +17,7 @@ from mlx_lm.utils import quantize_model
 
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.model_runner import ModelRunner
+from mlxpa.worker.model_runner import ModelRunner
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 PROMPTS = ["hello world, this is a test", "a", "The quick brown fox jumps over the lazy dog."]
