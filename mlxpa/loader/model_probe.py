@@ -73,6 +73,7 @@ class ModelGeometry:
 @dataclass
 class _Calls:
     attended: set[int] = field(default_factory=set)
+    derived: set[int] = field(default_factory=set)
     sinks: bool = False
     array_mask: bool = False
 
@@ -96,6 +97,10 @@ def _instrumented(model, calls: _Calls) -> Iterator[bool]:
 
         def recording(queries, keys, values, cache=None, *args, _orig=original, **kwargs):
             calls.attended.add(id(cache))
+            stored = getattr(cache, "keys", None)
+            if isinstance(stored, mx.array) and (stored.shape[1], stored.shape[3]) != (
+                    keys.shape[1], keys.shape[3]):
+                calls.derived.add(id(cache))
             calls.sinks |= kwargs.get("sinks") is not None
             calls.array_mask |= isinstance(kwargs.get("mask"), mx.array)
             return _orig(queries, keys, values, cache, *args, **kwargs)
@@ -164,7 +169,8 @@ def probe_model(model) -> ModelGeometry:
         UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
             mlx-lm's own forward failing, no module binding ``scaled_dot_product_attention``,
             attention sinks, a layer that writes K/V but attends outside
-            ``scaled_dot_product_attention``, or no layer writing K/V at all.
+            ``scaled_dot_product_attention`` or over K/V other than those it cached (absorbed
+            MLA), or no layer writing K/V at all.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -197,6 +203,10 @@ def probe_model(model) -> ModelGeometry:
             raise UnsupportedModelError(
                 name, f"cache {i} is written but its layer computes attention outside "
                 "scaled_dot_product_attention (the paged path would silently differ)")
+        if id(cache) in calls.derived:
+            raise UnsupportedModelError(
+                name, f"cache {i} holds a latent the layer expands before attending (absorbed "
+                "latent attention, MLA): the paged path attends over what is cached")
         geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window))
         dtype = dtype or keys.dtype
     if dtype is None:
