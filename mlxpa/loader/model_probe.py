@@ -8,7 +8,7 @@ tokens through them with ``scaled_dot_product_attention`` instrumented, and read
 the K and V widths and head count of what was written, the kind (full or sliding window, from
 ``RotatingKVCache.max_size``) and the dtype the model computes in (the dtype of the keys it
 wrote; a quantized model's packed ``uint32`` weights never decide it). Cache kinds the paged
-path cannot hold, attention sinks and layers that write K/V without attending through
+path cannot hold and layers that write K/V without attending through
 ``scaled_dot_product_attention`` are refused here with an :class:`UnsupportedModelError`.
 """
 
@@ -74,7 +74,6 @@ class ModelGeometry:
 class _Calls:
     attended: set[int] = field(default_factory=set)
     derived: set[int] = field(default_factory=set)
-    sinks: bool = False
     array_mask: bool = False
 
 
@@ -101,7 +100,6 @@ def _instrumented(model, calls: _Calls) -> Iterator[bool]:
             if isinstance(stored, mx.array) and (stored.shape[1], stored.shape[3]) != (
                     keys.shape[1], keys.shape[3]):
                 calls.derived.add(id(cache))
-            calls.sinks |= kwargs.get("sinks") is not None
             calls.array_mask |= isinstance(kwargs.get("mask"), mx.array)
             return _orig(queries, keys, values, cache, *args, **kwargs)
 
@@ -168,7 +166,7 @@ def probe_model(model) -> ModelGeometry:
     Raises:
         UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
             mlx-lm's own forward failing, no module binding ``scaled_dot_product_attention``,
-            attention sinks, a layer that writes K/V but attends outside
+            a layer that writes K/V but attends outside
             ``scaled_dot_product_attention`` or over K/V other than those it cached (absorbed
             MLA), or no layer writing K/V at all.
     """
@@ -190,9 +188,6 @@ def probe_model(model) -> ModelGeometry:
         except Exception as e:  # noqa: BLE001 - any failure of the probe is a refusal
             raise UnsupportedModelError(
                 name, f"mlx-lm's own forward pass fails: {type(e).__name__}: {e}") from None
-    if calls.sinks:
-        raise UnsupportedModelError(name, "attention sinks (a per-head sink logit in the "
-                                    "softmax) are not supported by the paged kernels")
     geometry, dtype = [], None
     for i, (cache, window) in enumerate(zip(caches, windows)):
         keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)

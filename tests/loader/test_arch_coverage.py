@@ -16,7 +16,7 @@ IDENTICAL = {
     "Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2", "dbrx", "deepseek",
     "deepseek_v2", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gear",
     "gemma", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4", "glm4_moe", "gpt2",
-    "gpt_neox", "gptj", "granite", "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense",
+    "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense",
     "internlm2", "internlm3", "laguna", "lille-130m", "llama", "llama4_text", "mimo", "minicpm",
     "minicpm3", "minimax", "ministral3", "mistral3", "mixtral", "muse_glimmer", "nanbeige",
     "nanochat", "nemotron", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe",
@@ -26,7 +26,7 @@ IDENTICAL = {
 }
 REFUSED = {
     "bailing_hybrid", "bailing_moe_v3", "deepseek_v3", "deepseek_v32", "deepseek_v41",
-    "falcon_h1", "gemma2", "glm4_moe_lite", "gpt_bigcode", "gpt_oss", "iquestloopcoder",
+    "falcon_h1", "gemma2", "glm4_moe_lite", "gpt_bigcode", "iquestloopcoder",
     "kimi_k25", "kimi_vl", "lfm2", "mamba", "mamba2", "minimax_m3_vl", "mistral4", "phi3small",
     "plamo", "plamo2", "plamo3", "recurrent_gemma",
 }
