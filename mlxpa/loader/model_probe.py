@@ -199,9 +199,10 @@ def probe_model(model) -> ModelGeometry:
                 name, f"cache {i} is written but its layer computes attention outside "
                 "scaled_dot_product_attention (the paged path would silently differ)")
         if id(cache) in calls.derived:
-            raise UnsupportedModelError(
-                name, f"cache {i} holds a latent the layer expands before attending (absorbed "
-                "latent attention, MLA): the paged path attends over what is cached")
+            raise UnsupportedModelError(name, f"cache {i}: the layer attends with K/V of "
+                                        "another shape than it caches (absorbed latent "
+                                        "attention, MLA, or K/V heads repeated in the "
+                                        "model): the paged path attends over what is cached")
         geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window))
         dtype = dtype or keys.dtype
     if dtype is None:

@@ -59,6 +59,7 @@ def test_dtype_of_a_half_model():
 @pytest.mark.parametrize("name,reason", [
     ("gemma2", "does not go through mlx-lm's scaled_dot_product_attention"),
     ("deepseek_v3", "absorbed latent attention"),
+    ("plamo", "another shape than it caches"),
     ("phi3small", "outside scaled_dot_product_attention"),
     ("mamba", "recurrent-state"),
     ("falcon_h1", "CacheList"),
