@@ -46,8 +46,7 @@ def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
     from mlxpa.bench.workloads import random_workload
     from mlxpa.config import EngineConfig, SamplingParams
     from mlxpa.engine import LLMEngine, PromptInput
-    from mlxpa.loader.model_probe import floating_dtype
-    from mlxpa.loader.models import load_model
+    from mlxpa.loader.models import load_model, model_dtype
 
     model, tok, _ = load_model(folder)
     wl = random_workload(tok, num_prompts, input_len, output_len)
@@ -62,7 +61,7 @@ def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
         PromptInput(i, wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
                                                      ignore_eos=True)) for i in refs)}
     figures = result.figures()
-    return {"folder": folder, "compute_dtype": str(floating_dtype(model)),
+    return {"folder": folder, "compute_dtype": str(model_dtype(model)),
             "weights_bytes": sum(v.nbytes for _, v in _leaves(model)),
             "output_tokens_per_s": figures["output_tokens_per_s"],
             "total_tokens_per_s": figures["total_tokens_per_s"],

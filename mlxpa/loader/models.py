@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -97,12 +98,14 @@ def load_model(
     import mlx.core as mx
     from mlx_lm.utils import load
 
+    from mlxpa.kernels.device import on_cpu
+
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = resolve_model(spec)
     start = time.perf_counter()
     model, tokenizer = load(str(folder))
-    if dtype is None and mx.default_device() == mx.cpu:
+    if dtype is None and on_cpu():
         dtype = "float32"
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
@@ -111,17 +114,18 @@ def load_model(
     return model, tokenizer, folder
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` can render ``messages`` rows.
+def model_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype of the model's first floating-point parameter (norms, biases, quantization
+    scales; never a packed ``uint32`` weight), float32 when it has none. A label for reports;
+    the engine takes the compute dtype from the keys the model writes
+    (:func:`mlxpa.worker.model_probe.probe_model`)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
 
-    Args:
-        tokenizer: A ``TokenizerWrapper`` (its ``has_chat_template`` also counts mlx-lm's own
-            template functions) or a Hugging Face tokenizer.
-    """
-    flag = getattr(tokenizer, "has_chat_template", None)
-    if isinstance(flag, bool):
-        return flag
-    return bool(getattr(tokenizer, "chat_template", None))
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
 
 
 def _default_model() -> Path:

@@ -17,8 +17,8 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxpa.loader.errors import UnsupportedModelError
-from mlxpa.loader.model_probe import ModelGeometry, reference_logits
 from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.model_probe import ModelGeometry, reference_logits
 from mlxpa.worker.paged_forward import (
     HeadSplit,
     build_metadata,

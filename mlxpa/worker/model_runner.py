@@ -1,47 +1,44 @@
-"""Model runner: KV pool sizing, step inputs, one forward pass per row group, sampling.
+"""Model runner: KV pool sizing, step inputs, one forward pass per group of requests, sampling.
 
 The runner reads a :class:`SchedulerOutput` and returns sampled token ids; it never mutates
 requests, blocks or the scheduler. Per step it:
 
 1. applies copy-on-write block copies;
-2. splits the scheduled rows into a decode group (one token each) and prefill groups of
-   similar chunk length (rows of one group are right-padded to the group's longest chunk;
-   padding a decode row to a prefill chunk would cost the chunk's FLOPs);
+2. splits the scheduled requests into a decode group (one token each) and prefill groups of
+   similar chunk length (requests of one group are right-padded to the group's longest chunk;
+   padding a decode to a prefill chunk would cost the chunk's FLOPs);
 3. builds per-group metadata with numpy (slot mapping, block tables, context lengths,
    positions, sliding-window tables) and converts it once;
 4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
-   of each row's last token and applies the LM head only to rows that sample (Gemma 3's head
+   of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
 5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``.
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import mlx.core as mx
 import numpy as np
 
+from mlxpa.blas import host_memory_bytes
 from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
-from mlxpa.loader.model_probe import probe_model
 from mlxpa.request import Request
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
 from mlxpa.worker.load_check import check_paged_path
+from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
 from mlxpa.worker.sampling import sample
 
-# A prefill row joins a group while its padding stays within this many tokens.
+# A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
 
 
 def default_kv_bytes() -> int:
     """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 * 2**30
+    total = host_memory_bytes() or 8 * 2**30
     return int(min(4 * 2**30, 0.15 * total))
 
 
@@ -55,9 +52,10 @@ def token_slice(req: Request, start: int, end: int) -> list[int]:
     return p[start:] + req.output_token_ids[:end - n]
 
 
-def group_rows(num_tokens: list[int]) -> list[list[int]]:
-    """Split row indices into groups run as one padded batch: decodes together, prefill
-    chunks by similar length (sorted, longest first)."""
+def group_by_length(num_tokens: list[int]) -> list[list[int]]:
+    """Split the indices of the scheduled requests into groups run as one padded batch:
+    decodes together, prefill chunks by similar length (sorted, longest first; a chunk joins
+    a group while its padding stays within ``_MAX_PAD_TOKENS``)."""
     decode = [i for i, n in enumerate(num_tokens) if n == 1]
     prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
     groups = [decode] if decode else []
@@ -73,7 +71,7 @@ def group_rows(num_tokens: list[int]) -> list[list[int]]:
 class ModelRunner:
     """Owns the model and the KV pools; executes scheduled steps.
 
-    At construction the model is probed (:func:`mlxpa.loader.model_probe.probe_model`: per
+    At construction the model is probed (:func:`mlxpa.worker.model_probe.probe_model`: per
     cache entry K/V heads, K and V widths, window, and the compute dtype, from mlx-lm's own
     caches) and checked (:func:`mlxpa.worker.load_check.check_paged_path`: two rows through
     the paged path against mlx-lm), so an unsupported model is refused before any row runs.
@@ -82,7 +80,7 @@ class ModelRunner:
         model: An mlx-lm model (floating weights already in the compute dtype; quantized
             layers of any mode ``nn.quantize`` supports).
         config: Engine configuration (block size, pool budget, seed).
-        eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
+        eos_token_ids: The model's EOS ids (masked for requests below ``min_tokens``).
 
     Attributes:
         num_blocks: Blocks per pool, null block included.
@@ -155,17 +153,17 @@ class ModelRunner:
         return zlib.crc32(repr(key).encode())
 
     def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
-        """EOS and stop token ids get -inf logits in rows that have not yet generated
+        """EOS and stop token ids get -inf logits for requests that have not yet generated
         ``min_tokens`` tokens (vLLM's ``min_tokens`` rule)."""
-        rows, cols = [], []
+        masked, cols = [], []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             if r.num_output_tokens < sp.min_tokens:
                 banned = set(sp.stop_token_ids) | set(self.eos_token_ids)
-                rows.extend([i] * len(banned))
+                masked.extend([i] * len(banned))
                 cols.extend(sorted(banned))
-        if rows:
-            logits[mx.array(rows), mx.array(cols)] = -float("inf")
+        if masked:
+            logits[mx.array(masked), mx.array(cols)] = -float("inf")
         return logits
 
     def execute(self, out: SchedulerOutput) -> list[int]:
@@ -181,15 +179,15 @@ class ModelRunner:
         sampling = out.sampling
         order, logits = [], []
         with paged_context(self.model, self.config.fused_cpu_ops):
-            for group in group_rows(out.num_scheduled_tokens):
+            for group in group_by_length(out.num_scheduled_tokens):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
-                rows = [k for k, i in enumerate(group) if sampling[i]]
+                sampled = [k for k, i in enumerate(group) if sampling[i]]
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
-                                 meta, rows, [counts[k] - 1 for k in rows])
+                                 meta, sampled, [counts[k] - 1 for k in sampled])
                 if result is not None:
-                    order.extend(group[k] for k in rows)
+                    order.extend(group[k] for k in sampled)
                     logits.append(result)
         pools = (self.kv_cache.key_caches, self.kv_cache.value_caches)
         if not order:
@@ -200,5 +198,5 @@ class ModelRunner:
         toks = sample(logits, [r.sampling_params for r in reqs],
                       [self.seed_for(r) for r in reqs], [r.num_output_tokens for r in reqs])
         mx.eval(toks, *pools)
-        by_row = dict(zip(order, toks.tolist()))
-        return [by_row[i] for i in range(len(out.requests)) if sampling[i]]
+        by_index = dict(zip(order, toks.tolist()))
+        return [by_index[i] for i in range(len(out.requests)) if sampling[i]]

@@ -14,10 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxpa.kernels.cpu_fused import active as cpu_fused_active
-from mlxpa.kernels.cpu_fused import fused_cpu_ops
-from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
+from mlxpa.kernels.device import on_cpu
+from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.patches import fused_cpu_ops, paged_attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +53,8 @@ def find_head_split(model: nn.Module) -> HeadSplit | None:
 def paged_context(model: nn.Module, fused: bool) -> Iterator[None]:
     """Paged attention dispatch (and, on the CPU when ``fused``, the fused element-wise
     ops) for the model's modules while open."""
-    ops = fused_cpu_ops(model) if fused and cpu_fused_active() else nullcontext()
-    with patch_model(model), ops:
+    ops = fused_cpu_ops(model) if fused and on_cpu() else nullcontext()
+    with paged_attention(model), ops:
         yield
 
 
@@ -121,5 +121,5 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
         slot_blocks=mx.array((slots // bs).astype(np.int32)),
         slot_offsets=mx.array((slots % bs).astype(np.int32)),
         block_tables=mx.array(tables), context_lens=mx.array(ctx),
-        query_start=mx.array(starts), window_tables=window_tables, kernel=kernel)
+        offsets=mx.array(starts), window_tables=window_tables, kernel=kernel)
     return mx.array(tokens), meta

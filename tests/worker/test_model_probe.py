@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from mlxpa.cli import app
 from mlxpa.config import EngineConfig
 from mlxpa.loader.errors import UnsupportedModelError
-from mlxpa.loader.model_probe import probe_model
+from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.model_runner import ModelRunner
 from tests.loader.tiny_archs import build, config
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama

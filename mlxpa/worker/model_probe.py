@@ -14,7 +14,6 @@ path cannot hold and layers that write K/V without attending through
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mlxpa.loader.errors import UnsupportedModelError, model_type_of
+from mlxpa.worker.patches import model_modules
 
 # Token ids of the probe forward (small ids exist in every vocabulary).
 PROBE_TOKENS = (2, 7, 1, 8, 2, 8)
@@ -77,13 +77,6 @@ class _Calls:
     array_mask: bool = False
 
 
-def model_modules(model) -> list:
-    """The Python modules that define ``model`` and its submodules (where mlx-lm binds
-    ``scaled_dot_product_attention`` with ``from .base import``)."""
-    names = {type(model).__module__} | {type(m).__module__ for _, m in model.named_modules()}
-    return [sys.modules[n] for n in sorted(names) if n in sys.modules]
-
-
 @contextmanager
 def _instrumented(model, calls: _Calls) -> Iterator[bool]:
     """Wrap each model module's ``scaled_dot_product_attention`` to record which caches
@@ -135,18 +128,6 @@ def _cache_kind(cache, index: int) -> int | None:
             raise ValueError(f"cache {index}: {reason}")
     raise ValueError(f"cache {index} is a {type(cache).__name__}, not a KVCache or "
                      "RotatingKVCache")
-
-
-def floating_dtype(model) -> mx.Dtype | None:
-    """The dtype of the model's first floating-point parameter (norms, biases, quantization
-    scales; never a packed ``uint32`` weight), or None when it has none. A label for
-    reports; the engine takes the compute dtype from :func:`probe_model`."""
-    from mlx.utils import tree_flatten
-
-    for _, v in tree_flatten(model.parameters()):
-        if mx.issubdtype(v.dtype, mx.floating):
-            return v.dtype
-    return None
 
 
 def reference_logits(model, tokens: list[int]) -> tuple[mx.array, list]:
