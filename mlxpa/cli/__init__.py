@@ -133,6 +133,14 @@ def run(
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress bar or report.")] = False,
     blas: BlasOpt = "auto",
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run on Ray Data engine replicas (pip install 'mlxpa[ray]'); "
+        "rows sharing a prefix go to the same replica.")] = False,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray cluster to join (auto: the one `ray start --head` started); implies --ray. "
+        "Default: a local Ray instance.")] = None,
+    num_replicas: Annotated[int, typer.Option(
+        help="Engine replicas with --ray (each loads the model once).")] = 1,
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
@@ -180,10 +188,17 @@ def run(
         raise typer.BadParameter(str(e)) from None
     with catch_sigint() as interrupted:
         try:
-            run_file(input, output, config, defaults, inputs=inputs, output_fmt=output_format,
-                     order=order, ordered=not unordered, skip_invalid=skip_invalid,
-                     resume=resume, metrics_json=metrics_json, console=console,
-                     show_progress=not quiet, should_stop=interrupted.is_set)
+            common = dict(inputs=inputs, output_fmt=output_format, ordered=not unordered,
+                          skip_invalid=skip_invalid, resume=resume, metrics_json=metrics_json,
+                          console=console, show_progress=not quiet,
+                          should_stop=interrupted.is_set)
+            if ray or ray_address:
+                from mlxpa.ray.run import run_file_ray
+
+                run_file_ray(input, output, config, defaults, sharding=order,
+                             address=ray_address, num_replicas=num_replicas, **common)
+            else:
+                run_file(input, output, config, defaults, order=order, **common)
         except InputError as e:
             fail(console, e, 2)
         except BrokenPipeError:
