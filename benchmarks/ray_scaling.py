@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload  # noqa: E402
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
-from mlxpa.ray.run import run_file_ray  # noqa: E402
-from mlxpa.run import run_file  # noqa: E402
+from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
+from mlxpa.run import RunOptions, run_file  # noqa: E402
 
 
 def write_file(path: str, workload, tokenizer) -> None:
@@ -56,6 +56,7 @@ def shard_serialization(path: str, config: EngineConfig, replicas: int) -> dict:
 
     tok = load_tokenizer(resolve_model(config.model))
     items = [make_item(r, SamplingParams(), tok, path) for r in read_rows(path)]
+    items = [it for it in items if not isinstance(it, str)]
     start = time.perf_counter()
     blob = pickle.dumps(items)
     return {"shard_bytes": len(blob), "shard_pickle_s": time.perf_counter() - start}
@@ -64,13 +65,14 @@ def shard_serialization(path: str, config: EngineConfig, replicas: int) -> dict:
 def bench_file(name: str, path: str, config: EngineConfig, replicas: int, out: str) -> dict:
     """Local, Ray prefix-sharded and Ray randomly sharded runs of ``path``."""
     defaults = SamplingParams()
+    quiet = RunOptions(show_progress=False)
     local, local_s = timed(run_file, path, f"{out}/{name}.local.jsonl", config, defaults,
-                           show_progress=False)
+                           quiet)
     res = {"local_s": local_s, "local_hit_rate": local.prefix_cache_hit_rate,
            "local_output_tok_s": local.output_tokens_per_s}
     for sharding in ("prefix", "random"):
         m, s = timed(run_file_ray, path, f"{out}/{name}.{sharding}.jsonl", config, defaults,
-                     num_replicas=replicas, sharding=sharding, show_progress=False)
+                     quiet, RayOptions(num_replicas=replicas, sharding=sharding))
         same = (open(f"{out}/{name}.{sharding}.jsonl").read()
                 == open(f"{out}/{name}.local.jsonl").read())
         res[sharding] = {"wall_s": s, "ratio_to_local": local_s / s, "identical_output": same,
@@ -78,8 +80,9 @@ def bench_file(name: str, path: str, config: EngineConfig, replicas: int, out: s
                          **{k: m[k] for k in ("ray_init_s", "driver_s", "replica_load_s",
                                               "elapsed_s", "output_tokens_per_s",
                                               "peak_kv_blocks", "num_shards", "requests")}}
-    res["prefix"]["hit_rate_vs_local"] = res["prefix"]["hit_rate"] / max(local.prefix_cache_hit_rate, 1e-9)
-    res["random"]["hit_rate_vs_local"] = res["random"]["hit_rate"] / max(local.prefix_cache_hit_rate, 1e-9)
+    for sharding in ("prefix", "random"):
+        res[sharding]["hit_rate_vs_local"] = (res[sharding]["hit_rate"]
+                                              / max(local.prefix_cache_hit_rate, 1e-9))
     res.update(shard_serialization(path, config, replicas))
     return res
 

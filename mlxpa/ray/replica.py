@@ -19,8 +19,8 @@ import numpy as np
 
 from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
+from mlxpa.data.inputs import where
 from mlxpa.data.records import result_records
-from mlxpa.data.rows import where
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.ray.items import Item
 from mlxpa.ray.stats import delta, snapshot

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data.rows import RowSpec, parse_row
+from mlxpa.data.inputs import RowSpec
+from mlxpa.data.rows import parse_row
 from mlxpa.ray.items import make_item
 from mlxpa.ray.replica import ReplicaEngine
 

@@ -20,8 +20,8 @@ from typer.testing import CliRunner  # noqa: E402
 from mlxpa.cli import app  # noqa: E402
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
 from mlxpa.ray import build_processor  # noqa: E402
-from mlxpa.ray.run import run_file_ray  # noqa: E402
-from mlxpa.run import run_file  # noqa: E402
+from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
+from mlxpa.run import RunOptions, run_file  # noqa: E402
 from tests.tiny_models import save_tiny_model  # noqa: E402
 
 SYSTEMS = ["You are a terse assistant; answer in one word. " * 2,
@@ -105,7 +105,7 @@ def test_build_processor_matches_a_local_run(tmp_path, model, cluster):
     rows = prompts(12)
     run_file(write_rows(tmp_path / "in.jsonl", rows), str(tmp_path / "local.jsonl"),
              EngineConfig(model=model, kv_memory_gib=0.01), SamplingParams(),
-             show_progress=False)
+             RunOptions(show_progress=False))
     want = {o["id"]: o["text"] for o in map(json.loads, open(tmp_path / "local.jsonl"))}
     items = [{"key": r["id"], "question": r["prompt"], "limit": r["max_tokens"]} for r in rows]
     items.append({"key": "neg", "question": "x", "limit": -1})
@@ -147,7 +147,8 @@ def test_a_killed_replica_loses_and_duplicates_no_row(tmp_path, model, cluster):
     src = write_rows(tmp_path / "in.jsonl", prompts(16))
     defaults = SamplingParams(max_tokens=120, ignore_eos=True)
     config = EngineConfig(model=model, kv_memory_gib=0.01)
-    run_file(src, str(tmp_path / "local.jsonl"), config, defaults, show_progress=False)
+    quiet = RunOptions(show_progress=False)
+    run_file(src, str(tmp_path / "local.jsonl"), config, defaults, quiet)
     killed: list[int] = []
     seen: set[int] = set()  # replica processes alive when one was killed
 
@@ -163,8 +164,8 @@ def test_a_killed_replica_loses_and_duplicates_no_row(tmp_path, model, cluster):
 
     killer = threading.Thread(target=kill_a_busy_replica)
     killer.start()
-    metrics = run_file_ray(src, str(tmp_path / "ray.jsonl"), config, defaults,
-                           num_replicas=2, shard_rows=2, show_progress=False)
+    metrics = run_file_ray(src, str(tmp_path / "ray.jsonl"), config, defaults, quiet,
+                           RayOptions(num_replicas=2, shard_rows=2))
     killer.join()
     assert killed, "no replica was seen running a shard"
     got, want = (without_cached(tmp_path / n) for n in ("ray.jsonl", "local.jsonl"))
