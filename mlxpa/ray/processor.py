@@ -8,13 +8,13 @@ Example (a local Ray instance; ``ray.init(address="auto")`` joins a cluster)::
     from mlxpa.ray import build_processor
 
     processor = build_processor(
-        EngineConfig(),  # the default model, Gemma 3 270M
-        preprocess=lambda row: {"id": row["id"], "prompt": f"Q: {row['q']}\\nA:",
+        EngineConfig(),  # the default model; every replica loads it once
+        preprocess=lambda row: {"id": row["id"], "prompt": f"Question: {row['q']}\\nAnswer:",
                                 "max_tokens": 8, "stop": ["\\n"]},
-        postprocess=lambda row: {"id": row["id"], "answer": row["text"]},
-        num_replicas=2)
+        postprocess=lambda row: {"id": row["id"], "answer": row["text"], "error": row["error"]},
+        num_replicas=1)
     ds = processor(ray.data.from_items([{"id": 1, "q": "What is the capital of France?"}]))
-    print(ds.take_all())   # [{'id': 1, 'answer': ' Paris'}]
+    print(ds.take_all())  # [{'id': 1, 'answer': ' Paris', 'error': None}]
 """
 
 from __future__ import annotations
