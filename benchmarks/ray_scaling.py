@@ -40,6 +40,16 @@ def write_file(path: str, workload, tokenizer) -> None:
                                 "ignore_eos": True}) + "\n")
 
 
+def _rows(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _strip(rows: list[dict]) -> list[dict]:
+    """Rows without ``cached_tokens`` (it depends on which rows shared a replica's cache)."""
+    return [{k: v for k, v in r.items() if k != "cached_tokens"} for r in rows]
+
+
 def timed(fn, *args, **kwargs):
     start = time.perf_counter()
     out = fn(*args, **kwargs)
@@ -73,9 +83,10 @@ def bench_file(name: str, path: str, config: EngineConfig, replicas: int, out: s
     for sharding in ("prefix", "random"):
         m, s = timed(run_file_ray, path, f"{out}/{name}.{sharding}.jsonl", config, defaults,
                      quiet, RayOptions(num_replicas=replicas, sharding=sharding))
-        same = (open(f"{out}/{name}.{sharding}.jsonl").read()
-                == open(f"{out}/{name}.local.jsonl").read())
-        res[sharding] = {"wall_s": s, "ratio_to_local": local_s / s, "identical_output": same,
+        got, want = (_rows(f"{out}/{name}.{k}.jsonl") for k in (sharding, "local"))
+        res[sharding] = {"wall_s": s, "ratio_to_local": local_s / s,
+                         "identical_output": _strip(got) == _strip(want),
+                         "identical_cached_tokens": got == want,
                          "hit_rate": m["prefix_cache_hit_rate"],
                          **{k: m[k] for k in ("ray_init_s", "driver_s", "replica_load_s",
                                               "elapsed_s", "output_tokens_per_s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -38,7 +39,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield 0.0
         return
     start = time.perf_counter()
-    kwargs = {"include_dashboard": False, "log_to_driver": False}
+    kwargs = {"include_dashboard": False, "log_to_driver": False,
+              "logging_level": logging.WARNING}
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     ray.init(address=address, **kwargs)
@@ -72,8 +74,6 @@ def configure_ray_data(wait_for_replicas: bool) -> None:
             no task upstream of the pool (``mlxpa run --ray``): a pool holding every CPU
             would starve them. False restores Ray's default (start as replicas come up).
     """
-    import logging
-
     import ray
 
     ctx = ray.data.DataContext.get_current()

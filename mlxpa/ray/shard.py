@@ -3,10 +3,10 @@
 Pure Python (no mlx, no ray). A replica only gains from its prefix cache when the rows that
 share a prefix reach it together, so :func:`plan_shards` orders the rows depth-first over
 their block-level radix tree (:func:`mlxpa.core.prefix_order.prefix_order`, the order a local
-run admits rows in) and cuts that order into shards of about ``shard_rows`` rows, each cut
-placed where neighbouring rows share the fewest whole blocks. A shard then holds whole prefix
-groups unless a group is longer than 1.5 shards (then it is split where its own subtree
-branches highest). Ray Data hands each shard to one replica (one actor task).
+run admits rows in) and packs whole prefix groups (runs of rows that each share a block with
+the next) into shards of at most ``shard_rows`` rows; a single group may fill a shard up to
+twice that, and a longer group is cut where its own subtree branches highest. Ray Data hands
+each shard to one replica (one actor task).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def plan_shards(token_lists: Sequence[Sequence[int]], block_size: int, shard_row
     Args:
         token_lists: Prompt token ids of each row (positions 0..len-1).
         block_size: Tokens per KV block (prefixes are shared in whole blocks).
-        shard_rows: Target rows per shard (>= 1); prefix shards hold between half and one and
-            a half times this, except the last.
+        shard_rows: Target rows per shard (>= 1); a prefix shard holds at most this many,
+            unless one prefix group alone is longer (up to twice this; longer groups are
+            cut in pieces of half to one and a half times this).
         sharding: ``prefix`` (radix order, cuts between prefix groups), ``input`` (file order,
             equal cuts) or ``random`` (a seeded shuffle, equal cuts: the baseline that shows
             what keeping groups together is worth).
@@ -67,15 +68,35 @@ def shared_blocks(a: Sequence[int], b: Sequence[int], block_size: int) -> int:
 
 
 def _prefix_cuts(shared: list[int], num_rows: int, target: int) -> list[tuple[int, int]]:
-    """``(start, end)`` ranges over ``num_rows`` ordered rows, where ``shared[i]`` is what rows
-    ``i`` and ``i + 1`` share: each cut in ``[start + target / 2, start + 3 target / 2]`` at
-    the smallest share, nearest ``start + target`` on ties."""
+    """``(start, end)`` ranges over ``num_rows`` ordered rows, where ``shared[i]`` is the
+    blocks rows ``i`` and ``i + 1`` share. A prefix group (a run of rows each sharing a block
+    with the next) is never cut unless it is longer than ``2 * target``; groups are packed
+    into a shard while it stays within ``target`` rows (a single group may exceed it)."""
+    bounds = [0, *(c for c in range(1, num_rows) if shared[c - 1] == 0), num_rows]
     ranges, start = [], 0
-    while num_rows - start > target + target // 2:
+    for a, b in zip(bounds, bounds[1:]):
+        if b - a > 2 * target:  # too long for one shard: cut inside, where it branches
+            if start < a:
+                ranges.append((start, a))
+            ranges.extend(_split(shared, a, b, target))
+            start = b
+        elif b - start > target and start < a:
+            ranges.append((start, a))
+            start = a
+    if start < num_rows:
+        ranges.append((start, num_rows))
+    return ranges
+
+
+def _split(shared: list[int], start: int, end: int, target: int) -> list[tuple[int, int]]:
+    """One long prefix group ``[start, end)`` cut into ranges of about ``target`` rows, each
+    cut in ``[start + target / 2, start + 3 target / 2]`` at the smallest share (its subtree
+    branches highest there), nearest ``start + target`` on ties."""
+    ranges = []
+    while end - start > target + target // 2:
         lo, hi = start + max(1, target // 2), start + target + target // 2
         cut = min(range(lo, hi + 1), key=lambda c: (shared[c - 1], abs(c - start - target)))
         ranges.append((start, cut))
         start = cut
-    if start < num_rows:
-        ranges.append((start, num_rows))
+    ranges.append((start, end))
     return ranges

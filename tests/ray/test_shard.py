@@ -82,3 +82,18 @@ def test_cluster_counters_sum_replicas_and_keep_each_peak():
     assert c.ttft_s == [0.1, 0.2, 0.3, 0.4, 0.5] and len(c.itl_s) == 8
     assert cluster.peak_kv_blocks == {"A": 7, "B": 5} and c.peak_kv_blocks == 7
     assert cluster.load_s == {"h:1": 1.5, "h:2": 2.5}
+
+
+def test_prefix_shards_pack_groups_up_to_the_target_and_never_cut_a_fitting_group():
+    sizes = [2, 2, 3, 6]  # groups A, B, C, D, each with its own 2-block prefix
+    rows, groups = [], []
+    for g, n in enumerate(sizes):
+        rows += [[g + 1] * 8 + [50 + i] for i in range(n)]
+        groups += [g] * n
+    shards = plan_shards(rows, BS, 4, "prefix")
+    # A+B fill 4; C would overfill them; D (6 <= 2 * 4) stays whole on its own
+    assert [sorted({groups[i] for i in s}) for s in shards] == [[0, 1], [2], [3]]
+    # a group of twice the target stays whole (2 replicas, 2 groups of 4 rows: 2 rows a shard)
+    two, _ = group_rows([[1] * 8, [2] * 8], 4)
+    assert sorted(sorted(s) for s in plan_shards(two, BS, 2, "prefix")) == [
+        [0, 2, 4, 6], [1, 3, 5, 7]]
