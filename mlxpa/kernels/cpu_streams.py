@@ -28,6 +28,15 @@ def cpu_streams() -> list[mx.Stream]:
     return _STREAMS
 
 
+def is_dense_mlp(module: nn.Module) -> bool:
+    """Whether ``module``'s only children are ``Linear`` layers (a dense MLP block: its rows are
+    independent; mixture-of-experts blocks, with a router and expert stacks, are not matched)."""
+    children = [c for c in module.children().values() if not (isinstance(c, (list, dict))
+                                                                 and not c)]
+    return bool(children) and all(isinstance(c, (nn.Linear, nn.QuantizedLinear))
+                                  for c in children)
+
+
 class RowSplitMLP(nn.Module):
     """Runs a token-wise module (an mlx-lm MLP block) on the two halves of its ``[..., hidden]``
     input's rows, one half per CPU stream, and concatenates the outputs.
@@ -43,10 +52,10 @@ class RowSplitMLP(nn.Module):
         self._mlp = mlp
         self._min_rows = min_rows
 
-    def __call__(self, x: mx.array) -> mx.array:
-        rows = x.size // x.shape[-1]
-        if rows < (self._min_rows or MIN_SPLIT_ROWS):
-            return self._mlp(x)
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
+        rows = x.size // x.shape[-1] if x.ndim >= 2 else 0
+        if args or kwargs or rows < (self._min_rows or MIN_SPLIT_ROWS):
+            return self._mlp(x, *args, **kwargs)
         flat, half = x.reshape(rows, x.shape[-1]), rows // 2
         outs = []
         for stream, part in zip(cpu_streams(), (flat[:half], flat[half:])):

@@ -10,7 +10,8 @@ runner's forward pass, and only then (mlx-lm's own calls in the same process are
 * :func:`fused_cpu_ops` (MLX's CPU back end) swaps ``nn`` and ``swiglu`` for the fused
   element-wise kernels of :mod:`mlxpa.kernels.cpu_fused`, and plain ``nn.RoPE`` children for
   :class:`~mlxpa.kernels.cpu_fused.TableRoPE`, and ``mlp`` children for
-  :class:`~mlxpa.kernels.cpu_streams.RowSplitMLP` (the two row halves on two CPU streams).
+  :class:`~mlxpa.kernels.cpu_streams.RowSplitMLP` (dense MLPs: the two row halves on two CPU
+  streams).
 
 Both find the modules the same way (:func:`model_modules`) and undo their swaps in reverse
 order on exit, also after an exception. When an mlx-lm release changes how models bind these
@@ -28,7 +29,7 @@ from typing import Any
 import mlx.nn as nn
 
 from mlxpa.kernels import cpu_fused
-from mlxpa.kernels.cpu_streams import RowSplitMLP
+from mlxpa.kernels.cpu_streams import RowSplitMLP, is_dense_mlp
 from mlxpa.worker.attention import PagedLayerCache
 
 
@@ -67,9 +68,7 @@ def _dispatch(original: Any) -> Any:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None,
                                      **kwargs):
         if isinstance(cache, PagedLayerCache):
-            if sinks is not None:
-                raise ValueError("paged attention does not support attention sinks")
-            return cache.attend(queries, scale)
+            return cache.attend(queries, scale, sinks)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
                         sinks=sinks, **kwargs)
 
@@ -110,10 +109,9 @@ def paged_attention(model: nn.Module) -> Iterator[None]:
 def fused_cpu_ops(model: nn.Module) -> Iterator[None]:
     """While open, the model's modules see the fused kernels for ``nn`` and ``swiglu``, and its
     plain ``nn.RoPE`` children are :class:`~mlxpa.kernels.cpu_fused.TableRoPE` (sharing one
-    cos/sin table cache), and its ``mlp`` children run their row halves on two CPU streams
+    cos/sin table cache), and its dense ``mlp`` children run their row halves on two CPU streams
     (:class:`~mlxpa.kernels.cpu_streams.RowSplitMLP`); everything is restored on exit.
-    Subclasses of ``nn.RoPE`` (scaled
-    variants) are left alone."""
+    Subclasses of ``nn.RoPE`` (scaled variants) are left alone."""
     swaps = _Swaps()
     mlx_lm_swiglu = cpu_fused.mlx_lm_swiglu()
     for module in model_modules(model):
@@ -127,7 +125,7 @@ def fused_cpu_ops(model: nn.Module) -> Iterator[None]:
         for key, child in list(parent.items()):
             if type(child) is nn.RoPE:
                 swaps.child(parent, key, cpu_fused.TableRoPE(child, tables))
-            elif key == "mlp" and isinstance(child, nn.Module):
+            elif key == "mlp" and isinstance(child, nn.Module) and is_dense_mlp(child):
                 swaps.child(parent, key, RowSplitMLP(child))
     try:
         yield

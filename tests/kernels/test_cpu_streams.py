@@ -10,7 +10,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlxpa.kernels.cpu_streams import RowSplitMLP, cpu_streams
+from mlxpa.kernels.cpu_streams import RowSplitMLP, cpu_streams, is_dense_mlp
 
 
 class _MLP(nn.Module):
@@ -55,3 +55,11 @@ def test_small_inputs_run_whole_and_streams_differ():
     assert mlp.calls == [(2, 3, 16)]
     a, b = cpu_streams()
     assert a == mx.default_stream(mx.cpu) and b != a
+
+
+def test_only_dense_mlps_are_split():
+    assert is_dense_mlp(_MLP())
+    moe = nn.Module()
+    moe.gate = nn.Linear(16, 4)
+    moe.experts = _MLP()
+    assert not is_dense_mlp(moe) and not is_dense_mlp(nn.Module())
