@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxpa.structured_spec import StructuredOutput
+
 
 def _check(ok: bool, name: str, value: object, want: str) -> None:
     if not ok:
@@ -34,6 +36,10 @@ class SamplingParams:
         include_stop_str_in_output: Keep the matched stop string at the end of ``text``.
         min_tokens: Tokens to generate before EOS, stop token ids or stop strings may end
             the completion (EOS and stop token ids are masked out until then, as in vLLM).
+        structured: Constraint on the completion (JSON schema, regex, choice, grammar), or
+            None for free text.
+        logprobs: Return the log-probability of every generated token.
+        top_logprobs: Also return this many most likely tokens per position (0 to 20).
     """
 
     max_tokens: int = 256
@@ -48,6 +54,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     min_tokens: int = 0
+    structured: StructuredOutput | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_token_ids, list):
@@ -78,6 +87,11 @@ class SamplingParams:
                self.min_tokens, "an integer >= 0")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                self.min_tokens, f"<= max_tokens ({self.max_tokens}), as in vLLM")
+        _check(self.structured is None or isinstance(self.structured, StructuredOutput),
+               "structured", self.structured, "a StructuredOutput or None")
+        _check(isinstance(self.logprobs, bool), "logprobs", self.logprobs, "true or false")
+        _check(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
+               "top_logprobs", self.top_logprobs, "an integer from 0 to 20")
 
     @property
     def greedy(self) -> bool:

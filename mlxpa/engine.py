@@ -13,13 +13,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from mlxpa.block_pool import BlockPool
+from mlxpa.choice_scores import ChoiceScores
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.detokenizer import IncrementalDetokenizer
 from mlxpa.kv_cache_manager import KVCacheManager
 from mlxpa.metrics import Counters
-from mlxpa.model_runner import ModelRunner
+from mlxpa.model_runner import ModelRunner, StepResult
 from mlxpa.request import Request, RequestOutput, RequestStatus
 from mlxpa.scheduler import Scheduler, SchedulerOutput
+from mlxpa.structured import Grammars
 
 
 class PromptInput(NamedTuple):
@@ -47,7 +49,10 @@ class LLMEngine:
             model, tokenizer, _ = load_model(config.model, config.dtype)
         self.config = config
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids))
+        eos = sorted(tokenizer.eos_token_ids)
+        self.grammars = Grammars(tokenizer._tokenizer, model.args.vocab_size, eos)
+        self.runner = ModelRunner(model, config, frozenset(eos), self.grammars)
+        self.choice_scores = ChoiceScores(tokenizer)
         self.kv_cache_manager = KVCacheManager(
             BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
@@ -55,6 +60,7 @@ class LLMEngine:
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
+        self._released: list[RequestOutput] = []
 
     @property
     def max_model_len(self) -> int:
@@ -82,7 +88,7 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if params.n > 1:
+        if params.n > 1 or self.choice_scores.wants(req):
             self._pending_forks.append(req)
         return None
 
@@ -97,8 +103,9 @@ class LLMEngine:
         return out
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
-        """Start samples 1..n-1 of every request whose prefill ran in step ``out`` (before
-        ``update_from_output``, which may finish and free the parent)."""
+        """Start samples 1..n-1 and the choice scoring requests of every request whose
+        prefill ran in step ``out`` (before ``update_from_output``, which may finish and free
+        the parent)."""
         done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
         still = []
         for parent in self._pending_forks:
@@ -111,6 +118,14 @@ class LLMEngine:
                                 sample_index=i)
                 self.scheduler.fork_request(parent, child)
                 self._detok[child] = self._detokenizer(parent.sampling_params)
+                self.choice_scores.add_child(parent, child)
+            if self.choice_scores.wants(parent):
+                for scorer in self.choice_scores.start(parent):
+                    try:
+                        self.scheduler.add_request(scorer)
+                    except ValueError:
+                        scorer.status = RequestStatus.FINISHED_ABORTED
+                        self._released.extend(self.choice_scores.finished(scorer))
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:
@@ -124,33 +139,58 @@ class LLMEngine:
         """Run one scheduling step; return the requests that finished in it."""
         sched = self.scheduler
         out = sched.schedule()
-        sampled = self.runner.execute(out) if out.requests else []
+        result = self.runner.execute(out) if out.requests else StepResult([], {}, [])
         if self._pending_forks:
             self._fork_samples(out)
-        updated = sched.update_from_output(out, sampled)
-        c = self.counters
+        for req, lp in result.logprobs.items():
+            req.logprobs.append(lp)
+        for scorer, position, value in result.scores:
+            self.choice_scores.record(scorer, position, value)
+        num_scoring = sum(1 for r, last in zip(out.requests, out.sampling)
+                          if last and self.choice_scores.is_scorer(r))
+        updated = sched.update_from_output(out, result.sampled)
+        self._count(out, len(result.sampled) - num_scoring)
+        finished, self._released = self._released, []
+        for req in updated:
+            if self.choice_scores.is_scorer(req):
+                if req.is_finished:
+                    finished.extend(self.choice_scores.finished(req))
+                continue
+            self._check_stops(req)
+            if req.is_finished:
+                finished.extend(self.choice_scores.hold(
+                    req, self._output(req, self._detok.pop(req).finalize())))
+        return finished
+
+    def _check_stops(self, req: Request) -> None:
+        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token."""
+        sched, detok = self.scheduler, self._detok[req]
+        tok = req.output_token_ids[-1]
+        is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
+        if not is_eos and detok.add_token(tok):
+            req.stop_reason = detok.stop_string
+            if req.is_finished:  # also hit max_tokens: the stop string names the reason
+                req.status = RequestStatus.FINISHED_STOPPED
+            else:
+                sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        if req.is_finished or req.sampling_params.structured is None:
+            return
+        if self.grammars.is_complete(req):  # only EOS may follow: done without sampling it
+            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif (error := self.grammars.error(req)) is not None:
+            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+            req.stop_reason = f"structured output failed: {error}"
+
+    def _count(self, out: SchedulerOutput, num_sampled: int) -> None:
+        sched, c = self.scheduler, self.counters
         c.num_steps += 1
-        c.generation_tokens += len(sampled)
+        c.generation_tokens += num_sampled
         c.num_preemptions += len(out.preempted)
         c.evicted_blocks = self.kv_cache_manager.evicted_blocks
         used = self.kv_cache_manager.num_active_blocks
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
         c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
-        finished = []
-        for req in updated:
-            detok = self._detok[req]
-            tok = req.output_token_ids[-1]
-            is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
-            if not is_eos and detok.add_token(tok):
-                req.stop_reason = detok.stop_string
-                if req.is_finished:  # also hit max_tokens: the stop string names the reason
-                    req.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-            if req.is_finished:
-                finished.append(self._output(req, self._detok.pop(req).finalize()))
-        return finished
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
@@ -163,12 +203,16 @@ class LLMEngine:
         if ttft is not None:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
+        tokens = list(req.output_token_ids)
         return RequestOutput(
             request_id=req.request_id,
             sample_index=req.sample_index if sample_index is None else sample_index,
-            text=text, token_ids=list(req.output_token_ids),
+            text=text, token_ids=tokens,
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
+            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
+            error=req.stop_reason if req.finish_reason == "abort" and isinstance(
+                req.stop_reason, str) else None,
+            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None)
 
     def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:

@@ -20,18 +20,22 @@ from __future__ import annotations
 import os
 import zlib
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from mlxpa.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
+from mlxpa.choice_scores import score_columns
 from mlxpa.config import EngineConfig
 from mlxpa.kernels.cpu_fused import active as cpu_fused_active
 from mlxpa.kernels.cpu_fused import fused_cpu_ops
 from mlxpa.kv_cache import PagedKVCache, block_bytes
-from mlxpa.request import Request
-from mlxpa.sampling import sample
+from mlxpa.logprobs import target_logprobs
+from mlxpa.request import Request, TokenLogprob
+from mlxpa.sample_step import sample_step
 from mlxpa.scheduler import SchedulerOutput
+from mlxpa.structured import Grammars
 
 # Body/head split is known for these (``model.model`` body, tied embedding or ``lm_head``).
 _SPLIT_MODEL_TYPES = {"llama", "gemma3_text", "qwen2", "qwen3", "mistral"}
@@ -91,6 +95,20 @@ def group_rows(num_tokens: list[int]) -> list[list[int]]:
     return groups
 
 
+class StepResult(NamedTuple):
+    """What one step produced.
+
+    Attributes:
+        sampled: One token id per request whose chunk reached its last token, in order.
+        logprobs: Per request that asks, the sampled token's :class:`TokenLogprob`.
+        scores: ``(scoring request, position, log-probability)`` of each scored token.
+    """
+
+    sampled: list[int]
+    logprobs: dict[Request, TokenLogprob]
+    scores: list[tuple[Request, int, float]]
+
+
 class ModelRunner:
     """Owns the model and the KV pools; executes scheduled steps.
 
@@ -98,6 +116,7 @@ class ModelRunner:
         model: An mlx-lm model (weights already in the compute dtype).
         config: Engine configuration (block size, pool budget, seed).
         eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
+        grammars: Matchers of constrained rows (None: rows cannot be constrained).
 
     Attributes:
         num_blocks: Blocks per pool, null block included.
@@ -105,8 +124,10 @@ class ModelRunner:
     """
 
     def __init__(self, model, config: EngineConfig,
-                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(),
+                 grammars: Grammars | None = None) -> None:
         self.model = model
+        self.grammars = grammars
         self.eos_token_ids = sorted(eos_token_ids)
         self.config = config
         self.block_size = config.block_size
@@ -202,32 +223,21 @@ class ModelRunner:
             self.config.seed, req.request_id, req.sample_index)
         return zlib.crc32(repr(key).encode())
 
-    def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
-        """EOS and stop token ids get -inf logits in rows that have not yet generated
-        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule)."""
-        rows, cols = [], []
-        for i, r in enumerate(reqs):
-            sp = r.sampling_params
-            if r.num_output_tokens < sp.min_tokens:
-                banned = set(sp.stop_token_ids) | set(self.eos_token_ids)
-                rows.extend([i] * len(banned))
-                cols.extend(sorted(banned))
-        if rows:
-            logits[mx.array(rows), mx.array(cols)] = -float("inf")
-        return logits
-
-    def execute(self, out: SchedulerOutput) -> list[int]:
+    def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one scheduled step.
 
         Returns:
-            One sampled token id per request whose chunk reaches its last token
-            (``out.sampling``), in ``out.requests`` order.
+            The sampled tokens (one per request whose chunk reaches its last token,
+            ``out.sampling``, in ``out.requests`` order), their log-probabilities where asked,
+            and the scored tokens of scoring requests.
         """
         for req in [r for r in self._tables if r.is_finished]:
             del self._tables[req]
+            if self.grammars is not None:
+                self.grammars.release(req)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
-        order, logits = [], []
+        order, logits, scored, score_logits = [], [], [], []
         fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and cpu_fused_active()
                  else nullcontext())
         with patch_model(self.model), fused:
@@ -236,18 +246,28 @@ class ModelRunner:
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
                 rows = [k for k, i in enumerate(group) if sampling[i]]
-                result = self._forward(tokens, meta, rows, [counts[k] - 1 for k in rows])
-                if result is not None:
+                extra = [(k, *c) for k, r in enumerate(reqs)
+                         for c in score_columns(r, r.num_computed_tokens, counts[k])]
+                result = self._forward(tokens, meta, rows + [e[0] for e in extra],
+                                       [counts[k] - 1 for k in rows] + [e[1] for e in extra])
+                if rows:
                     order.extend(group[k] for k in rows)
-                    logits.append(result)
-        pools = (self.kv_cache.key_caches, self.kv_cache.value_caches)
+                    logits.append(result[:len(rows)])
+                if extra:
+                    score_logits.append(result[len(rows):])
+                    scored.extend((reqs[k], p) for k, _, _, p in extra)
+        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches]
+        scores = []
+        if scored:
+            values = target_logprobs(mx.concatenate(score_logits),
+                                     [r.prompt_token_ids[p] for r, p in scored])
+            scores = [(r, p, v) for (r, p), v in zip(scored, values)]
         if not order:
             mx.eval(*pools)
-            return []
+            return StepResult([], {}, scores)
         reqs = [out.requests[i] for i in order]
-        logits = self._mask_early_stops(mx.concatenate(logits), reqs)
-        toks = sample(logits, [r.sampling_params for r in reqs],
-                      [self.seed_for(r) for r in reqs], [r.num_output_tokens for r in reqs])
-        mx.eval(toks, *pools)
-        by_row = dict(zip(order, toks.tolist()))
-        return [by_row[i] for i in range(len(out.requests)) if sampling[i]]
+        res = sample_step(mx.concatenate(logits), reqs, [self.seed_for(r) for r in reqs],
+                          self.eos_token_ids, self.grammars, pools)
+        by_row = dict(zip(order, res.tokens))
+        return StepResult([by_row[i] for i in range(len(out.requests)) if sampling[i]],
+                          {reqs[j]: lp for j, lp in res.logprobs.items()}, scores)
