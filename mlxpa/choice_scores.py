@@ -58,6 +58,10 @@ class ChoiceScores:
 
     Args:
         tokenizer: The model's tokenizer (``encode``).
+
+    Attributes:
+        num_cached_tokens: Prompt tokens of finished scoring requests served from the
+            prefix cache (the choice rows' own blocks).
     """
 
     def __init__(self, tokenizer) -> None:
@@ -65,6 +69,7 @@ class ChoiceScores:
         self._pending: dict[Request, _Pending] = {}
         self._scorer: dict[Request, tuple[Request, int]] = {}
         self._family: dict[Request, Request] = {}
+        self.num_cached_tokens = 0
 
     def wants(self, req: Request) -> bool:
         """Whether ``req`` (sample 0) is a choice row whose choices must be scored."""
@@ -102,6 +107,7 @@ class ChoiceScores:
     def finished(self, scorer: Request) -> list[RequestOutput]:
         """``scorer`` is done (or could not run); returns outputs that became complete."""
         parent, k = self._scorer.pop(scorer)
+        self.num_cached_tokens += max(scorer.num_cached_tokens, 0)
         pend = self._pending[parent]
         if scorer.finish_reason == "abort" or len(pend.by_choice[k]) != scorer.num_scored_tokens:
             pend.by_choice[k] = {}  # not scored: reported as null

@@ -112,13 +112,6 @@ class LLMEngine:
             if id(parent) not in done:
                 still.append(parent)
                 continue
-            for i in range(1, parent.sampling_params.n):
-                child = Request(parent.request_id, parent.prompt_token_ids,
-                                parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i)
-                self.scheduler.fork_request(parent, child)
-                self._detok[child] = self._detokenizer(parent.sampling_params)
-                self.choice_scores.add_child(parent, child)
             if self.choice_scores.wants(parent):
                 for scorer in self.choice_scores.start(parent):
                     try:
@@ -126,10 +119,17 @@ class LLMEngine:
                     except ValueError:
                         scorer.status = RequestStatus.FINISHED_ABORTED
                         self._released.extend(self.choice_scores.finished(scorer))
+            for i in range(1, parent.sampling_params.n):
+                child = Request(parent.request_id, parent.prompt_token_ids,
+                                parent.sampling_params, arrival_time=parent.arrival_time,
+                                sample_index=i)
+                self.scheduler.fork_request(parent, child)
+                self._detok[child] = self._detokenizer(parent.sampling_params)
+                self.choice_scores.add_child(parent, child)
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._released)
 
     @property
     def num_waiting(self) -> int:
