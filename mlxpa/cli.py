@@ -91,6 +91,15 @@ def run(
     include_stop_str: Annotated[bool, typer.Option(
         "--include-stop-str", help="Default: keep the matched stop string in the text.")
     ] = False,
+    choice: Annotated[str | None, typer.Option(
+        help="Default constraint: the completion is one of these comma-separated labels "
+        "(rows also get choice_logprobs).")] = None,
+    json_schema: Annotated[str | None, typer.Option(
+        help="Default constraint: JSON matching the schema in this file.")] = None,
+    regex: Annotated[str | None, typer.Option(
+        help="Default constraint: the completion matches this regular expression.")] = None,
+    grammar: Annotated[str | None, typer.Option(
+        help="Default constraint: a Lark or GBNF grammar file.")] = None,
     system: Annotated[str | None, typer.Option(
         help="System message put first: a system turn before chat messages (unless they "
         "start with one), or text and a blank line before a text prompt.")] = None,
@@ -146,6 +155,7 @@ def run(
     from mlxpa.data import InputError, InputOptions
     from mlxpa.data_records import OUTPUT_FORMATS
     from mlxpa.data_resume import resume_hint
+    from mlxpa.data_structured import cli_constraint
     from mlxpa.run import catch_sigint, run_file
 
     console = Console(stderr=True)
@@ -163,7 +173,8 @@ def run(
                                   n=n, ignore_eos=ignore_eos,
                                   stop_token_ids=tuple(stop_token_id or ()),
                                   include_stop_str_in_output=include_stop_str,
-                                  min_tokens=min_tokens)
+                                  min_tokens=min_tokens,
+                                  structured=cli_constraint(choice, json_schema, regex, grammar))
         if order not in ("prefix", "input"):
             raise ValueError(f"order must be prefix or input, got {order!r}")
         if output_format not in OUTPUT_FORMATS:

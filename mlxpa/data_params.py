@@ -10,6 +10,9 @@ import json
 import math
 from typing import Any
 
+# Constraint and log-probability fields whose CSV text is JSON (mlxpa.data_structured).
+JSON_TEXT_FIELDS = ("response_format", "structured_outputs", "guided_choice", "guided_json",
+                    "logprobs", "top_logprobs")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
@@ -93,7 +96,8 @@ def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, A
     for key, value in obj.items():
         if value is None or value == "":
             out[key] = None
-        elif key == messages_column or (key in SAMPLING_FIELDS and key != "stop"):
+        elif key == messages_column or (key in SAMPLING_FIELDS and key != "stop") or (
+                key in JSON_TEXT_FIELDS):
             out[key] = _loads(value.lower() if value.lower() in ("true", "false") else value)
         elif key == "stop" and value.startswith("["):
             out[key] = _loads(value)

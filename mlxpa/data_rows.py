@@ -6,7 +6,8 @@ a validation pass can list them all before any model work (DESIGN.md "Input and 
 * the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
   ``{"role", "content"}`` strings), nulls reported as such;
 * the id (a string or an integer; default: the row index);
-* per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked;
+* per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked; constraint and
+  log-probability fields (:mod:`mlxpa.data_structured`), compiled;
 * sampling fields mlxpa does not support (``presence_penalty``, ``logprobs``, ...) and near
   misses of supported names (``temprature``) are errors; any other field passes through (it
   can be carried to the output with ``--keep-columns``);
@@ -22,15 +23,16 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from mlxpa.data_params import SAMPLING_FIELDS, bad, parse_params, show
+from mlxpa.data_structured import STRUCTURED_FIELDS, parse_structured
 
 # Sampling fields of the OpenAI / vLLM APIs that mlxpa does not implement: an error, not a
 # silent no-op (STYLE.md §10, "a typo does nothing").
 UNSUPPORTED_FIELDS = frozenset((
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs",
-    "logit_bias", "best_of", "use_beam_search", "length_penalty", "response_format", "tools",
+    "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "logit_bias", "best_of", "use_beam_search", "length_penalty", "tools",
     "tool_choice", "functions", "function_call", "parallel_tool_calls", "echo", "suffix",
-    "typical_p", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
-    "stream_options", "reasoning_effort", "modalities", "audio", "prediction"))
+    "typical_p", "prompt_logprobs", "stream_options", "reasoning_effort", "modalities", "audio",
+    "prediction"))
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 # Fields of an OpenAI request body that do not change the completion.
 _BODY_IGNORED = frozenset(("model", "user", "metadata", "store", "service_tier"))
@@ -120,7 +122,7 @@ class RowSpec(NamedTuple):
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
         return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *SAMPLING_FIELDS, "max_completion_tokens"))
+                          *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens"))
 
 
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
@@ -158,6 +160,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     if spec.system is not None:
         prompt, messages = _with_system(spec.system, prompt, messages)
     params = parse_params(fields, prefix, problems)
+    params.update(parse_structured(fields, prefix, problems))
     keep = None
     if spec.keep_columns:
         keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.keep_columns}
@@ -189,7 +192,8 @@ def _check_openai(obj: dict, problems: list[str]) -> str | None:
 
 
 def _check_body_fields(body: dict, problems: list[str]) -> None:
-    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS, *_BODY_IGNORED}
+    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS, *STRUCTURED_FIELDS,
+             *_BODY_IGNORED}
     for key, value in body.items():
         if key == "stream":
             if value:

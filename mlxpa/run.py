@@ -206,8 +206,8 @@ class _Job:
                 if any(o.error for o in group):
                     self.engine.counters.failed_rows += 1
                 group.sort(key=lambda o: o.sample_index)
-                self.writer.add(row.index, result_records(row, group, self.out_fmt, model,
-                                                          self.place(row)))
+                self.writer.add(row.index, result_records(
+                    row, group, self.out_fmt, model, self.place(row), self.engine.tokenizer))
                 self._advance()
         self.progress.advance(self.unshown)
 
