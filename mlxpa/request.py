@@ -137,7 +137,7 @@ class RequestOutput:
         error: Why the request could not run (finish reason ``abort``), else None.
         logprobs: Per token of ``token_ids``, its :class:`TokenLogprob` (rows that ask).
         choice_logprobs: For a ``choice`` row, each choice's total log-probability given
-            the prompt (see :mod:`mlxpa.choice_scores`).
+            the prompt (see :mod:`mlxpa.engine.choice_scores`).
     """
 
     request_id: object

@@ -1,0 +1,127 @@
+"""Per-row sampling fields: type and range checks, and typing of text-only rows (CSV).
+
+Each field of :data:`SAMPLING_FIELDS` maps onto :class:`~mlxpa.config.SamplingParams`; a row
+sets only what it needs, and the run's defaults (the CLI options) fill the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+# Constraint and log-probability fields whose CSV text is JSON (mlxpa.data.structured).
+JSON_TEXT_FIELDS = ("response_format", "structured_outputs", "guided_choice", "guided_json",
+                    "logprobs", "top_logprobs")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
+                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
+_MAX_SHOWN = 60  # characters of an offending value quoted in a message
+
+
+_INT_MIN = {"max_tokens": 0, "top_k": 0, "seed": 0, "n": 1, "min_tokens": 0}
+_FLOAT_RANGE = {  # name: (ok, wanted)
+    "temperature": (lambda x: x >= 0, "a number >= 0"),
+    "top_p": (lambda x: 0 < x <= 1, "a number in (0, 1]"),
+    "min_p": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
+}
+_BOOLS = ("ignore_eos", "include_stop_str_in_output")
+
+
+def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
+    """The sampling fields of ``fields`` (a row or an OpenAI body), checked; each problem is
+    appended to ``problems`` with the field named as ``prefix + name``."""
+    if fields.get("max_tokens") is None and fields.get("max_completion_tokens") is not None:
+        fields = {**fields, "max_tokens": fields["max_completion_tokens"]}
+    params: dict[str, Any] = {}
+    for name in SAMPLING_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        v, wanted = _param(name, value)
+        if wanted is not None:
+            problems.append(bad(prefix + name, wanted, value))
+            continue
+        params[name] = v
+    return params
+
+
+def _param(name: str, value: Any) -> tuple[Any, str | None]:
+    """``(parsed value, None)``, or ``(None, what was wanted)``."""
+    if name in _INT_MIN:
+        v = _as_int(value)
+        if name == "top_k" and v == -1:  # vLLM's "disabled"
+            v = 0
+        ok = v is not None and v >= _INT_MIN[name]
+        return (v, None) if ok else (None, f"an integer >= {_INT_MIN[name]}")
+    if name in _FLOAT_RANGE:
+        ok, wanted = _FLOAT_RANGE[name]
+        v = _as_float(value)
+        return (v, None) if v is not None and ok(v) else (None, wanted)
+    if name in _BOOLS:
+        return (value, None) if isinstance(value, bool) else (None, "true or false")
+    if name == "stop":
+        v = [value] if isinstance(value, str) else value
+        if isinstance(v, list) and all(isinstance(s, str) and s for s in v):
+            return v, None
+        return None, "a non-empty string or a list of them"
+    # stop_token_ids
+    v = value if isinstance(value, list) else [value]
+    ids = [_as_int(t) for t in v]
+    if all(t is not None and t >= 0 for t in ids):
+        return ids, None
+    return None, "a token id (an integer >= 0) or a list of them"
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, Any]:
+    """Types for a row whose values are all text (CSV): empty cells are null, sampling fields
+    and ``messages`` are parsed (JSON for lists and objects; ``stop`` may be plain text), and
+    a value that does not parse is kept as text so validation names it."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if value is None or value == "":
+            out[key] = None
+        elif key == messages_column or (key in SAMPLING_FIELDS and key != "stop") or (
+                key in JSON_TEXT_FIELDS):
+            out[key] = _loads(value.lower() if value.lower() in ("true", "false") else value)
+        elif key == "stop" and value.startswith("["):
+            out[key] = _loads(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def bad(field: str, wanted: str, value: Any) -> str:
+    """``field "x" must be <wanted>, got <value>``."""
+    return f'field "{field}" must be {wanted}, got {show(value)}'
+
+
+def show(value: Any) -> str:
+    """``value`` as JSON, cut to a readable length."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
