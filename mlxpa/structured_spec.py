@@ -8,8 +8,9 @@ A constraint is one of four kinds (vLLM's ``structured_outputs`` names):
 * ``choice``: the completion is exactly one of a list of strings;
 * ``grammar``: a Lark grammar, or a GBNF grammar (converted by llguidance).
 
-The canonical text (schemas with sorted keys, choices as a JSON list) is the key of the compiled
-grammar cache, so 100,000 rows with one schema compile once. :func:`check` compiles a
+The canonical text (schemas as compact JSON, key order kept since properties are generated in
+that order; choices as a JSON list) is the key of the compiled grammar cache, so 100,000 rows
+with one schema compile once. :func:`check` compiles a
 constraint without a tokenizer (llguidance's ``validate_grammar``; schemas also go through
 ``jsonschema``'s meta-schema check), so a bad constraint is a validation error before the
 model loads. No mlx here.
@@ -31,7 +32,7 @@ class StructuredOutput:
 
     Attributes:
         kind: ``json``, ``regex``, ``choice`` or ``grammar``.
-        spec: Canonical text: the schema as compact JSON with sorted keys, the regex, the
+        spec: Canonical text: the schema as compact JSON (key order kept), the regex, the
             choices as a JSON list, or the grammar text.
     """
 
@@ -60,8 +61,9 @@ class StructuredOutput:
                     raise ValueError(f"a JSON schema (object or JSON text): {e}") from None
             if not isinstance(value, (dict, bool)):
                 raise ValueError("a JSON schema (an object)")
-            return StructuredOutput(kind, json.dumps(value, sort_keys=True,
-                                                     separators=(",", ":")))
+            # Key order kept: llguidance generates properties in the schema's order.
+            return StructuredOutput(kind, json.dumps(value, separators=(",", ":"),
+                                                     ensure_ascii=False))
         if kind == "choice":
             if (not isinstance(value, list) or not value
                     or not all(isinstance(c, str) and c for c in value)):
