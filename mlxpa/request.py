@@ -76,6 +76,8 @@ class Request:
             the end of the prompt are scored (teacher-forced); their logits are computed, so
             a prefix-cache hit stops before them. 0 for a normal request.
         logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
+        choice_first_tokens: For a ``choice`` row (sample 0), the first token of each choice:
+            their log-probabilities are read from the logits of its first sampled token.
     """
 
     request_id: object
@@ -94,6 +96,7 @@ class Request:
     stop_reason: object = None
     num_scored_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    choice_first_tokens: tuple[int, ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -88,8 +88,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
     order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching
              else range(len(wl.prompts)))
     for i in order:
-        engine.add_request(i, wl.prompts[i],
-                           SamplingParams(max_tokens=wl.output_lens[i], ignore_eos=True))
+        engine.add_request(i, wl.prompts[i], SamplingParams(
+            max_tokens=wl.output_lens[i], ignore_eos=True, structured=wl.structured))
     series = []
     while engine.has_unfinished_requests():
         engine.step()
@@ -103,7 +103,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
         extra={"prefix_cache_hit_rate": s.prefix_cache_hit_rate,
                "cached_prompt_tokens": c.cached_prompt_tokens,
                "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
-               "num_preemptions": c.num_preemptions})
+               "num_preemptions": c.num_preemptions, "mask_ms_per_step": s.mask_ms_per_step,
+               "scored_tokens": c.scored_tokens})
 
 
 def run_mlx_lm(model, tokenizer, wl: Workload) -> SystemResult:

@@ -27,14 +27,18 @@ Examples:
   mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6
 
   mlxpa bench --workload file --input examples/prompts.jsonl --baselines mlxpa,mlx-lm
+
+  mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
 """
 
 
 def bench(
-    workload: Annotated[str, typer.Option(help="random, shared-prefix or file.")] = "random",
+    workload: Annotated[str, typer.Option(
+        help="random, shared-prefix, annotation (labels with a choice constraint) or file.")
+    ] = "random",
     model: ModelOpt = None,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random: prompts.")] = 128,
+    num_prompts: Annotated[int, typer.Option(help="random, annotation: prompts.")] = 128,
     input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
     range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
     output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
@@ -83,12 +87,15 @@ def bench(
         elif workload == "shared-prefix":
             wl = w.shared_prefix_workload(tok, num_groups, prompts_per_group,
                                           system_prompt_len, question_len, output_len, seed)
+        elif workload == "annotation":
+            wl = w.annotation_workload(tok, num_prompts, min(output_len, 8), seed)
         elif workload == "file":
             if not input:
                 raise ValueError("--workload file needs --input PATH")
             wl = w.file_workload(tok, input, output_len)
         else:
-            raise ValueError(f"workload must be random, shared-prefix or file, got {workload!r}")
+            raise ValueError("workload must be random, shared-prefix, annotation or file, "
+                             f"got {workload!r}")
         console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
                       f"tokens, {wl.num_output_tokens} output tokens; systems: "
                       f"{', '.join(systems)}; repeats: {repeats}", markup=False)

@@ -8,10 +8,12 @@ writes exactly those tokens next, not that it stops after them; it does not add 
 tokenizations of the same text. When no choice's tokens are a prefix of another's, these are
 disjoint events, so ``sum(exp(v)) <= 1``.
 
-Mechanics: once a choice row's prefill has run, the engine adds one scoring request per choice
-(prompt + choice tokens, ``max_tokens`` 1, ``num_scored_tokens`` = the choice's length). Its
-prompt's full blocks are prefix-cache hits on the row's own blocks, so a choice costs about
-one decode step per token plus the prompt's partial last block. The model runner reads the
+Mechanics: every choice's first token is scored from the logits of the row's own first sampled
+token (no extra work: single-token labels cost nothing). Once the row's prefill has run, the
+engine adds one scoring request per choice of two or more tokens (prompt + choice tokens,
+``max_tokens`` 1, ``num_scored_tokens`` = the choice's length - 1). Its prompt's full blocks are
+prefix-cache hits on the row's own blocks, so such a choice costs about one decode step per
+further token plus the prompt's partial last block. The model runner reads the
 logits before each scored token (:func:`mlxpa.worker.logprobs.score_columns`) and the engine
 sums them here (per position, so a recompute after preemption does not count twice).
 """
@@ -48,6 +50,7 @@ class ChoiceScores:
         self._pending: dict[Request, _Pending] = {}
         self._scorer: dict[Request, tuple[Request, int]] = {}
         self._family: dict[Request, Request] = {}
+        self._tokens: dict[object, list[list[int]]] = {}
         self.num_cached_tokens = 0
 
     def wants(self, req: Request) -> bool:
@@ -58,20 +61,40 @@ class ChoiceScores:
     def is_scorer(self, req: Request) -> bool:
         return req in self._scorer
 
+    def _choice_tokens(self, so) -> list[list[int]]:
+        if so not in self._tokens:
+            self._tokens[so] = [list(self._tok.encode(c, add_special_tokens=False))
+                                for c in so.choices]
+        return self._tokens[so]
+
+    def first_tokens(self, so) -> tuple[int, ...]:
+        """The first token of each choice of ``so`` (a ``choice`` constraint)."""
+        return tuple(ids[0] for ids in self._choice_tokens(so))
+
     def start(self, parent: Request) -> list[Request]:
-        """The scoring requests of ``parent`` (one per choice) to add to the scheduler."""
-        choices = parent.sampling_params.structured.choices
-        pend = _Pending(choices, [{} for _ in choices], len(choices))
+        """The scoring requests of ``parent`` (one per choice of two or more tokens) to add to
+        the scheduler."""
+        so = parent.sampling_params.structured
+        pend = _Pending(so.choices, [{} for _ in so.choices], 0)
         self._pending[parent] = pend
         scorers = []
-        for k, choice in enumerate(choices):
-            ids = list(self._tok.encode(choice, add_special_tokens=False))
+        for k, ids in enumerate(self._choice_tokens(so)):
+            if len(ids) < 2:
+                continue
             req = Request(parent.request_id, parent.prompt_token_ids + ids,
                           SamplingParams(max_tokens=1), arrival_time=parent.arrival_time,
-                          num_scored_tokens=len(ids))
+                          num_scored_tokens=len(ids) - 1)
             self._scorer[req] = (parent, k)
             scorers.append(req)
+        pend.left = len(scorers)
         return scorers
+
+    def record_first(self, parent: Request, values: list[float]) -> None:
+        """Log-probabilities of each choice's first token, after ``parent``'s prompt."""
+        pend = self._pending.get(parent)
+        if pend is not None:
+            for by_pos, v in zip(pend.by_choice, values):
+                by_pos[parent.num_prompt_tokens] = v
 
     def add_child(self, parent: Request, child: Request) -> None:
         """``child`` is another sample of ``parent``: its output waits for the same scores."""
@@ -88,7 +111,8 @@ class ChoiceScores:
         parent, k = self._scorer.pop(scorer)
         self.num_cached_tokens += max(scorer.num_cached_tokens, 0)
         pend = self._pending[parent]
-        if scorer.finish_reason == "abort" or len(pend.by_choice[k]) != scorer.num_scored_tokens:
+        if (scorer.finish_reason == "abort"
+                or len(pend.by_choice[k]) != scorer.num_scored_tokens + 1):
             pend.by_choice[k] = {}  # not scored: reported as null
             pend.by_choice[k][-1] = float("nan")
         pend.left -= 1
@@ -112,7 +136,7 @@ class ChoiceScores:
         scores = {}
         for c, by_pos in zip(pend.choices, pend.by_choice):
             total = sum(by_pos.values())
-            scores[c] = None if total != total else total  # NaN: not scored
+            scores[c] = None if total != total or not by_pos else total  # NaN: not scored
         for out in pend.held:
             out.choice_logprobs = scores
         return pend.held

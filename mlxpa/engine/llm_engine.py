@@ -88,6 +88,8 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
+        if self.choice_scores.wants(req):
+            req.choice_first_tokens = self.choice_scores.first_tokens(params.structured)
         if params.n > 1 or self.choice_scores.wants(req):
             self._pending_forks.append(req)
         return None
@@ -139,13 +141,17 @@ class LLMEngine:
         """Run one scheduling step; return the requests that finished in it."""
         sched = self.scheduler
         out = sched.schedule()
-        result = self.runner.execute(out) if out.requests else StepResult([], {}, [])
+        result = self.runner.execute(out) if out.requests else StepResult([], {}, [], {})
         if self._pending_forks:
             self._fork_samples(out)
         for req, lp in result.logprobs.items():
             req.logprobs.append(lp)
+        for parent, values in result.first_scores.items():
+            self.choice_scores.record_first(parent, values)
         for scorer, position, value in result.scores:
             self.choice_scores.record(scorer, position, value)
+        self.counters.scored_tokens += len(result.scores) + sum(
+            map(len, result.first_scores.values()))
         num_scoring = sum(1 for r, last in zip(out.requests, out.sampling)
                           if last and self.choice_scores.is_scorer(r))
         updated = sched.update_from_output(out, result.sampled)
@@ -191,6 +197,7 @@ class LLMEngine:
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
         c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
+        c.mask_time_s, c.mask_steps = self.grammars.mask_time_s, self.grammars.num_mask_steps
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters

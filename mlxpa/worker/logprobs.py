@@ -62,6 +62,12 @@ def token_logprobs(logits: mx.array, rows: list[int], tokens: mx.array,
     return result
 
 
+def gather_logprobs(logits: mx.array, token_ids: list[int]) -> list[float]:
+    """``log_softmax(logits)[token_ids]`` of one ``[V]`` row of logits."""
+    lp = log_softmax(logits[None])[0]
+    return lp[mx.array(token_ids)].tolist()
+
+
 def target_logprobs(logits: mx.array, targets: list[int]) -> list[float]:
     """``log_softmax(logits)[r, targets[r]]`` for every row ``r`` of ``[R, V]`` logits."""
     if not targets:

@@ -101,11 +101,14 @@ class StepResult(NamedTuple):
         sampled: One token id per request whose chunk reached its last token, in order.
         logprobs: Per request that asks, the sampled token's :class:`TokenLogprob`.
         scores: ``(scoring request, position, log-probability)`` of each scored token.
+        first_scores: Per choice row sampling its first token, the log-probability of each
+            choice's first token.
     """
 
     sampled: list[int]
     logprobs: dict[Request, TokenLogprob]
     scores: list[tuple[Request, int, float]]
+    first_scores: dict[Request, list[float]]
 
 
 class ModelRunner:
@@ -263,10 +266,11 @@ class ModelRunner:
             scores = [(r, p, v) for (r, p), v in zip(scored, values)]
         if not order:
             mx.eval(*pools)
-            return StepResult([], {}, scores)
+            return StepResult([], {}, scores, {})
         reqs = [out.requests[i] for i in order]
         res = sample_step(mx.concatenate(logits), reqs, [self.seed_for(r) for r in reqs],
                           self.eos_token_ids, self.grammars, pools)
         by_row = dict(zip(order, res.tokens))
         return StepResult([by_row[i] for i in range(len(out.requests)) if sampling[i]],
-                          {reqs[j]: lp for j, lp in res.logprobs.items()}, scores)
+                          {reqs[j]: lp for j, lp in res.logprobs.items()}, scores,
+                          {reqs[j]: v for j, v in res.first_scores.items()})

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from mlxpa.request import Request, TokenLogprob
-from mlxpa.worker.logprobs import token_logprobs
+from mlxpa.worker.logprobs import gather_logprobs, token_logprobs
 from mlxpa.worker.sampling import sample
 from mlxpa.worker.structured import Grammars, apply_bitmask
 
@@ -24,10 +24,13 @@ class Sampled(NamedTuple):
     Attributes:
         tokens: One token id per row.
         logprobs: Row index to :class:`TokenLogprob`, for rows that ask.
+        first_scores: Row index to the log-probability of each ``choice_first_tokens`` entry,
+            for choice rows sampling their first token.
     """
 
     tokens: list[int]
     logprobs: dict[int, TokenLogprob]
+    first_scores: dict[int, list[float]]
 
 
 def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[int]) -> mx.array:
@@ -61,7 +64,8 @@ def sample_step(raw: mx.array, reqs: list[Request], seeds: list[int], eos_token_
         The sampled tokens and the asked-for log-probabilities.
     """
     lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
-    logits = raw + 0 if lp_rows else raw  # the masks below write into a copy
+    first = [i for i, r in enumerate(reqs) if r.choice_first_tokens and not r.output_token_ids]
+    logits = raw + 0 if lp_rows or first else raw  # the masks below write into a copy
     logits = mask_early_stops(logits, reqs, eos_token_ids)
     constrained = None
     if grammars is not None and any(r.sampling_params.structured is not None for r in reqs):
@@ -76,4 +80,5 @@ def sample_step(raw: mx.array, reqs: list[Request], seeds: list[int], eos_token_
     if grammars is not None and constrained is not None:
         grammars.advance([reqs[i] for i in constrained[0]],
                          [tokens[i] for i in constrained[0]])
-    return Sampled(tokens, token_logprobs(raw, lp_rows, toks, reqs))
+    firsts = {i: gather_logprobs(raw[i], list(reqs[i].choice_first_tokens)) for i in first}
+    return Sampled(tokens, token_logprobs(raw, lp_rows, toks, reqs), firsts)
