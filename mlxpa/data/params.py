@@ -15,6 +15,19 @@ JSON_TEXT_FIELDS = ("response_format", "structured_outputs", "guided_choice", "g
                     "logprobs", "top_logprobs")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
+# Sampling fields of the OpenAI / vLLM APIs that mlxpa does not implement: an error, not a
+# silent no-op.
+UNSUPPORTED_FIELDS = frozenset((
+    "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "logit_bias", "best_of", "use_beam_search", "length_penalty", "tools",
+    "tool_choice", "functions", "function_call", "parallel_tool_calls", "echo", "suffix",
+    "typical_p", "prompt_logprobs", "stream_options", "reasoning_effort", "modalities", "audio",
+    "prediction"))
+# Constraint and log-probability fields (parsed by mlxpa.data.structured).
+GUIDED_FIELDS = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
+                 "guided_grammar": "grammar"}
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", *GUIDED_FIELDS, "logprobs",
+                     "top_logprobs")
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
 
 

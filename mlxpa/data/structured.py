@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxpa.data.params import bad, show
+from mlxpa.data.params import GUIDED_FIELDS as GUIDED
+from mlxpa.data.params import STRUCTURED_FIELDS, bad, show
 from mlxpa.structured_spec import JSON_OBJECT, StructuredOutput, check
 
-GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
-          "guided_grammar": "grammar"}
-STRUCTURED_FIELDS = ("response_format", "structured_outputs", *GUIDED, "logprobs",
-                     "top_logprobs")
+__all__ = ["STRUCTURED_FIELDS", "cli_constraint", "parse_structured"]
 
 
 def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:

@@ -196,7 +196,8 @@ class LLMEngine:
         used = self.kv_cache_manager.num_active_blocks
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
-        c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
+        c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
+                              * self.kv_cache_manager.block_size)
         c.mask_time_s, c.mask_steps = self.grammars.mask_time_s, self.grammars.num_mask_steps
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
