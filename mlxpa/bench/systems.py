@@ -179,7 +179,8 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
         raw result per system (for plots).
     """
     if warmup:
-        small = Workload(wl.name, wl.prompts[:2], [min(4, n) for n in wl.output_lens[:2]], {})
+        small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
+                            output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
         for name in systems:
             run_system(name, model, tokenizer, small, config)
     runs: dict[str, list[dict]] = {s: [] for s in systems}
