@@ -95,15 +95,16 @@ def check_row(row: dict, result: dict) -> bool:
 
 def validity(model: str | None, n: int, workdir: str) -> dict:
     from mlxpa.config import EngineConfig, SamplingParams
-    from mlxpa.run import run_file
+    from mlxpa.run import RunOptions, run_file
 
     src, out = os.path.join(workdir, "mix.jsonl"), os.path.join(workdir, "mix.out.jsonl")
     data = rows(n)
     with open(src, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in data)
+    options = RunOptions(metrics_json=os.path.join(workdir, "mix.metrics.json"),
+                         show_progress=False)
     stats = run_file(src, out, EngineConfig(model=model), SamplingParams(max_tokens=128),
-                     metrics_json=os.path.join(workdir, "mix.metrics.json"),
-                     show_progress=False)
+                     options)
     with open(out) as f:
         results = [json.loads(line) for line in f]
     by_kind: dict[str, dict] = {}
