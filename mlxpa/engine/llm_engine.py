@@ -50,7 +50,8 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         eos = sorted(tokenizer.eos_token_ids)
-        self.grammars = Grammars(tokenizer._tokenizer, model.args.vocab_size, eos)
+        vocab = getattr(getattr(model, "args", None), "vocab_size", None)  # None: from logits
+        self.grammars = Grammars(tokenizer._tokenizer, vocab, eos)
         self.runner = ModelRunner(model, config, frozenset(eos), self.grammars)
         self.choice_scores = ChoiceScores(tokenizer)
         self.kv_cache_manager = KVCacheManager(

@@ -70,7 +70,7 @@ def sample_step(raw: mx.array, reqs: list[Request], seeds: list[int], eos_token_
     constrained = None
     if grammars is not None and any(r.sampling_params.structured is not None for r in reqs):
         mx.async_eval(logits, *pending)  # the forward pass runs while the masks fill
-        constrained = grammars.fill(reqs)
+        constrained = grammars.fill(reqs, logits.shape[-1])
     if constrained is not None:
         logits = apply_bitmask(logits, *constrained)
     toks = sample(logits, [r.sampling_params for r in reqs], seeds,

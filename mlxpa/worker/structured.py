@@ -101,7 +101,7 @@ class Grammars:
 
     Args:
         hf_tokenizer: The model's Hugging Face tokenizer.
-        vocab_size: Width of the model's logits.
+        vocab_size: Width of the model's logits (None: taken from the first step's logits).
         eos_token_ids: The model's EOS ids.
 
     Attributes:
@@ -110,7 +110,8 @@ class Grammars:
         num_mask_steps: Steps that filled at least one bitmask.
     """
 
-    def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, hf_tokenizer, vocab_size: int | None,
+                 eos_token_ids: list[int]) -> None:
         self._hf = hf_tokenizer
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)
@@ -125,7 +126,7 @@ class Grammars:
         """Build the llguidance tokenizer and executor now (once; not counted as mask time)."""
         import llguidance
 
-        if self._ll is None:
+        if self._ll is None and self.vocab_size is not None:
             self._ll = ll_tokenizer(self._hf, self.vocab_size, self._eos)
             self._executor = llguidance.LLExecutor()
 
@@ -150,8 +151,9 @@ class Grammars:
             st.consumed = len(out)
         return st
 
-    def fill(self, reqs: list[Request]) -> tuple[list[int], np.ndarray] | None:
-        """Bitmasks of the constrained rows among ``reqs`` (rows about to sample).
+    def fill(self, reqs: list[Request], vocab_size: int) -> tuple[list[int], np.ndarray] | None:
+        """Bitmasks of the constrained rows among ``reqs`` (rows about to sample), for logits
+        ``vocab_size`` wide.
 
         Returns:
             ``(rows, bitmask)``: indices into ``reqs`` and an ``[len(rows), ceil(V / 32)]``
@@ -163,6 +165,8 @@ class Grammars:
             return None
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
+        if self.vocab_size is None:
+            self.vocab_size = vocab_size
         self.prepare()
         t0 = time.perf_counter()
         states = [self._state(reqs[i]) for i in rows]
