@@ -23,7 +23,8 @@ class SamplingParams:
             ``length``).
         temperature: 0 means greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
         top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
-        top_k: Keep the k most likely tokens; 0 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it (-1, vLLM's "off", is
+            stored as 0).
         min_p: Drop tokens whose probability is below ``min_p * p_max``; 0 disables it.
         seed: Per-request seed; the same seed gives the same text whatever else is batched.
         stop: Stop strings; the completion ends before the earliest match (not included).
@@ -50,6 +51,8 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.top_k == -1:  # vLLM's and the rows' "disabled"
+            object.__setattr__(self, "top_k", 0)
         if isinstance(self.stop_token_ids, list):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if isinstance(self.stop, str):

@@ -23,11 +23,14 @@ from mlxpa.cli.options import (
     MaxModelLenOpt,
     MaxNumSeqsOpt,
     ModelOpt,
+    PlainUsageCommand,
     fail,
 )
 from mlxpa.cli.plan import plan
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+# Plain click help (no rich panels): it reads well at 80 columns, and flags get no metavar.
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="Offline batch LLM inference on MLX with a paged KV cache.")
 
 
@@ -46,45 +49,49 @@ def _root(version: Annotated[bool, typer.Option(
     """Offline batch LLM inference on MLX with a paged KV cache."""
 
 
-RUN_EXAMPLES = """
+# "\b" keeps click from re-wrapping the example lines.
+RUN_EXAMPLES = """\b
 Examples:
-
   mlxpa run examples/prompts.jsonl -o out.jsonl
-
-  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 --temperature 0.7 --seed 1
-
-  mlxpa run batch_input.jsonl -o batch_output.jsonl   # OpenAI Batch lines in and out
-
-  mlxpa run data.csv -o out.jsonl --prompt-column question --keep-columns category
-
-  mlxpa run prompts.jsonl -o out.jsonl --resume       # after a crash or Ctrl-C
-
-  cat x.jsonl | mlxpa run - | jq -r .text
+  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 \\
+      --temperature 0.7 --seed 1
+  mlxpa run batch_input.jsonl -o batch_output.jsonl    # OpenAI Batch
+  mlxpa run data.csv -o out.jsonl --prompt-column question
+  mlxpa run prompts.jsonl -o out.jsonl --resume    # after Ctrl-C
+  head -5 examples/prompts.jsonl | mlxpa run - | jq -r .text
 """
 
 
-@app.command(epilog=RUN_EXAMPLES)
+@app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand)
 def run(
     input: Annotated[str, typer.Argument(
+        metavar="INPUT",
         help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")],
     output: Annotated[str, typer.Option(
-        "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL).")] = "-",
+        "--output", "-o", metavar="PATH",
+        help="Results: .jsonl or .parquet, or - (stdout, JSONL). An existing file is "
+        "refused unless --overwrite or --resume.")] = "-",
     model: ModelOpt = None,
     max_tokens: Annotated[int, typer.Option(
-        help="Default completion length cap (clamped to the context).")] = 256,
-    temperature: Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Default nucleus mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Default top-k (0 = off).")] = 0,
-    min_p: Annotated[float, typer.Option(help="Default min-p (0 = off).")] = 0.0,
+        metavar="N", help="Default completion length cap (clamped to the context).")] = 256,
+    temperature: Annotated[float, typer.Option(metavar="T",
+        help="Default temperature; 0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(metavar="P", help="Default nucleus mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(metavar="K", help="Default top-k (0 or -1 = off).")] = 0,
+    min_p: Annotated[float, typer.Option(metavar="P", help="Default min-p (0 = off).")] = 0.0,
     seed: Annotated[int, typer.Option(
+        metavar="N",
         help="Engine seed: a row without a seed field samples with a seed derived from this "
         "and its row index (vLLM's LLM(seed=...)).")] = 0,
-    n: Annotated[int, typer.Option("--n", help="Default samples per prompt.")] = 1,
+    n: Annotated[int, typer.Option("--n", metavar="N", help="Default samples per prompt.")] = 1,
     stop: Annotated[list[str] | None, typer.Option(
+        metavar="TEXT",
         help="Default stop string (repeatable; the earliest match ends the text).")] = None,
     stop_token_id: Annotated[list[int] | None, typer.Option(
+        metavar="ID",
         help="Default token id that ends the completion like EOS (repeatable).")] = None,
     min_tokens: Annotated[int, typer.Option(
+        metavar="N",
         help="Default tokens to generate before EOS or a stop may end the completion.")] = 0,
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos", help="Default: generate past EOS up to max tokens.")] = False,
@@ -92,19 +99,25 @@ def run(
         "--include-stop-str", help="Default: keep the matched stop string in the text.")
     ] = False,
     system: Annotated[str | None, typer.Option(
+        metavar="TEXT",
         help="System message put first: a system turn before chat messages (unless they "
         "start with one), or text and a blank line before a text prompt.")] = None,
     input_format: Annotated[str, typer.Option(
+        metavar="FORMAT",
         help="auto (by extension; a folder is a datasets folder), jsonl, parquet, csv, or hf "
         "(through the datasets library).")] = "auto",
     output_format: Annotated[str, typer.Option(
+        metavar="FORMAT",
         help="auto, mlxpa (a row per sample) or openai (Batch API output lines; the default "
         "when every input line is an OpenAI Batch request and the output is JSONL).")
     ] = "auto",
-    prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
-    messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
-    id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
+    prompt_column: Annotated[str, typer.Option(metavar="NAME",
+        help="Field with the text prompt.")] = "prompt",
+    messages_column: Annotated[str, typer.Option(metavar="NAME",
+        help="Field with chat messages.")] = "messages",
+    id_column: Annotated[str, typer.Option(metavar="NAME", help="Field with the row id.")] = "id",
     keep_columns: Annotated[list[str] | None, typer.Option(
+        metavar="NAMES",
         help="Input fields to copy into every output row (repeatable or comma-separated).")
     ] = None,
     skip_invalid: Annotated[bool, typer.Option(
@@ -122,6 +135,7 @@ def run(
     max_model_len: MaxModelLenOpt = None,
     kernel: KernelOpt = "auto",
     order: Annotated[str, typer.Option(
+        metavar="prefix|input",
         help="Admission order: prefix (each window of 4096 rows read is ordered so rows "
         "sharing a prefix run together) or input. Output order is not affected.")
     ] = "prefix",
@@ -129,7 +143,7 @@ def run(
         "--prefix-caching/--no-prefix-caching",
         help="Share cached prompt prefixes across rows (radix tree).")] = True,
     metrics_json: Annotated[str | None, typer.Option(
-        help="Write the final statistics as JSON here.")] = None,
+        metavar="PATH", help="Write the final statistics as JSON here.")] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress bar or report.")] = False,
     blas: BlasOpt = "auto",
@@ -208,8 +222,8 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-app.command()(plan)
-app.command(epilog=BENCH_EXAMPLES)(bench)
+app.command(cls=PlainUsageCommand)(plan)
+app.command(epilog=BENCH_EXAMPLES, cls=PlainUsageCommand)(bench)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -19,41 +19,45 @@ from mlxpa.cli.options import (
     fail,
 )
 
-BENCH_EXAMPLES = """
+BENCH_EXAMPLES = """\b
 Examples:
-
-  mlxpa bench --workload shared-prefix --num-groups 8 --prompts-per-group 16 --json sp.json
-
-  mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6
-
-  mlxpa bench --workload file --input examples/prompts.jsonl --baselines mlxpa,mlx-lm
+  mlxpa bench --workload shared-prefix --num-groups 8 \\
+      --prompts-per-group 16 --json sp.json --plot sp.png
+  mlxpa bench --workload random --num-prompts 128 --input-len 320
+  mlxpa bench --workload file --input examples/prompts.jsonl \\
+      --baselines mlxpa,mlx-lm
 """
 
 
 def bench(
-    workload: Annotated[str, typer.Option(help="random, shared-prefix or file.")] = "random",
+    workload: Annotated[str, typer.Option(metavar="TEXT",
+        help="random, shared-prefix or file.")] = "random",
     model: ModelOpt = None,
-    input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random: prompts.")] = 128,
-    input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
-    range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
-    output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
-    num_groups: Annotated[int, typer.Option(help="shared-prefix: groups.")] = 8,
-    prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: prompts each.")] = 16,
-    system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: shared tokens.")] = 512,
-    question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
-    baselines: Annotated[str, typer.Option(
+    input: Annotated[str | None, typer.Option(metavar="PATH",
+        help="Input for --workload file.")] = None,
+    num_prompts: Annotated[int, typer.Option(metavar="N", help="random: prompts.")] = 128,
+    input_len: Annotated[int, typer.Option(metavar="N", help="random: mean prompt tokens.")] = 320,
+    range_ratio: Annotated[float, typer.Option(metavar="X", help="random: length spread.")] = 0.6,
+    output_len: Annotated[int, typer.Option(metavar="N", help="Tokens generated per prompt.")] = 64,
+    num_groups: Annotated[int, typer.Option(metavar="N", help="shared-prefix: groups.")] = 8,
+    prompts_per_group: Annotated[int, typer.Option(metavar="N",
+        help="shared-prefix: prompts each.")] = 16,
+    system_prompt_len: Annotated[int, typer.Option(metavar="N",
+        help="shared-prefix: shared tokens.")] = 512,
+    question_len: Annotated[int, typer.Option(metavar="N", help="shared-prefix: own tokens.")] = 64,
+    seed: Annotated[int, typer.Option(metavar="N", help="Workload seed.")] = 0,
+    baselines: Annotated[str, typer.Option(metavar="TEXT",
         help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] =
         "mlxpa,mlxpa-noprefix,mlx-lm,static",
-    repeats: Annotated[int, typer.Option(help="Timed runs per system (median).")] = 1,
+    repeats: Annotated[int, typer.Option(metavar="N", help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
     kv_memory: KVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = "auto",
-    json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
+    json_path: Annotated[str | None, typer.Option("--json", metavar="PATH",
+        help="Write figures here.")] = None,
+    plot: Annotated[str | None, typer.Option(metavar="PATH", help="Write a PNG plot here.")] = None,
     blas: BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts."""

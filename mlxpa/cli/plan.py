@@ -10,14 +10,18 @@ from mlxpa.cli.options import BlasOpt, BlockSizeOpt, ModelOpt, fail
 
 
 def plan(
-    input: Annotated[str, typer.Argument(help="Prompts: .jsonl or .parquet file, or -.")],
+    input: Annotated[str, typer.Argument(metavar="INPUT",
+        help="Prompts: .jsonl or .parquet file, or -.")],
     model: ModelOpt = None,
     block_size: BlockSizeOpt = 16,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per row (KV estimate).")] = 256,
-    top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
-    prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
-    messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
-    id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
+    max_tokens: Annotated[int, typer.Option(metavar="N",
+        help="Output tokens per row (KV estimate).")] = 256,
+    top: Annotated[int, typer.Option(metavar="N", help="Shared prefixes to list.")] = 5,
+    prompt_column: Annotated[str, typer.Option(metavar="TEXT",
+        help="Field with the text prompt.")] = "prompt",
+    messages_column: Annotated[str, typer.Option(metavar="TEXT",
+        help="Field with chat messages.")] = "messages",
+    id_column: Annotated[str, typer.Option(metavar="TEXT", help="Field with the row id.")] = "id",
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     blas: BlasOpt = "auto",
 ) -> None:
