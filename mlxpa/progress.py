@@ -45,8 +45,10 @@ class RunProgress:
                               rate=f"{s.output_tokens_per_s:7.1f} out tok/s")
 
 
-def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
-    """The final report as a two-column table."""
+def summary_table(stats: Stats, kv_blocks_total: int | None = None,
+                  kv_budget_blocks: int | None = None) -> Table:
+    """The final report as a two-column table (``kv_blocks_total``: the pool's blocks;
+    ``kv_budget_blocks``: what the memory budget allowed)."""
     t = Table(title="mlxpa run", show_header=False, box=None, pad_edge=False)
     rows = [
         ("requests", f"{stats.requests}"),
@@ -60,7 +62,8 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
         ("total tokens/s", f"{stats.total_tokens_per_s:.1f}"),
         ("output tokens/s", f"{stats.output_tokens_per_s:.1f}"),
         ("peak KV blocks", f"{stats.peak_kv_blocks}"
-         + (f" of {kv_blocks_total}" if kv_blocks_total else "")),
+         + (f" of {kv_blocks_total}" if kv_blocks_total else "")
+         + (f" (budget {kv_budget_blocks})" if kv_budget_blocks else "")),
         ("KV utilisation", f"{stats.kv_utilization:.1%}"),
         ("preemptions", f"{stats.num_preemptions}"),
         ("evicted blocks", f"{stats.evicted_blocks}"),

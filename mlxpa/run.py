@@ -45,6 +45,7 @@ from mlxpa.data.rows import where
 from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.metrics import Counters, Stats, summarize
+from mlxpa.engine_setup import build_engine, model_name
 from mlxpa.progress import RunProgress, summary_table
 from mlxpa.prompts import prompt_token_ids
 from mlxpa.request import RequestOutput
@@ -128,10 +129,15 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             return inputs.read(path, fmt, name)
 
         unit = "line" if fmt in ("jsonl", "csv") else "row"
+        if show_progress:
+            console.print(f"Reading {name}: checking every row before the model loads ...",
+                          markup=False, highlight=False, soft_wrap=True)
         v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n,
                      defaults=defaults)
         if not skip_invalid:
             check(v, name)
+        if show_progress:
+            console.print(f"{name}: {v.num_rows} rows checked", markup=False, highlight=False)
         out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
         if v.cut_at is not None:
             cut(output, v.cut_at)
@@ -147,7 +153,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
                               soft_wrap=True)
             return _finish(summarize(Counters()), None, console, show_progress, metrics_json)
         should_stop = should_stop or (lambda: False)
-        engine = engine or LLMEngine(config)
+        engine = engine or build_engine(config, rows(), v, defaults, console, show_progress)
         if should_stop():  # asked before anything was written: leave the output alone
             raise KeyboardInterrupt
         engine.counters.start_time = time.perf_counter()
@@ -159,15 +165,15 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     finally:
         if spooled:
             os.remove(path)
-    return _finish(summarize(engine.counters), engine.runner.num_blocks - 1, console,
-                   show_progress, metrics_json)
+    return _finish(summarize(engine.counters), engine.runner, console, show_progress,
+                   metrics_json)
 
 
-def _finish(stats: Stats, num_blocks: int | None, console: Console, show_progress: bool,
-            metrics_json: str | None) -> Stats:
-    """The final report and ``--metrics-json``."""
-    if show_progress and num_blocks is not None:
-        console.print(summary_table(stats, num_blocks))
+def _finish(stats: Stats, runner, console: Console, show_progress: bool, metrics_json: str | None
+            ) -> Stats:
+    """The final report and ``--metrics-json`` (``runner`` None: nothing ran)."""
+    if show_progress and runner is not None:
+        console.print(summary_table(stats, runner.num_blocks - 1, runner.budget_blocks - 1))
     if show_progress and stats.failed_rows:
         console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
                       "carry an error field", style="yellow", highlight=False, soft_wrap=True)
@@ -194,7 +200,7 @@ class _Job:
 
     def run(self, rows: Iterable[Row], order: str, window: int,
             should_stop: Callable[[], bool]) -> None:
-        model = _model_name(self.engine.config.model)
+        model = model_name(self.engine.config.model)
         samples: dict[int, list[RequestOutput]] = {}
         items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
         for out in self.engine.generate(items, should_stop=should_stop):
@@ -264,12 +270,6 @@ def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
                                                        block_size))
             batch, num_read = [], 0
     yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
-
-
-def _model_name(spec: str | None) -> str:
-    from mlxpa.loader.models import DEFAULT_MODEL_NAME
-
-    return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
 
 
 @contextlib.contextmanager

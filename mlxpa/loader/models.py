@@ -100,6 +100,7 @@ def load_model(
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = resolve_model(spec)
+    logger.info("Loading the model %s ...", folder)
     start = time.perf_counter()
     model, tokenizer = load(str(folder))
     if dtype is None and mx.default_device() == mx.cpu:

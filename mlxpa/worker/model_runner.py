@@ -48,6 +48,24 @@ def default_kv_bytes() -> int:
     return int(min(4 * 2**30, 0.15 * total))
 
 
+def kv_budget_blocks(model, config: EngineConfig) -> int:
+    """Blocks (null block included) the memory budget allows: ``config.num_blocks``, else
+    ``--kv-memory`` (or :func:`default_kv_bytes`) over the bytes of one block (all layers, K
+    and V, in the model's dtype)."""
+    if config.num_blocks:
+        return config.num_blocks
+    num_layers, kv_heads, head_dim = kv_shape(model)
+    budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
+              else default_kv_bytes())
+    one = block_bytes(num_layers, config.block_size, kv_heads, head_dim, model_dtype(model))
+    return max(2, int(budget) // one + 1)
+
+
+def model_dtype(model) -> mx.Dtype:
+    """The dtype of the model's embedding (float32 when it has no ``model.embed_tokens``)."""
+    return model.model.embed_tokens.weight.dtype if hasattr(model, "model") else mx.float32
+
+
 def kv_shape(model) -> tuple[int, int, int]:
     """``(num_layers, kv_heads, head_dim)`` of an mlx-lm model."""
     args = model.args
@@ -100,7 +118,10 @@ class ModelRunner:
         eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
 
     Attributes:
-        num_blocks: Blocks per pool, null block included.
+        num_blocks: Blocks per pool, null block included:
+            ``min(budget_blocks, config.kv_blocks_needed)``.
+        budget_blocks: Blocks the memory budget allows (``config.num_blocks``, else
+            ``--kv-memory`` or the default budget over :attr:`block_bytes`), null block included.
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
     """
 
@@ -111,13 +132,12 @@ class ModelRunner:
         self.config = config
         self.block_size = config.block_size
         num_layers, kv_heads, head_dim = kv_shape(model)
-        self.dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else (
-            mx.float32)
+        self.dtype = model_dtype(model)
         self.block_bytes = block_bytes(num_layers, self.block_size, kv_heads, head_dim,
                                        self.dtype)
-        budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
-                  else default_kv_bytes())
-        self.num_blocks = config.num_blocks or max(2, int(budget) // self.block_bytes + 1)
+        self.budget_blocks = kv_budget_blocks(model, config)
+        self.num_blocks = max(2, min(self.budget_blocks,
+                                     config.kv_blocks_needed or self.budget_blocks))
         self.kv_cache = PagedKVCache(num_layers, self.num_blocks, self.block_size, kv_heads,
                                      head_dim, self.dtype)
         self.windows = sliding_windows(model)
