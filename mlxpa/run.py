@@ -37,11 +37,12 @@ from mlxpa.data import (
     Row,
     input_format,
     output_format,
+    read_rows,
     spool_stdin,
 )
+from mlxpa.data.inputs import where
 from mlxpa.data.records import error_records, resolve_output_format, result_records
 from mlxpa.data.resume import Existing, cut, id_key, read_existing
-from mlxpa.data.rows import where
 from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.metrics import Counters, Stats, summarize
@@ -126,7 +127,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         name = "<stdin>" if spooled else source
 
         def rows() -> Iterator[Row]:
-            return inputs.read(path, fmt, name)
+            return read_rows(path, dataclasses.replace(inputs, fmt=fmt), name=name)
 
         unit = "line" if fmt in ("jsonl", "csv") else "row"
         if show_progress:

@@ -12,6 +12,14 @@ from typing import Any
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
+# Sampling fields of the OpenAI / vLLM APIs that mlxpa does not implement: an error, not a
+# silent no-op.
+UNSUPPORTED_FIELDS = frozenset((
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs",
+    "logit_bias", "best_of", "use_beam_search", "length_penalty", "response_format", "tools",
+    "tool_choice", "functions", "function_call", "parallel_tool_calls", "echo", "suffix",
+    "typical_p", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
+    "stream_options", "reasoning_effort", "modalities", "audio", "prediction"))
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
 
 

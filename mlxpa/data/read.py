@@ -2,7 +2,7 @@
 
 Every input record becomes a :class:`~mlxpa.data.rows.Row` (validated by
 :func:`~mlxpa.data.rows.parse_row`) with its 0-based ``index`` (the request id inside the
-engine). Two kinds of problems are told apart (DESIGN.md "Input and output"):
+engine). Two kinds of problems are told apart:
 
 * the input as a whole cannot be read (no such file, an unreadable Parquet file, no
   prompt/messages column, a hub dataset name): :class:`InputError`, raised;
@@ -18,7 +18,7 @@ Parquet and ``datasets`` rows are 0-based row numbers, called "row" in messages
 skipped.
 
 Reading is lazy: JSONL and CSV line by line, Parquet one row group at a time, ``datasets``
-by batches of a memory-mapped table, so memory does not grow with the file (STYLE.md §15).
+by batches of a memory-mapped table, so memory does not grow with the file.
 """
 
 from __future__ import annotations
@@ -31,51 +31,37 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from mlxpa.data.params import coerce_text_fields
-from mlxpa.data.rows import (
+from mlxpa.data.inputs import (
     InputError,
-    Row,
+    InputOptions,
     RowSpec,
-    bad_record_row,
-    is_relevant,
-    json_type,
-    parse_row,
+    check_columns,
+    check_format,
 )
+from mlxpa.data.params import coerce_text_fields
+from mlxpa.data.rows import Row, bad_record_row, json_type, parse_row
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".jsonlines", ".json")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
 CSV_EXTENSIONS = (".csv", ".tsv")
-FORMATS = ("jsonl", "parquet", "csv", "hf")
-CORE_COLUMNS = ("id", "text", "finish_reason", "prompt_tokens", "completion_tokens",
-                "cached_tokens", "error")
-# Output field names (mlxpa rows, OpenAI Batch lines): a kept input column may not clash.
-OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
 
-__all__ = ["FORMATS", "STDIN", "InputError", "InputOptions", "Row", "input_format",
-           "read_rows", "spool_stdin"]
+__all__ = ["STDIN", "input_format", "read_rows", "spool_stdin"]
 
 
-def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
-              prompt_column: str = "prompt", messages_column: str = "messages",
-              id_column: str = "id", system: str | None = None,
-              keep_columns: tuple[str, ...] = (), name: str | None = None) -> Iterator[Row]:
+def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
+              name: str | None = None, **settings: Any) -> Iterator[Row]:
     """Read and validate input rows lazily.
 
     Args:
         source: A file path, a ``datasets`` folder, or ``"-"`` for stdin.
-        fmt: One of :data:`FORMATS`, or None to choose by :func:`input_format`.
-        prompt_column: Field holding the text prompt.
-        messages_column: Field holding chat messages.
-        id_column: Field holding the row id.
-        system: A system message put before every prompt (see
-            :func:`~mlxpa.data.rows.parse_row`).
-        keep_columns: Fields copied into ``Row.keep``.
+        options: The reader settings; None builds them from ``settings``.
         name: The source's name in messages (default: ``source``, ``"<stdin>"`` for ``-``).
+        **settings: :class:`~mlxpa.data.inputs.InputOptions` fields (``fmt``,
+            ``prompt_column``, ...), when ``options`` is None.
 
     Returns:
         An iterator of rows in input order. Record-level problems are ``Row.error``s;
@@ -83,13 +69,13 @@ def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
 
     Raises:
         InputError: At call time, when the file does not exist or its format cannot be told.
-        ValueError: When ``fmt`` is not one of ``FORMATS``.
+        ValueError: When ``fmt`` is not one of :data:`~mlxpa.data.inputs.FORMATS`.
     """
+    options = options if options is not None else InputOptions(**settings)
     source = os.fspath(source)
-    fmt = input_format(source, fmt)
+    fmt = input_format(source, options.fmt)
     name = name or (STDIN_NAME if source == STDIN else source)
-    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", prompt_column,
-                   messages_column, id_column, system, tuple(keep_columns))
+    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", options)
     if fmt == "hf":
         from mlxpa.data.hf import iter_hf_records
 
@@ -102,46 +88,6 @@ def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
     return _rows(records, spec, coerce=fmt == "csv")
 
 
-@dataclass(frozen=True, slots=True)
-class InputOptions:
-    """How to read the input (the ``read_rows`` settings).
-
-    Attributes:
-        fmt: ``jsonl``, ``parquet``, ``csv``, ``hf``, or None (by extension).
-        prompt_column: Field of the text prompt.
-        messages_column: Field of the chat messages.
-        id_column: Field of the row id.
-        system: System message put before every prompt.
-        keep_columns: Input fields copied to every output record.
-
-    Raises:
-        ValueError: An unknown format, or a kept column named like an output field.
-    """
-
-    fmt: str | None = None
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str = "id"
-    system: str | None = None
-    keep_columns: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.fmt is not None and self.fmt not in FORMATS:
-            raise ValueError(f"input format must be one of {', '.join(FORMATS)}, "
-                             f"got {self.fmt!r}")
-        clash = set(self.keep_columns) & OUTPUT_FIELDS
-        if clash:
-            raise ValueError(f"keep columns {', '.join(sorted(clash))}: an output field has "
-                             "that name")
-
-    def read(self, source: str, fmt: str | None = None, name: str | None = None) -> Iterator[Row]:
-        """:func:`read_rows` of ``source`` with these settings (``fmt`` overrides ``self.fmt``;
-        ``name`` is the source's name in messages)."""
-        return read_rows(source, fmt=fmt or self.fmt, prompt_column=self.prompt_column,
-                         messages_column=self.messages_column, id_column=self.id_column,
-                         system=self.system, keep_columns=self.keep_columns, name=name)
-
-
 def input_format(source: str, fmt: str | None = None) -> str:
     """The input format of ``source``: ``fmt`` if given, else ``hf`` for a folder or a name
     that is not a local path (a hub dataset id), else by extension (stdin is JSONL).
@@ -151,9 +97,7 @@ def input_format(source: str, fmt: str | None = None) -> str:
         InputError: ``fmt`` is None and the extension is not a known one.
     """
     if fmt is not None:
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-        return fmt
+        return check_format(fmt)
     if source == STDIN:
         return "jsonl"
     ext = os.path.splitext(source)[1].lower()
@@ -195,7 +139,7 @@ def _rows(records: Records, spec: RowSpec, coerce: bool) -> Iterator[Row]:
             yield bad_record_row(obj, index, line, spec)
         else:
             if coerce:
-                obj = coerce_text_fields(obj, spec.messages_column)
+                obj = coerce_text_fields(obj, spec.options.messages_column)
             yield parse_row(obj, index, line, spec)
 
 
@@ -282,17 +226,3 @@ def _iter_parquet(source: str, spec: RowSpec) -> Records:
         for obj in batch.to_pylist():
             yield row, obj
             row += 1
-
-
-def check_columns(names: list[str], spec: RowSpec) -> list[str]:
-    """The columns of ``names`` the reader uses (a column no row can use is not read).
-
-    Raises:
-        InputError: There is no prompt or messages column (nor an OpenAI ``body``).
-    """
-    if spec.prompt_column not in names and spec.messages_column not in names and not (
-            "custom_id" in names and "body" in names):
-        raise InputError(f'no column "{spec.prompt_column}" or "{spec.messages_column}" '
-                         f"(columns: {', '.join(names)})", source=spec.source,
-                         field=spec.prompt_column)
-    return [n for n in names if is_relevant(n, spec)]

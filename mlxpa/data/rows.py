@@ -1,7 +1,7 @@
 """One input record (a JSON object, a Parquet/CSV/``datasets`` row) to a validated :class:`Row`.
 
 Every problem is collected, not raised, and named with the source, line (or row) and field, so
-a validation pass can list them all before any model work (DESIGN.md "Input and output"):
+a validation pass can list them all before any model work:
 
 * the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
   ``{"role", "content"}`` strings), nulls reported as such;
@@ -17,45 +17,15 @@ a validation pass can list them all before any model work (DESIGN.md "Input and 
 from __future__ import annotations
 
 import difflib
-import functools
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from mlxpa.data.params import SAMPLING_FIELDS, bad, parse_params, show
+from mlxpa.data.inputs import RowSpec, sampling_like, where
+from mlxpa.data.params import SAMPLING_FIELDS, UNSUPPORTED_FIELDS, bad, parse_params, show
 
-# Sampling fields of the OpenAI / vLLM APIs that mlxpa does not implement: an error, not a
-# silent no-op (STYLE.md §10, "a typo does nothing").
-UNSUPPORTED_FIELDS = frozenset((
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs",
-    "logit_bias", "best_of", "use_beam_search", "length_penalty", "response_format", "tools",
-    "tool_choice", "functions", "function_call", "parallel_tool_calls", "echo", "suffix",
-    "typical_p", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
-    "stream_options", "reasoning_effort", "modalities", "audio", "prediction"))
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 # Fields of an OpenAI request body that do not change the completion.
 _BODY_IGNORED = frozenset(("model", "user", "metadata", "store", "service_tier"))
-
-
-class InputError(ValueError):
-    """A problem with the input as a whole (the run cannot read it).
-
-    ``str(error)`` is the full message, e.g. ``data.parquet: not a readable Parquet file``.
-
-    Attributes:
-        source: The file name as given, or ``"<stdin>"``.
-        line: 1-based line (JSONL, CSV) or 0-based row (Parquet, ``datasets``); None when the
-            problem is with the whole file.
-        field: The offending field or column, or None.
-        detail: The message without the location prefix.
-    """
-
-    def __init__(self, detail: str, *, source: str, line: int | None = None,
-                 field: str | None = None, unit: str = "line") -> None:
-        super().__init__(f"{where(source, line, unit)}: {detail}")
-        self.source = source
-        self.line = line
-        self.field = field
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,41 +66,15 @@ class Row:
     openai: str | None = None
 
 
-class RowSpec(NamedTuple):
-    """How to read rows of one source.
-
-    Attributes:
-        source: Display name of the source (a path or ``"<stdin>"``).
-        unit: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, ``datasets``).
-        prompt_column: Field holding the text prompt.
-        messages_column: Field holding chat messages.
-        id_column: Field holding the row id.
-        system: A system message put before every row's prompt (see :func:`parse_row`).
-        keep_columns: Fields copied into ``Row.keep``.
-    """
-
-    source: str
-    unit: str = "line"
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str = "id"
-    system: str | None = None
-    keep_columns: tuple[str, ...] = ()
-
-    def known(self) -> frozenset[str]:
-        """Fields with a meaning for mlxpa (everything else passes through)."""
-        return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *SAMPLING_FIELDS, "max_completion_tokens"))
-
-
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     """Validate one decoded record (a JSON object or a columnar row; None means absent).
 
-    ``spec.system`` goes first: as a ``{"role": "system"}`` message in front of ``messages``
-    (unless they already start with one), or as text and a blank line in front of ``prompt``.
+    ``spec.options.system`` goes first: as a ``{"role": "system"}`` message in front of
+    ``messages`` (unless they already start with one), or as text and a blank line in front of
+    ``prompt``.
     """
     problems: list[str] = []
-    fields, prefix, id_field, kind = obj, "", spec.id_column, None
+    fields, prefix, id_field, kind = obj, "", spec.options.id_column, None
     openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
     if openai:  # OpenAI Batch API line
         fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
@@ -153,14 +97,14 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     if kind is None and openai:
         kind = "chat" if messages is not None else "completions"
     if kind is not None and (messages is None) != (kind == "completions") and not problems:
-        want = spec.messages_column if kind == "chat" else spec.prompt_column
+        want = spec.options.messages_column if kind == "chat" else spec.options.prompt_column
         problems.append(f'field "url" {show(obj.get("url"))} needs field "{prefix}{want}"')
-    if spec.system is not None:
-        prompt, messages = _with_system(spec.system, prompt, messages)
+    if spec.options.system is not None:
+        prompt, messages = _with_system(spec.options.system, prompt, messages)
     params = parse_params(fields, prefix, problems)
     keep = None
-    if spec.keep_columns:
-        keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.keep_columns}
+    if spec.options.keep_columns:
+        keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.options.keep_columns}
     error = f"{where(spec.source, line, spec.unit)}: {'; '.join(problems)}" if problems else None
     return Row(index, row_id, prompt, messages, params, error, line, keep, kind)
 
@@ -200,8 +144,8 @@ def _check_body_fields(body: dict, problems: list[str]) -> None:
 
 def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
     for key, value in obj.items():
-        if (value is not None and _sampling_like(key) and key not in spec.known()
-                and key not in spec.keep_columns and not _off(key, value)):
+        if (value is not None and sampling_like(key) and key not in spec.options.known()
+                and key not in spec.options.keep_columns and not _off(key, value)):
             problems.append(_unknown_field(key, key))
 
 
@@ -209,19 +153,6 @@ def _off(key: str, value: Any) -> bool:
     """An unsupported feature explicitly switched off (``"logprobs": false``, ``"echo":
     false``, ``"presence_penalty": 0``): nothing to do, so not an error."""
     return key in UNSUPPORTED_FIELDS and value in (False, 0, [], {}, "")
-
-
-def is_relevant(key: str, spec: RowSpec) -> bool:
-    """Whether field ``key`` can matter for a row (read it from a columnar file)."""
-    return (key in spec.known() or key in spec.keep_columns
-            or key in ("custom_id", "method", "url", "body") or _sampling_like(key))
-
-
-@functools.lru_cache(maxsize=4096)
-def _sampling_like(key: str) -> bool:
-    """An unsupported sampling field, or a near miss of a supported one."""
-    return key in UNSUPPORTED_FIELDS or bool(
-        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
 
 
 def _unknown_field(name: str, key: str) -> str:
@@ -234,14 +165,15 @@ def _unknown_field(name: str, key: str) -> str:
 
 def _parse_input(fields: dict, prefix: str, spec: RowSpec,
                  problems: list[str]) -> tuple[str | None, list[dict] | None]:
-    pc, mc = prefix + spec.prompt_column, prefix + spec.messages_column
-    prompt, messages = fields.get(spec.prompt_column), fields.get(spec.messages_column)
+    o = spec.options
+    pc, mc = prefix + o.prompt_column, prefix + o.messages_column
+    prompt, messages = fields.get(o.prompt_column), fields.get(o.messages_column)
     if prompt is not None and messages is not None:
         problems.append(f'give field "{pc}" or field "{mc}", not both')
         return None, None
     if prompt is None and messages is None:
-        if spec.prompt_column in fields or spec.messages_column in fields:
-            null = pc if spec.prompt_column in fields else mc
+        if o.prompt_column in fields or o.messages_column in fields:
+            null = pc if o.prompt_column in fields else mc
             problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
         else:
             problems.append(f'missing field "{pc}" (or "{mc}")')
@@ -305,8 +237,3 @@ def json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     return "a number"
-
-
-def where(source: str, line: int | None, unit: str) -> str:
-    """``source``, or ``source line N`` / ``source row N``."""
-    return source if line is None else f"{source} {unit} {line}"
