@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data import InputOptions
+from mlxpa.data.read import read_rows
 from mlxpa.data.validate import validate
 from mlxpa.engine_setup import build_engine
 from mlxpa.loader.models import load_model
@@ -20,7 +20,7 @@ def _setup(tmp_path, kv_memory):
     path = tmp_path / "in.jsonl"
     path.write_text("".join(f'{{"prompt": "{p}", "max_tokens": {5 + i}}}\n'
                             for i, p in enumerate(PROMPTS)))
-    rows = lambda: InputOptions().read(str(path), "jsonl", str(path))  # noqa: E731
+    rows = lambda: read_rows(str(path))  # noqa: E731
     defaults = SamplingParams()
     v = validate(rows(), source=str(path), unit="line", defaults=defaults)
     config = EngineConfig(model=folder, block_size=4, kv_memory_gib=kv_memory)
