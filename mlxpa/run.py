@@ -101,7 +101,6 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     """
     if order not in ("prefix", "input"):
         raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
-    file_fmt = output_format(output)
     if resume and output == STDIN:
         raise ValueError("--resume needs an output file (-o PATH), not stdout")
     for target in (output, metrics_json):
@@ -112,6 +111,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         folder = os.path.dirname(os.path.abspath(target))
         if not os.path.isdir(folder):
             raise ValueError(f"{target}: the output folder {folder} does not exist")
+    file_fmt = output_format(output)
     console = console or Console(stderr=True)
     inputs = inputs or InputOptions()
     existing = read_existing(output, file_fmt) if resume else Existing({}, None, None, False)
@@ -158,8 +158,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         if should_stop():  # asked before anything was written: leave the output alone
             raise KeyboardInterrupt
         engine.counters.start_time = time.perf_counter()
-        with ResultWriter(output, ordered=ordered, append=resume) as writer, RunProgress(
-                v.num_rows - v.num_done, engine.counters, console, show_progress) as progress:
+        with RunProgress(v.num_rows - v.num_done, engine.counters, console, show_progress,
+                         output == STDIN) as progress, ResultWriter(
+                output, ordered=ordered, append=resume) as writer:
             job = _Job(engine, v, defaults, out_fmt, lambda row: where(name, row.line, unit),
                        writer, progress)
             job.run(rows(), order, window, should_stop)
@@ -219,8 +220,7 @@ class _Job:
         self.progress.advance(self.unshown)
 
     def _advance(self) -> None:
-        # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
-        # it runs at most 10 times a second, not once a row (that was quadratic in rows).
+        # NOTE: advance() summarizes all counters, so at most 10 times a second, not per row.
         self.unshown += 1
         now = time.monotonic()
         if now - self.shown_at >= 0.1:

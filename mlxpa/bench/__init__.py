@@ -15,6 +15,7 @@ Every system generates exactly ``output_len`` tokens per request (EOS ignored).
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ import mlx.core as mx
 
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 SYSTEMS = ("mlxpa", "mlxpa-noprefix", "mlx-lm", "static")
 
@@ -176,6 +179,7 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
         raw result per system (for plots).
     """
     if warmup:
+        logger.info("warm-up: 2 prompts on each of %s", ", ".join(systems))
         small = Workload(wl.name, wl.prompts[:2], [min(4, n) for n in wl.output_lens[:2]], {})
         for name in systems:
             run_system(name, model, tokenizer, small, config)
@@ -183,9 +187,13 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
     last: dict[str, SystemResult] = {}
     for r in range(repeats):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for name in order:
+        for i, name in enumerate(order):
+            logger.info("[%d/%d] %s: %d prompts ...", r * len(systems) + i + 1,
+                        repeats * len(systems), name, len(wl.prompts))
             last[name] = run_system(name, model, tokenizer, wl, config)
             runs[name].append(last[name].figures())
+            logger.info("      %s: %.1f s, %.1f total tok/s", name, last[name].elapsed_s,
+                        runs[name][-1]["total_tokens_per_s"])
     figures = {s: _median(runs[s]) for s in systems}
     for s in systems:
         for b in systems:

@@ -128,6 +128,8 @@ def run(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Keep the rows already in the output, skip their ids, append the "
         "rest (a torn last line is cut off).")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace an existing output file.")] = False,
     block_size: BlockSizeOpt = 16,
     kv_memory: KVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
@@ -154,6 +156,8 @@ def run(
     the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays
     valid).
     """
+    import os
+
     from rich.console import Console
 
     from mlxpa.config import EngineConfig, SamplingParams
@@ -188,6 +192,9 @@ def run(
         if _same_file(input, output):
             raise ValueError(f"the output {output} is the input file; writing it would "
                              "destroy the input")
+        if output != "-" and os.path.isfile(output) and not (resume or overwrite):
+            raise ValueError(f"{output} exists; pass --resume to continue it or --overwrite "
+                             "to replace it")
         inputs = InputOptions(None if input_format == "auto" else input_format, prompt_column,
                               messages_column, id_column, system, keep)
     except ValueError as e:

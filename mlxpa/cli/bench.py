@@ -78,6 +78,8 @@ def bench(
             raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
         if repeats < 1:
             raise ValueError("repeats must be >= 1")
+        if plot:  # before minutes of benchmark, not after
+            _need_matplotlib()
         config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
                               max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, kernel=kernel)
@@ -115,4 +117,14 @@ def bench(
     if json_path:
         report.write_json(json_path, workload_info, machine, figures)
     if plot:
-        report.write_plot(plot, figures, last, f"{wl.name} ({machine['blas']} BLAS)")
+        report.write_plot(plot, figures, last, f"mlxpa bench: {wl.name}, {len(wl.prompts)} "
+                          f"prompts, {wl.num_prompt_tokens} prompt + {wl.num_output_tokens} "
+                          f"output tokens ({machine['blas']} BLAS, {dtype})")
+
+
+def _need_matplotlib() -> None:
+    """Raise ``ValueError`` naming the extra to install when matplotlib is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'mlxpa[bench]' (or drop --plot)")
