@@ -72,11 +72,3 @@ def _lengths(rows: Iterable[Row], validation: Validation, defaults: SamplingPara
         except ValueError:  # an error row at run time: no blocks
             continue
 
-
-def model_name(spec: str | None) -> str:
-    """The ``model`` field of output rows: the folder or file name of ``--model``."""
-    import os
-
-    from mlxpa.loader.models import DEFAULT_MODEL_NAME
-
-    return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME

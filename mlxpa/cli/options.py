@@ -1,43 +1,113 @@
-"""Options shared by the ``mlxpa`` commands (Typer annotations) and the error exit."""
+"""Options shared by the ``mlxpa`` commands (Typer annotations, choices as enums), the builders
+that turn them into library settings, and the error exit.
+
+Only light modules are imported here (configuration, the input settings), so ``mlxpa --help``
+stays instant.
+"""
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, NoReturn
 
 import typer
 from typer.core import TyperCommand
 
+from mlxpa.config import KERNELS, EngineConfig
+from mlxpa.core.prefix_order import ORDERS
+from mlxpa.data.inputs import FORMATS, InputOptions
+from mlxpa.data.records import OUTPUT_FORMATS
+
+
+def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
+    """A ``str`` enum of ``values`` (Typer checks the choice and lists it in ``--help``)."""
+    return enum.Enum(name, {v.replace("-", "_"): v for v in values}, type=str)
+
+
+Kernel = choices("Kernel", KERNELS)
+Order = choices("Order", ORDERS)
+InputFormat = choices("InputFormat", ("auto", *FORMATS))
+OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
+
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", metavar="MODEL",
-        help="MLX model folder, a Hugging Face repo id in the local cache, or a "
-    ".gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
-BlockSizeOpt = Annotated[int, typer.Option(metavar="N", help="Tokens per KV block.")]
+    "--model", "-m", metavar="MODEL", help="MLX model folder, a Hugging Face repo id in the "
+    "local cache, or a .gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
+BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
 KVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", metavar="GIB",
-    help="Most memory for the KV pool in GiB (default: 15% of memory, at most 4); the pool "
-    "takes only what the input can use.")]
-MaxNumSeqsOpt = Annotated[int, typer.Option(metavar="N", help="Most requests decoding at once.")]
+    "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
+    "4); the pool takes only what the input can use.")]
+MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
 MaxBatchedOpt = Annotated[int, typer.Option(
-    metavar="N",
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
 MaxModelLenOpt = Annotated[int | None, typer.Option(
-    metavar="N", help="Longest prompt + completion in tokens (default: the model's context).")]
-KernelOpt = Annotated[str, typer.Option(metavar="NAME",
-    help="Paged attention: auto, reference, cpu, metal, cuda.")]
+    help="Longest prompt + completion in tokens (default: the model's context).")]
+KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
 BlasOpt = Annotated[str, typer.Option(
-    metavar="auto|system|bundled",
     help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
+
+# How to read the input: the same options for `run` and `plan`.
+InputFormatOpt = Annotated[InputFormat, typer.Option(
+    help="auto (by extension; a folder is a datasets folder), or hf for the datasets "
+    "library.")]
+PromptColumnOpt = Annotated[str, typer.Option(help="Field with the text prompt.")]
+MessagesColumnOpt = Annotated[str, typer.Option(help="Field with chat messages.")]
+IdColumnOpt = Annotated[str, typer.Option(help="Field with the row id.")]
+SystemOpt = Annotated[str | None, typer.Option(
+    help="System message put first: a system turn before chat messages (unless they start "
+    "with one), or text and a blank line before a text prompt.")]
+
+
+def input_options(input_format: enum.Enum, prompt_column: str, messages_column: str,
+                  id_column: str, system: str | None,
+                  keep_columns: list[str] | None = None) -> InputOptions:
+    """The reader settings of the input options (``--keep-columns`` repeatable or
+    comma-separated).
+
+    Raises:
+        ValueError: A kept column named like an output field.
+    """
+    keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
+    fmt = None if input_format.value == "auto" else input_format.value
+    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep)
+
+
+def engine_config(model: str | None, block_size: int, kv_memory: float | None,
+                  max_num_seqs: int, max_num_batched_tokens: int, kernel: enum.Enum,
+                  **more: object) -> EngineConfig:
+    """The :class:`~mlxpa.config.EngineConfig` of the engine options ``run`` and ``bench``
+    share; ``more`` are further ``EngineConfig`` fields.
+
+    Raises:
+        ValueError: A field out of range (named).
+    """
+    return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        kernel=kernel.value, **more)
+
+
+_METAVARS = {"int": "N", "float": "X", "list[int]": "N"}
+_PATH_OPTIONS = {"output", "metrics_json", "json_path", "plot", "input"}
 
 
 class PlainUsageCommand(TyperCommand):
-    """A Typer command whose help reads as click's: usage ``INPUT``, not ``{INPUT}``, and
-    arguments show no ``<str>`` type (options name theirs with ``metavar``)."""
+    """A Typer command whose help reads as click's at 80 columns: usage ``INPUT``, not
+    ``{INPUT}``; an argument shows no ``<str>`` type; an option's value is ``N``, ``X``,
+    ``PATH``, ``TEXT`` or ``[a|b]`` (its choices), not ``<int>``; flags show none."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for p in self.params:  # Typer vendors click: its classes are not click's
             if p.param_type_name == "argument":
+                p.metavar = p.metavar or p.name.upper()
                 p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+            elif p.param_type_name == "option" and not p.is_flag and p.metavar is None:
+                shown = p.display_type(None) or ""
+                if "|" in shown:
+                    p.metavar = f"[{shown.strip('<>')}]"
+                elif p.name in _PATH_OPTIONS:
+                    p.metavar = "PATH"
+                else:
+                    p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
@@ -48,5 +118,3 @@ def fail(console, error: Exception, code: int) -> NoReturn:
     """Print ``error`` on stderr unwrapped and without markup, then exit with ``code``."""
     console.print(f"error: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code) from None
-
-

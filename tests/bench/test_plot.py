@@ -7,8 +7,8 @@ import importlib.util
 
 from typer.testing import CliRunner
 
-from mlxpa.bench import SystemResult
 from mlxpa.bench.report import write_plot
+from mlxpa.bench.systems import SystemResult
 from mlxpa.cli import app
 
 
