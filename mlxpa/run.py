@@ -38,6 +38,7 @@ from mlxpa.data import (
     spool_stdin,
 )
 from mlxpa.data.inputs import where
+from mlxpa.data.read import LINE_FORMATS
 from mlxpa.data.records import resolve_output_format
 from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
@@ -188,7 +189,7 @@ class _Source:
 
     @property
     def unit(self) -> str:
-        return "line" if self.inputs.fmt in ("jsonl", "csv") else "row"
+        return "line" if self.inputs.fmt in LINE_FORMATS else "row"
 
     def rows(self) -> Iterator[Row]:
         return read_rows(self.path, self.inputs, name=self.name)

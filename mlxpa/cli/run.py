@@ -186,7 +186,7 @@ def _run_command(input, output, config, defaults, inputs, options) -> None:
     from mlxpa.data.resume import resume_hint
     from mlxpa.run import OptionError, run_file
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # result lines rich prints stay whole
     if options.show_progress:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     with catch_sigint() as interrupted:
