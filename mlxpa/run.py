@@ -256,6 +256,24 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
         job = Job(engine, v, defaults, out_fmt, lambda row: where(src.name, row.line, src.unit),
                   writer, progress)
         job.run(src.rows(), options.order, options.window, should_stop)
+    _report_written(engine, writer.num_written, output, should_stop(), options, console)
+
+
+def _report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
+                    options: RunOptions, console: Console) -> None:
+    """Say where the rows went; after an interrupt, take the requests in flight (dropped:
+    a resume runs them) out of the prompt-token count, so the report counts what was
+    written, and say what was dropped."""
+    if interrupted:
+        dropped = [*engine.scheduler.running, *engine.scheduler.waiting]
+        lost = sum(r.num_prompt_tokens for r in dropped if r.sample_index == 0)
+        engine.counters.prompt_tokens -= lost
+        if options.show_progress:
+            console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
+                          "prompt tokens; --resume runs them); the report counts the "
+                          "finished rows", markup=False, highlight=False)
+    if options.show_progress and output != STDIN:
+        console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)
 
 
 def _finish(stats: Stats, runner, console: Console, options: RunOptions) -> Stats:

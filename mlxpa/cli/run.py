@@ -192,7 +192,7 @@ def _run_command(input, output, config, defaults, inputs, options) -> None:
     with catch_sigint() as interrupted:
         try:
             run_file(input, output, config, defaults, options, inputs=inputs, console=console,
-                     should_stop=interrupted.is_set)
+                     should_stop=interrupted.should_stop)
         except OptionError as e:
             raise typer.BadParameter(str(e)) from None
         except InputError as e:
