@@ -140,10 +140,8 @@ def run(
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
-    Ctrl-C stops admitting rows, writes every finished row, prints the command that resumes
-    the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays valid)."""
+    Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
     from mlxpa.run import RunOptions
-
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,
@@ -157,7 +155,7 @@ def run(
                                keep_columns)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
-        _check_overwrite(input, output, resume or overwrite)
+        _check_overwrite(input, output, allowed=resume or overwrite)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_command(input, output, config, defaults, inputs, options)
