@@ -119,7 +119,7 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
     if plot:
         report.write_plot(plot, figures, last, f"mlxpa bench: {wl.name}, {len(wl.prompts)} "
                           f"prompts, {wl.num_prompt_tokens} prompt + {wl.num_output_tokens} "
-                          f"output tokens ({machine['blas']} BLAS, {dtype})")
+                          f"output tokens (BLAS: {machine['blas']}, {dtype})")
 
 
 def _need_matplotlib() -> None:
