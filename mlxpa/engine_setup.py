@@ -40,11 +40,11 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
         FileNotFoundError, ValueError: As :func:`mlxpa.loader.models.load_model`.
     """
     from mlxpa.loader.models import load_model
-    from mlxpa.worker.model_runner import kv_budget_blocks
+    from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype)
     if config.num_blocks is None:
-        budget = kv_budget_blocks(model, config)
+        budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
         need = kv_blocks_needed(_lengths(rows, validation, defaults, tokenizer),
                                 config.block_size, budget, config.max_model_len)
         config = dataclasses.replace(config, kv_blocks_needed=need)
