@@ -28,7 +28,8 @@ class SamplingParams:
             ``length``).
         temperature: 0 means greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
         top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
-        top_k: Keep the k most likely tokens; 0 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it (-1, vLLM's "off", is
+            stored as 0).
         min_p: Drop tokens whose probability is below ``min_p * p_max``; 0 disables it.
         seed: Per-request seed; the same seed gives the same text whatever else is batched.
         stop: Stop strings; the completion ends before the earliest match (not included).
@@ -62,6 +63,8 @@ class SamplingParams:
     top_logprobs: int = 0
 
     def __post_init__(self) -> None:
+        if self.top_k == -1:  # vLLM's and the rows' "disabled"
+            object.__setattr__(self, "top_k", 0)
         if isinstance(self.stop_token_ids, list):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if isinstance(self.stop, str):
@@ -114,6 +117,9 @@ class EngineConfig:
             ``kv_memory_gib``.
         kv_memory_gib: KV pool budget in GiB (all layers, K and V) when ``num_blocks`` is None;
             None takes 15% of the machine's memory, at most 4 GiB.
+        kv_blocks_needed: Most blocks the work can use, null block included (from
+            :func:`mlxpa.core.kv_sizing.kv_blocks_needed`); the pool takes the smaller of this
+            and the budget. None: the whole budget.
         max_num_seqs: Most requests running at once (decode batch size). On the CPU the LM
             head and weight reads dominate a decode step, so a bigger batch is nearly free:
             a step at 128 rows costs about what one at 64 does (measured with Gemma 3 270M).
@@ -134,6 +140,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_memory_gib: float | None = None
+    kv_blocks_needed: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -152,6 +159,8 @@ class EngineConfig:
                "num_blocks", self.num_blocks, "an integer >= 2 or None")
         _check(self.kv_memory_gib is None or self.kv_memory_gib > 0, "kv_memory_gib",
                self.kv_memory_gib, "> 0")
+        _check(self.kv_blocks_needed is None or self.kv_blocks_needed >= 2, "kv_blocks_needed",
+               self.kv_blocks_needed, "an integer >= 2 or None")
         _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
                "max_num_seqs", self.max_num_seqs, "an integer >= 1")
         _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,

@@ -16,6 +16,7 @@ Every system generates exactly ``output_len`` tokens per request (EOS ignored).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ import mlx.core as mx
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine.metrics import percentile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -179,6 +182,7 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
         raw result per system (for plots).
     """
     if warmup:
+        logger.info("warm-up: 2 prompts on each of %s", ", ".join(systems))
         small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
                             output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
         for name in systems:
@@ -187,9 +191,13 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
     last: dict[str, SystemResult] = {}
     for r in range(repeats):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for name in order:
+        for i, name in enumerate(order):
+            logger.info("[%d/%d] %s: %d prompts ...", r * len(systems) + i + 1,
+                        repeats * len(systems), name, len(wl.prompts))
             last[name] = run_system(name, model, tokenizer, wl, config)
             runs[name].append(last[name].figures())
+            logger.info("      %s: %.1f s, %.1f total tok/s", name, last[name].elapsed_s,
+                        runs[name][-1]["total_tokens_per_s"])
     figures = {s: _median(runs[s]) for s in systems}
     for s in systems:
         for b in systems:

@@ -37,31 +37,28 @@ if TYPE_CHECKING:
     from mlxpa.ray.run import RayOptions
     from mlxpa.run import RunOptions
 
-RUN_EXAMPLES = """
+# "\b" keeps click from re-wrapping the example lines.
+RUN_EXAMPLES = """\b
 Examples:
-
   mlxpa run examples/prompts.jsonl -o out.jsonl
-
-  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 --temperature 0.7 --seed 1
-
-  mlxpa run batch_input.jsonl -o batch_output.jsonl   # OpenAI Batch lines in and out
-
-  mlxpa run data.csv -o out.jsonl --prompt-column question --keep-columns category
-
-  mlxpa run prompts.jsonl -o out.jsonl --resume       # after a crash or Ctrl-C
-
-  cat x.jsonl | mlxpa run - | jq -r .text
+  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 \\
+      --temperature 0.7 --seed 1
+  mlxpa run batch_input.jsonl -o batch_output.jsonl    # OpenAI Batch
+  mlxpa run data.csv -o out.jsonl --prompt-column question
+  mlxpa run prompts.jsonl -o out.jsonl --resume    # after Ctrl-C
+  head -5 examples/prompts.jsonl | mlxpa run - | jq -r .text
 """
 
 InputArg = Annotated[str, typer.Argument(
     help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")]
 OutputOpt = Annotated[str, typer.Option(
-    "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL).")]
+    "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL). An existing "
+    "file is refused unless --overwrite or --resume.")]
 MaxTokensOpt = Annotated[int, typer.Option(
     help="Default completion length cap (clamped to the context).")]
 TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
-TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 = off).")]
+TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
@@ -98,16 +95,17 @@ PrefixCachingOpt = Annotated[bool, typer.Option(
     help="Share cached prompt prefixes across rows (radix tree).")]
 MetricsJsonOpt = Annotated[str | None, typer.Option(
     help="Write the final statistics as JSON here.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace an existing output file.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
 ChoiceOpt = Annotated[str | None, typer.Option(
-    help="Default constraint: the completion is one of these comma-separated labels (rows also "
-    "get choice_logprobs).")]
+    metavar="A,B,..", help="Default: one of these labels (+ choice_logprobs).")]
 JsonSchemaOpt = Annotated[str | None, typer.Option(
-    help="Default constraint: JSON matching the schema in this file.")]
+    metavar="PATH", help="Default: JSON valid under this schema file.")]
 RegexOpt = Annotated[str | None, typer.Option(
-    help="Default constraint: the completion matches this regular expression.")]
+    metavar="RE", help="Default: text matching this regex.")]
 GrammarOpt = Annotated[str | None, typer.Option(
-    help="Default constraint: a Lark or GBNF grammar file.")]
+    metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
 
 
 def run(
@@ -140,6 +138,7 @@ def run(
     skip_invalid: SkipInvalidOpt = False,
     unordered: UnorderedOpt = False,
     resume: ResumeOpt = False,
+    overwrite: OverwriteOpt = False,
     block_size: BlockSizeOpt = 16,
     kv_memory: KVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
@@ -162,11 +161,9 @@ def run(
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
-    Ctrl-C stops admitting rows, writes every finished row, prints the command that resumes
-    the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays valid)."""
+    Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
     from mlxpa.data.structured import cli_constraint
     from mlxpa.run import RunOptions
-
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,
@@ -180,6 +177,7 @@ def run(
                                keep_columns)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
+        _check_overwrite(input, output, allowed=resume or overwrite)
         ray_options = None
         if ray or ray_address:
             from mlxpa.ray.run import RayOptions
@@ -188,6 +186,23 @@ def run(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_command(input, output, config, defaults, inputs, options, ray_options)
+
+
+def _check_overwrite(input: str, output: str, allowed: bool) -> None:
+    """A forgotten ``--resume`` must not destroy finished work: an existing output file
+    (not the input, which ``run_file`` refuses with its own message) needs ``--overwrite``.
+
+    Raises:
+        ValueError: ``output`` is an existing file and ``allowed`` is false.
+    """
+    import os
+
+    if output == "-" or allowed or not os.path.isfile(output):
+        return
+    if input != "-" and os.path.exists(input) and os.path.samefile(input, output):
+        return
+    raise ValueError(f"{output} exists; pass --resume to continue it or --overwrite to "
+                     "replace it")
 
 
 def _run_command(input: str, output: str, config: EngineConfig, defaults: SamplingParams,
@@ -202,7 +217,7 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
     from mlxpa.data.resume import resume_hint
     from mlxpa.run import OptionError, run_file
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # result lines rich prints stay whole
     if options.show_progress:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     with catch_sigint() as interrupted:
@@ -211,10 +226,10 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
                 from mlxpa.ray.run import run_file_ray
 
                 run_file_ray(input, output, config, defaults, options, ray_options,
-                             inputs=inputs, console=console, should_stop=interrupted.is_set)
+                             inputs=inputs, console=console, should_stop=interrupted.should_stop)
             else:
                 run_file(input, output, config, defaults, options, inputs=inputs,
-                         console=console, should_stop=interrupted.is_set)
+                         console=console, should_stop=interrupted.should_stop)
         except OptionError as e:
             raise typer.BadParameter(str(e)) from None
         except InputError as e:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from mlxpa.data.params import SAMPLING_FIELDS, STRUCTURED_FIELDS, UNSUPPORTED_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
 
-FORMATS = ("jsonl", "parquet", "csv", "hf")
+FORMATS = ("jsonl", "parquet", "csv", "txt", "hf")
 
 
 class InputError(ValueError):
@@ -107,7 +107,8 @@ def check_columns(names: list[str], spec: RowSpec) -> list[str]:
     if o.prompt_column not in names and o.messages_column not in names and not (
             "custom_id" in names and "body" in names):
         raise InputError(f'no column "{o.prompt_column}" or "{o.messages_column}" '
-                         f"(columns: {', '.join(names)})", source=spec.source)
+                         f"(columns: {', '.join(names)}); add a header line naming the "
+                         "prompt column, or pass --prompt-column NAME", source=spec.source)
     return [n for n in names if is_relevant(n, o)]
 
 

@@ -48,6 +48,8 @@ STDIN_NAME = "<stdin>"
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".jsonlines", ".json")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
 CSV_EXTENSIONS = (".csv", ".tsv")
+TEXT_EXTENSIONS = (".txt",)
+LINE_FORMATS = ("jsonl", "csv", "txt")  # formats whose problems name a line, not a row
 
 __all__ = ["STDIN", "input_format", "read_rows", "spool_stdin"]
 
@@ -75,7 +77,7 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
     source = os.fspath(source)
     fmt = input_format(source, options.fmt)
     name = name or (STDIN_NAME if source == STDIN else source)
-    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", options)
+    spec = RowSpec(name, "line" if fmt in LINE_FORMATS else "row", options)
     if fmt == "hf":
         from mlxpa.data.hf import iter_hf_records
 
@@ -83,8 +85,8 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
     elif source != STDIN and not os.path.isfile(source):
         raise InputError("no such file", source=name)
     else:
-        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](
-            source, spec)
+        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv,
+                   "txt": _iter_text}[fmt](source, spec)
     return _rows(records, spec, coerce=fmt == "csv")
 
 
@@ -104,11 +106,11 @@ def input_format(source: str, fmt: str | None = None) -> str:
     if os.path.isdir(source) or (not os.path.exists(source) and not ext):
         return "hf"
     for kind, exts in (("parquet", PARQUET_EXTENSIONS), ("jsonl", JSONL_EXTENSIONS),
-                       ("csv", CSV_EXTENSIONS)):
+                       ("csv", CSV_EXTENSIONS), ("txt", TEXT_EXTENSIONS)):
         if ext in exts:
             return kind
     raise InputError(f"cannot tell the format from the extension {ext or '(none)'!r}; "
-                     "use .jsonl, .parquet or .csv, or give the format", source=source)
+                     "use .jsonl, .parquet, .csv or .txt, or give the format", source=source)
 
 
 def spool_stdin(fmt: str) -> str:
@@ -117,7 +119,8 @@ def spool_stdin(fmt: str) -> str:
     Returns:
         The file's path (the caller removes it); its extension matches ``fmt``.
     """
-    ext = {"jsonl": ".jsonl", "parquet": ".parquet", "csv": ".csv"}.get(fmt, ".jsonl")
+    ext = {"jsonl": ".jsonl", "parquet": ".parquet", "csv": ".csv", "txt": ".txt"}.get(
+        fmt, ".jsonl")
     fd, path = tempfile.mkstemp(prefix="mlxpa-stdin-", suffix=ext)
     stream = getattr(sys.stdin, "buffer", None)
     with os.fdopen(fd, "wb") as f:
@@ -150,13 +153,14 @@ def _binary_stdin() -> Any:
 
 def _iter_jsonl(source: str, spec: RowSpec) -> Records:
     if source == STDIN:
-        yield from _jsonl_lines(_binary_stdin())
+        yield from _jsonl_lines(_binary_stdin(), spec.source)
     else:
         with open(source, "rb") as f:
-            yield from _jsonl_lines(f)
+            yield from _jsonl_lines(f, spec.source)
 
 
-def _jsonl_lines(lines: Any) -> Records:
+def _jsonl_lines(lines: Any, name: str) -> Records:
+    seen = False  # a non-blank line before this one
     for lineno, raw in enumerate(lines, 1):
         if isinstance(raw, bytes):
             try:
@@ -168,6 +172,11 @@ def _jsonl_lines(lines: Any) -> Records:
             raw = raw.removeprefix("\ufeff")
         if not raw.strip():
             continue
+        if not seen and raw.lstrip().startswith("["):
+            raise InputError("the file is a JSON array ([...]), not JSON Lines (one object per "
+                             "line); convert it with: jq -c '.[]' FILE > FILE.jsonl",
+                             source=name)
+        seen = True
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -177,6 +186,24 @@ def _jsonl_lines(lines: Any) -> Records:
             yield lineno, obj
         else:
             yield lineno, f"expected a JSON object, got {json_type(obj)}"
+
+
+def _iter_text(source: str, spec: RowSpec) -> Records:
+    """Plain text: each non-blank line is one prompt (trailing newline removed)."""
+    f = _binary_stdin() if source == STDIN else open(source, "rb")
+    try:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError as e:
+                yield lineno, f"not valid UTF-8 ({e.reason} at byte {e.start + 1})"
+                continue
+            text = (text.removeprefix("\ufeff") if lineno == 1 else text).rstrip("\r\n")
+            if text.strip():
+                yield lineno, {spec.options.prompt_column: text}
+    finally:
+        if source != STDIN:
+            f.close()
 
 
 def _iter_csv(source: str, spec: RowSpec) -> Records:

@@ -180,7 +180,10 @@ def _parse_input(fields: dict, prefix: str, spec: RowSpec,
             null = pc if o.prompt_column in fields else mc
             problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
         else:
-            problems.append(f'missing field "{pc}" (or "{mc}")')
+            close = difflib.get_close_matches(pc, list(fields), 1, 0.7) or \
+                difflib.get_close_matches(mc, list(fields), 1, 0.7)
+            hint = f' (is "{close[0]}" a typo?)' if close else ""
+            problems.append(f'missing field "{pc}" (or "{mc}"){hint}')
         return None, None
     if messages is None:
         if isinstance(prompt, str) and prompt.strip():

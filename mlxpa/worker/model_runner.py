@@ -45,6 +45,23 @@ def default_kv_bytes() -> int:
     return int(min(4 * 2**30, 0.15 * total))
 
 
+def kv_budget_blocks(one_block_bytes: int, config: EngineConfig) -> int:
+    """Blocks (null block included) the memory budget allows: ``config.num_blocks``, else
+    ``--kv-memory`` (or :func:`default_kv_bytes`) over ``one_block_bytes`` (all layers, K
+    and V)."""
+    if config.num_blocks:
+        return config.num_blocks
+    budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
+              else default_kv_bytes())
+    return max(2, int(budget) // one_block_bytes + 1)
+
+
+def model_block_bytes(model, block_size: int) -> int:
+    """Bytes one KV block of ``model`` takes (all layers, K and V), from a probe forward."""
+    g = probe_model(model)
+    return max(1, block_bytes([c.shape for c in g.caches], block_size, g.dtype))
+
+
 def token_slice(req: Request, start: int, end: int) -> list[int]:
     """``req.all_token_ids[start:end]`` without concatenating the whole context."""
     p, n = req.prompt_token_ids, len(req.prompt_token_ids)
@@ -104,7 +121,9 @@ class ModelRunner:
         grammars: Matchers of constrained rows (None: rows cannot be constrained).
 
     Attributes:
-        num_blocks: Blocks per pool, null block included.
+        num_blocks: Blocks per pool, null block included:
+            ``min(budget_blocks, config.kv_blocks_needed)``.
+        budget_blocks: Blocks the memory budget allows (:func:`kv_budget_blocks`).
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
@@ -129,9 +148,9 @@ class ModelRunner:
                                        config.fused_cpu_ops)
         shapes = [c.shape for c in self.geometry.caches]
         self.block_bytes = max(1, block_bytes(shapes, self.block_size, self.dtype))
-        budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
-                  else default_kv_bytes())
-        self.num_blocks = config.num_blocks or max(2, int(budget) // self.block_bytes + 1)
+        self.budget_blocks = kv_budget_blocks(self.block_bytes, config)
+        self.num_blocks = max(2, min(self.budget_blocks,
+                                     config.kv_blocks_needed or self.budget_blocks))
         self.kv_cache = PagedKVCache(shapes, self.num_blocks, self.block_size, self.dtype)
         args = getattr(model, "args", None)
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20

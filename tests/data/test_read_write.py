@@ -104,11 +104,11 @@ def test_invalid_utf8_is_a_row_error(tmp_path):
 def test_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         read_rows(str(tmp_path / "nope.jsonl"))  # at call time, not at first next()
-    (tmp_path / "p.txt").write_text("prompt\nx\n")
+    (tmp_path / "p.xml").write_text("prompt\nx\n")
     with pytest.raises(InputError, match="cannot tell the format"):
-        read_rows(str(tmp_path / "p.txt"))
+        read_rows(str(tmp_path / "p.xml"))
     with pytest.raises(ValueError, match="unknown format"):
-        read_rows(str(tmp_path / "p.txt"), fmt="xml")
+        read_rows(str(tmp_path / "p.xml"), fmt="xml")
     assert [r.prompt for r in read_rows(write_lines(tmp_path / "p.txt", ['{"prompt": "x"}']),
                                         fmt="jsonl")] == ["x"]
 
@@ -434,3 +434,14 @@ def test_sampling_fields_constant():
     assert SAMPLING_FIELDS == ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                                "stop", "n", "stop_token_ids", "ignore_eos",
                                "include_stop_str_in_output", "min_tokens")
+
+
+def test_text_file_is_one_prompt_per_line(tmp_path):
+    """``examples/reviews.txt``-style input: each non-blank line a prompt, line numbers kept,
+    a BOM and CRLF endings removed, blank lines skipped."""
+    path = tmp_path / "reviews.txt"
+    path.write_bytes("\ufeffGreat value.\r\n\r\n  Broke after a week. \n".encode())
+    rows = list(read_rows(str(path)))
+    assert [(r.prompt, r.line, r.index) for r in rows] == [
+        ("Great value.", 1, 0), ("  Broke after a week. ", 3, 1)]
+    assert all(r.error is None for r in rows)
