@@ -87,6 +87,12 @@ class PagedLayerCache:
     def make_mask(self, *args, **kwargs) -> None:
         return None
 
+    def keys_and_values(self) -> tuple[None, None]:
+        """What a KV-shared layer (Gemma 3n) reads from its owner's cache before attending
+        with ``cache=`` that same owner: placeholders, since :meth:`attend` reads the owner's
+        pool, which already holds this step's K/V."""
+        return None, None
+
     def attend(self, queries: mx.array, scale: float,
                sinks: mx.array | None = None) -> mx.array:
         """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool
