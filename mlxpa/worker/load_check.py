@@ -71,7 +71,8 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
         for toks, counts, starts, cols in steps:
             tok, meta = build_metadata(toks, counts, starts, tables, block_size,
                                        geometry.windows, kernel)
-            logits = forward(model, split, pool, geometry.windows, tok, meta, rows, cols)
+            logits = forward(model, split, pool, geometry.windows, tok, meta, rows, cols,
+                             geometry.gathered)
             mx.eval(logits, pool.key_caches, pool.value_caches)
             results.append(_log_softmax(logits))
     return [mx.stack([results[0][i], results[1][i]]) for i in rows]

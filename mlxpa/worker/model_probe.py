@@ -36,12 +36,16 @@ class CacheGeometry:
         k_dim: Width of one key head.
         v_dim: Width of one value head (may differ from ``k_dim``, e.g. MLA).
         window: Sliding window in tokens, or None for full attention.
+        gathered: The layer attends with K/V of another shape than it caches (latent
+            attention, MLA: keys and values computed from the cached latent; or K/V heads
+            repeated in the model), so the paged path hands it the gathered context.
     """
 
     kv_heads: int
     k_dim: int
     v_dim: int
     window: int | None = None
+    gathered: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -68,6 +72,10 @@ class ModelGeometry:
     @property
     def windows(self) -> list[int | None]:
         return [c.window for c in self.caches]
+
+    @property
+    def gathered(self) -> list[bool]:
+        return [c.gathered for c in self.caches]
 
 
 @dataclass
@@ -148,8 +156,7 @@ def probe_model(model) -> ModelGeometry:
         UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
             mlx-lm's own forward failing, no module binding ``scaled_dot_product_attention``,
             a layer that writes K/V but attends outside
-            ``scaled_dot_product_attention`` or over K/V other than those it cached (absorbed
-            MLA), or no layer writing K/V at all.
+            ``scaled_dot_product_attention``, or no layer writing K/V at all.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -179,12 +186,8 @@ def probe_model(model) -> ModelGeometry:
             raise UnsupportedModelError(
                 name, f"cache {i} is written but its layer computes attention outside "
                 "scaled_dot_product_attention (the paged path would silently differ)")
-        if id(cache) in calls.derived:
-            raise UnsupportedModelError(name, f"cache {i}: the layer attends with K/V of "
-                                        "another shape than it caches (absorbed latent "
-                                        "attention, MLA, or K/V heads repeated in the "
-                                        "model): the paged path attends over what is cached")
-        geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window))
+        geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window,
+                                      id(cache) in calls.derived))
         dtype = dtype or keys.dtype
     if dtype is None:
         raise UnsupportedModelError(name, "no layer writes K/V (an attention-free model)")

@@ -185,7 +185,8 @@ class ModelRunner:
                 tokens, meta = self._metadata(reqs, counts)
                 sampled = [k for k, i in enumerate(group) if sampling[i]]
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
-                                 meta, sampled, [counts[k] - 1 for k in sampled])
+                                 meta, sampled, [counts[k] - 1 for k in sampled],
+                                 self.geometry.gathered)
                 if result is not None:
                     order.extend(group[k] for k in sampled)
                     logits.append(result)

@@ -60,18 +60,23 @@ def paged_context(model: nn.Module, fused: bool) -> Iterator[None]:
 
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
             windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
-            rows: list[int], cols: list[int]) -> mx.array | None:
+            rows: list[int], cols: list[int],
+            gathered: list[bool] | None = None) -> mx.array | None:
     """Run one padded group (inside :func:`paged_context`).
 
     Args:
         tokens: ``[B, L]`` int32 token ids.
         rows, cols: Positions whose logits are wanted.
+        gathered: Per cache entry, whether its layer attends over K/V derived from the
+            gathered context (:class:`PagedLayerCache`); None: none does.
 
     Returns:
         ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
         (only the K/V writes matter, evaluated with the pools).
     """
-    caches = [PagedLayerCache(kv_cache, i, meta, w) for i, w in enumerate(windows)]
+    gathered = gathered or [False] * len(windows)
+    caches = [PagedLayerCache(kv_cache, i, meta, w, g)
+              for i, (w, g) in enumerate(zip(windows, gathered))]
     if split is None:
         out = model(tokens, cache=caches)
         return out[mx.array(rows), mx.array(cols)] if rows else None
