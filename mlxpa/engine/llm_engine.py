@@ -48,8 +48,12 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids))
+        # A recurrent state exists only at the position its request reached: no prefix
+        # cache hits (and no forked samples, see add_request) for such models.
+        recurrent = self.runner.states is not None
         self.kv_cache_manager = KVCacheManager(
-            BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
+            BlockPool(self.runner.num_blocks, config.block_size),
+            config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
         self.counters = Counters()
@@ -82,9 +86,20 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if params.n > 1:
+        if params.n > 1 and self.runner.states is not None:
+            self._add_samples(req)
+        elif params.n > 1:
             self._pending_forks.append(req)
         return None
+
+    def _add_samples(self, req: Request) -> None:
+        """Samples 1..n-1 of ``req`` as requests of their own (each computes its own
+        prompt: a recurrent state cannot be forked mid-prompt)."""
+        for i in range(1, req.sampling_params.n):
+            child = Request(req.request_id, req.prompt_token_ids, req.sampling_params,
+                            arrival_time=req.arrival_time, sample_index=i)
+            self.scheduler.add_request(child)
+            self._detok[child] = self._detokenizer(req.sampling_params)
 
     def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
@@ -151,6 +166,8 @@ class LLMEngine:
                     sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
             if req.is_finished:
                 finished.append(self._output(req, self._detok.pop(req).finalize()))
+        if finished:
+            self.runner.release_finished()
         return finished
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:

@@ -39,6 +39,9 @@ class CacheGeometry:
         gathered: The layer attends with K/V of another shape than it caches (latent
             attention, MLA: keys and values computed from the cached latent; or K/V heads
             repeated in the model), so the paged path hands it the gathered context.
+        state_size: For a recurrent-state entry (``ArraysCache``: SSM, convolution, linear
+            attention), its number of state arrays (no pool; the state store holds it);
+            0 for a K/V entry.
     """
 
     kv_heads: int
@@ -46,6 +49,7 @@ class CacheGeometry:
     v_dim: int
     window: int | None = None
     gathered: bool = False
+    state_size: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -76,6 +80,16 @@ class ModelGeometry:
     @property
     def gathered(self) -> list[bool]:
         return [c.gathered for c in self.caches]
+
+    @property
+    def has_kv(self) -> bool:
+        """Whether any entry holds K/V (False: a pure state-space model)."""
+        return any(c.kv_heads for c in self.caches)
+
+    @property
+    def recurrent(self) -> list[int]:
+        """Indices of the recurrent-state entries."""
+        return [i for i, c in enumerate(self.caches) if c.state_size]
 
 
 @dataclass
@@ -123,11 +137,9 @@ def _cache_kind(cache, index: int) -> int | None:
             raise ValueError(f"cache {index} keeps {cache.keep} sink tokens in its window "
                              "(RotatingKVCache keep > 0)")
         return cache.max_size
-    if type(cache) is c.KVCache:
+    if type(cache) is c.KVCache or type(cache) is c.ArraysCache:
         return None
-    why = {c.ArraysCache: "a recurrent-state layer (SSM / convolution / linear attention, "
-                          "ArraysCache) needs a recurrent-state store",
-           c.CacheList: "a layer keeps several caches (CacheList: sparse-attention indexer, "
+    why = {c.CacheList: "a layer keeps several caches (CacheList: sparse-attention indexer, "
                         "two attention blocks or state plus K/V)",
            c.ChunkedKVCache: "chunked attention (ChunkedKVCache)",
            c.QuantizedKVCache: "a quantized KV cache (QuantizedKVCache)"}
@@ -167,8 +179,9 @@ def probe_model(model) -> ModelGeometry:
     except (ValueError, AttributeError, TypeError) as e:
         raise UnsupportedModelError(name, str(e)) from None
     calls = _Calls()
+    stateful = all(isinstance(getattr(c, "cache", None), list) for c in caches)
     with _instrumented(model, calls) as binds:
-        if not binds:
+        if not binds and not stateful:
             raise UnsupportedModelError(name, "its attention does not go through mlx-lm's "
                                         "scaled_dot_product_attention")
         try:
@@ -179,6 +192,9 @@ def probe_model(model) -> ModelGeometry:
     geometry, dtype = [], None
     for i, (cache, window) in enumerate(zip(caches, windows)):
         keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+        if isinstance(getattr(cache, "cache", None), list):  # ArraysCache: recurrent state
+            geometry.append(CacheGeometry(0, 0, 0, None, state_size=len(cache.cache)))
+            continue
         if keys is None:
             geometry.append(CacheGeometry(0, 0, 0, window))
             continue
@@ -189,6 +205,9 @@ def probe_model(model) -> ModelGeometry:
         geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window,
                                       id(cache) in calls.derived))
         dtype = dtype or keys.dtype
+    if dtype is None and stateful:  # no K/V: the dtype of the first floating state
+        dtype = next((a.dtype for c in caches for a in c.cache
+                      if a is not None and mx.issubdtype(a.dtype, mx.floating)), None)
     if dtype is None:
-        raise UnsupportedModelError(name, "no layer writes K/V (an attention-free model)")
+        raise UnsupportedModelError(name, "no layer writes K/V or a recurrent state")
     return ModelGeometry(name, geometry, dtype, calls.array_mask)

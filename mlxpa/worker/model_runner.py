@@ -31,6 +31,7 @@ from mlxpa.worker.load_check import check_paged_path
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
 from mlxpa.worker.sampling import sample
+from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
@@ -52,16 +53,17 @@ def token_slice(req: Request, start: int, end: int) -> list[int]:
     return p[start:] + req.output_token_ids[:end - n]
 
 
-def group_by_length(num_tokens: list[int]) -> list[list[int]]:
+def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> list[list[int]]:
     """Split the indices of the scheduled requests into groups run as one padded batch:
     decodes together, prefill chunks by similar length (sorted, longest first; a chunk joins
-    a group while its padding stays within ``_MAX_PAD_TOKENS``)."""
+    a group while its padding stays within ``max_pad`` tokens; 0: equal lengths only, as
+    recurrent-state models run)."""
     decode = [i for i, n in enumerate(num_tokens) if n == 1]
     prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
     groups = [decode] if decode else []
     for i in prefill:
         if groups and groups[-1] is not decode and (
-                num_tokens[groups[-1][0]] - num_tokens[i] <= _MAX_PAD_TOKENS):
+                num_tokens[groups[-1][0]] - num_tokens[i] <= max_pad):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -87,6 +89,8 @@ class ModelRunner:
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
+        states: The per-request recurrent-state store of a hybrid or state-space model
+            (:class:`RecurrentStateStore`), or None.
 
     Raises:
         UnsupportedModelError: The model cannot run through the paged path (the reason is in
@@ -114,6 +118,7 @@ class ModelRunner:
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
+        self.states = RecurrentStateStore.for_geometry(self.geometry)
 
     def _block_table(self, req: Request) -> np.ndarray:
         """Runner-side numpy copy of ``req.block_table``, synced incrementally: full blocks
@@ -166,6 +171,14 @@ class ModelRunner:
             logits[mx.array(masked), mx.array(cols)] = -float("inf")
         return logits
 
+    def release_finished(self, preempted: list[Request] = ()) -> None:
+        """Forget the block-table copies and recurrent states of finished requests, and the
+        states of ``preempted`` ones (recomputed from position 0 when they run again)."""
+        for req in [r for r in self._tables if r.is_finished]:
+            del self._tables[req]
+        if self.states is not None:
+            self.states.drop([r for r in self.states.keys() if r.is_finished] + list(preempted))
+
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run one scheduled step.
 
@@ -173,24 +186,30 @@ class ModelRunner:
             One sampled token id per request whose chunk reaches its last token
             (``out.sampling``), in ``out.requests`` order.
         """
-        for req in [r for r in self._tables if r.is_finished]:
-            del self._tables[req]
+        self.release_finished(out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
         order, logits = [], []
-        with paged_context(self.model, self.config.fused_cpu_ops):
-            for group in group_by_length(out.num_scheduled_tokens):
+        with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
+            pad = _MAX_PAD_TOKENS if self.states is None else 0
+            for group in group_by_length(out.num_scheduled_tokens, pad):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
                 sampled = [k for k, i in enumerate(group) if sampling[i]]
+                starts = [r.num_computed_tokens for r in reqs]
+                states = (self.states.caches(reqs, starts, counts)
+                          if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
                                  meta, sampled, [counts[k] - 1 for k in sampled],
-                                 self.geometry.gathered)
+                                 self.geometry.gathered, states)
+                if self.states is not None:
+                    self.states.save(reqs, starts, counts, states)
                 if result is not None:
                     order.extend(group[k] for k in sampled)
                     logits.append(result)
-        pools = (self.kv_cache.key_caches, self.kv_cache.value_caches)
+        pools = (self.kv_cache.key_caches, self.kv_cache.value_caches,
+                 self.states.arrays() if self.states is not None else [])
         if not order:
             mx.eval(*pools)
             return []

@@ -50,18 +50,20 @@ def find_head_split(model: nn.Module) -> HeadSplit | None:
 
 
 @contextmanager
-def paged_context(model: nn.Module, fused: bool) -> Iterator[None]:
+def paged_context(model: nn.Module, fused: bool, attention: bool = True) -> Iterator[None]:
     """Paged attention dispatch (and, on the CPU when ``fused``, the fused element-wise
-    ops) for the model's modules while open."""
+    ops) for the model's modules while open; ``attention`` False for a model without K/V
+    (a pure state-space model: nothing to dispatch)."""
     ops = fused_cpu_ops(model) if fused and on_cpu() else nullcontext()
-    with paged_attention(model), ops:
+    dispatch = paged_attention(model) if attention else nullcontext()
+    with dispatch, ops:
         yield
 
 
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
             windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
-            rows: list[int], cols: list[int],
-            gathered: list[bool] | None = None) -> mx.array | None:
+            rows: list[int], cols: list[int], gathered: list[bool] | None = None,
+            states: dict | None = None) -> mx.array | None:
     """Run one padded group (inside :func:`paged_context`).
 
     Args:
@@ -69,13 +71,17 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
         rows, cols: Positions whose logits are wanted.
         gathered: Per cache entry, whether its layer attends over K/V derived from the
             gathered context (:class:`PagedLayerCache`); None: none does.
+        states: Per recurrent-state entry, the group's ``ArraysCache``
+            (:class:`~mlxpa.worker.state_store.RecurrentStateStore`), passed to the model in
+            that entry's place and updated by it.
 
     Returns:
         ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
         (only the K/V writes matter, evaluated with the pools).
     """
     gathered = gathered or [False] * len(windows)
-    caches = [PagedLayerCache(kv_cache, i, meta, w, g)
+    states = states or {}
+    caches = [states[i] if i in states else PagedLayerCache(kv_cache, i, meta, w, g)
               for i, (w, g) in enumerate(zip(windows, gathered))]
     if split is None:
         out = model(tokens, cache=caches)

@@ -60,7 +60,7 @@ def test_dtype_of_a_half_model():
     ("gemma2", "does not go through mlx-lm's scaled_dot_product_attention"),
     ("llama4", "ChunkedKVCache"),
     ("phi3small", "outside scaled_dot_product_attention"),
-    ("mamba", "recurrent-state"),
+    ("baichuan_m1", "CacheList"),
     ("falcon_h1", "CacheList"),
 ])
 def test_refused_with_reason(name, reason):
