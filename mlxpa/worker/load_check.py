@@ -91,7 +91,7 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
             states = store.caches(rows, starts, counts) if store is not None else None
             logits = forward(model, split, pool, geometry.windows, tok, meta,
                              list(range(len(rows))), [n - 1 for n in counts],
-                             geometry.gathered, states)
+                             geometry.gathered, states, geometry.layout)
             if store is not None:
                 store.save(rows, starts, counts, states)
             mx.eval(logits, pool.key_caches, pool.value_caches,

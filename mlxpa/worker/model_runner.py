@@ -202,7 +202,7 @@ class ModelRunner:
                           if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
                                  meta, sampled, [counts[k] - 1 for k in sampled],
-                                 self.geometry.gathered, states)
+                                 self.geometry.gathered, states, self.geometry.layout)
                 if self.states is not None:
                     self.states.save(reqs, starts, counts, states)
                 if result is not None:

@@ -63,7 +63,8 @@ def paged_context(model: nn.Module, fused: bool, attention: bool = True) -> Iter
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
             windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
             rows: list[int], cols: list[int], gathered: list[bool] | None = None,
-            states: dict | None = None) -> mx.array | None:
+            states: dict | None = None,
+            layout: list[int | tuple[int, ...]] | None = None) -> mx.array | None:
     """Run one padded group (inside :func:`paged_context`).
 
     Args:
@@ -74,6 +75,8 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
         states: Per recurrent-state entry, the group's ``ArraysCache``
             (:class:`~mlxpa.worker.state_store.RecurrentStateStore`), passed to the model in
             that entry's place and updated by it.
+        layout: mlx-lm's cache list in entry indices (a tuple: one ``CacheList`` of those
+            entries, a layer keeping several caches); None: one entry per position.
 
     Returns:
         ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
@@ -81,8 +84,10 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
     """
     gathered = gathered or [False] * len(windows)
     states = states or {}
-    caches = [states[i] if i in states else PagedLayerCache(kv_cache, i, meta, w, g)
+    leaves = [states[i] if i in states else PagedLayerCache(kv_cache, i, meta, w, g)
               for i, (w, g) in enumerate(zip(windows, gathered))]
+    caches = leaves if layout is None else [
+        leaves[e] if isinstance(e, int) else _cache_list(leaves[j] for j in e) for e in layout]
     if split is None:
         out = model(tokens, cache=caches)
         return out[mx.array(rows), mx.array(cols)] if rows else None
@@ -90,6 +95,12 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
     if not rows:
         return None
     return split.head(hidden[mx.array(rows), mx.array(cols)])
+
+
+def _cache_list(caches):
+    from mlx_lm.models.cache import CacheList
+
+    return CacheList(*caches)
 
 
 def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
