@@ -54,8 +54,12 @@ class LLMEngine:
         self.grammars = Grammars(tokenizer._tokenizer, vocab, eos)
         self.runner = ModelRunner(model, config, frozenset(eos), self.grammars)
         self.choice_scores = ChoiceScores(tokenizer)
+        # A recurrent state exists only at the position its request reached: no prefix
+        # cache hits (and no forked samples, see _fork_samples) for such models.
+        recurrent = self.runner.states is not None
         self.kv_cache_manager = KVCacheManager(
-            BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
+            BlockPool(self.runner.num_blocks, config.block_size),
+            config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
         self.counters = Counters()
@@ -95,6 +99,15 @@ class LLMEngine:
             self._pending_forks.append(req)
         return None
 
+    def _add_samples(self, req: Request) -> None:
+        """Samples 1..n-1 of ``req`` as requests of their own (each computes its own
+        prompt: a recurrent state cannot be forked mid-prompt)."""
+        for i in range(1, req.sampling_params.n):
+            child = Request(req.request_id, req.prompt_token_ids, req.sampling_params,
+                            arrival_time=req.arrival_time, sample_index=i)
+            self.scheduler.add_request(child)
+            self._detok[child] = self._detokenizer(req.sampling_params)
+
     def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
                                       params.include_stop_str_in_output, params.min_tokens)
@@ -126,7 +139,10 @@ class LLMEngine:
                 child = Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
                                 sample_index=i)
-                self.scheduler.fork_request(parent, child)
+                if self.runner.states is None:
+                    self.scheduler.fork_request(parent, child)
+                else:  # a recurrent state cannot be forked: the sample computes its prompt
+                    self.scheduler.add_request(child)
                 self._detok[child] = self._detokenizer(parent.sampling_params)
                 self.choice_scores.add_child(parent, child)
         self._pending_forks = still
@@ -167,6 +183,8 @@ class LLMEngine:
             if req.is_finished:
                 finished.extend(self.choice_scores.hold(
                     req, self._output(req, self._detok.pop(req).finalize())))
+        if finished:
+            self.runner.release_finished()
         return finished
 
     def _check_stops(self, req: Request) -> None:

@@ -33,6 +33,7 @@ from mlxpa.worker.logprobs import score_columns, target_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
 from mlxpa.worker.sample_step import sample_step
+from mlxpa.worker.state_store import RecurrentStateStore
 from mlxpa.worker.structured import Grammars
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
@@ -72,16 +73,17 @@ def token_slice(req: Request, start: int, end: int) -> list[int]:
     return p[start:] + req.output_token_ids[:end - n]
 
 
-def group_by_length(num_tokens: list[int]) -> list[list[int]]:
+def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> list[list[int]]:
     """Split the indices of the scheduled requests into groups run as one padded batch:
     decodes together, prefill chunks by similar length (sorted, longest first; a chunk joins
-    a group while its padding stays within ``_MAX_PAD_TOKENS``)."""
+    a group while its padding stays within ``max_pad`` tokens; 0: equal lengths only, as
+    recurrent-state models run)."""
     decode = [i for i, n in enumerate(num_tokens) if n == 1]
     prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
     groups = [decode] if decode else []
     for i in prefill:
         if groups and groups[-1] is not decode and (
-                num_tokens[groups[-1][0]] - num_tokens[i] <= _MAX_PAD_TOKENS):
+                num_tokens[groups[-1][0]] - num_tokens[i] <= max_pad):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -127,6 +129,8 @@ class ModelRunner:
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
+        states: The per-request recurrent-state store of a hybrid or state-space model
+            (:class:`RecurrentStateStore`), or None.
 
     Raises:
         UnsupportedModelError: The model cannot run through the paged path (the reason is in
@@ -156,6 +160,7 @@ class ModelRunner:
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
+        self.states = RecurrentStateStore.for_geometry(self.geometry)
 
     def _block_table(self, req: Request) -> np.ndarray:
         """Runner-side numpy copy of ``req.block_table``, synced incrementally: full blocks
@@ -194,6 +199,17 @@ class ModelRunner:
             self.config.seed, req.request_id, req.sample_index)
         return zlib.crc32(repr(key).encode())
 
+    def release_finished(self, preempted: list[Request] = ()) -> None:
+        """Forget the block-table copies, grammar matchers and recurrent states of finished
+        requests, and the states of ``preempted`` ones (recomputed from position 0 when they
+        run again)."""
+        for req in [r for r in self._tables if r.is_finished]:
+            del self._tables[req]
+            if self.grammars is not None:
+                self.grammars.release(req)
+        if self.states is not None:
+            self.states.drop([r for r in self.states.keys() if r.is_finished] + list(preempted))
+
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one scheduled step.
 
@@ -202,31 +218,36 @@ class ModelRunner:
             ``out.sampling``, in ``out.requests`` order), their log-probabilities where asked,
             and the scored tokens of scoring requests.
         """
-        for req in [r for r in self._tables if r.is_finished]:
-            del self._tables[req]
-            if self.grammars is not None:
-                self.grammars.release(req)
+        self.release_finished(out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
         order, logits, scored, score_logits = [], [], [], []
-        with paged_context(self.model, self.config.fused_cpu_ops):
-            for group in group_by_length(out.num_scheduled_tokens):
+        with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
+            pad = _MAX_PAD_TOKENS if self.states is None else 0
+            for group in group_by_length(out.num_scheduled_tokens, pad):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
                 rows = [k for k, i in enumerate(group) if sampling[i]]
                 extra = [(k, *c) for k, r in enumerate(reqs)
                          for c in score_columns(r, r.num_computed_tokens, counts[k])]
+                starts = [r.num_computed_tokens for r in reqs]
+                states = (self.states.caches(reqs, starts, counts)
+                          if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
                                  meta, rows + [e[0] for e in extra],
-                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra])
+                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra],
+                                 self.geometry.gathered, states, self.geometry.layout)
+                if self.states is not None:
+                    self.states.save(reqs, starts, counts, states)
                 if rows:
                     order.extend(group[k] for k in rows)
                     logits.append(result[:len(rows)])
                 if extra:
                     score_logits.append(result[len(rows):])
                     scored.extend((reqs[k], p) for k, _, _, p in extra)
-        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches]
+        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                 *(self.states.arrays() if self.states is not None else [])]
         scores = []
         if scored:
             values = target_logprobs(mx.concatenate(score_logits),
