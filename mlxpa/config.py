@@ -6,7 +6,16 @@ clear message (STYLE.md §4, §20).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
+# overflow float32 and turn the logits into infinities.
+SAMPLING_EPS = 1e-5
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check(ok: bool, name: str, value: object, want: str) -> None:
@@ -21,7 +30,8 @@ class SamplingParams:
     Attributes:
         max_tokens: Most tokens to generate (0 gives an empty completion, finish reason
             ``length``).
-        temperature: 0 means greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
+        temperature: 0 (or anything below :data:`SAMPLING_EPS`, as in vLLM) means greedy
+            (argmax); above, samples from ``softmax(logits / temperature)``.
         top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
         top_k: Keep the k most likely tokens; 0 disables it.
         min_p: Drop tokens whose probability is below ``min_p * p_max``; 0 disables it.
@@ -58,13 +68,13 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 0,
                "max_tokens", self.max_tokens, "an integer >= 0")
-        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
-               "temperature", self.temperature, "a number >= 0")
-        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+        _check(_finite(self.temperature) and self.temperature >= 0,
+               "temperature", self.temperature, "a finite number >= 0")
+        _check(_finite(self.top_p) and 0 < self.top_p <= 1,
                "top_p", self.top_p, "a number in (0, 1]")
         _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
                "an integer >= 0")
-        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1,
+        _check(_finite(self.min_p) and 0 <= self.min_p <= 1,
                "min_p", self.min_p, "a number in [0, 1]")
         _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
                "seed", self.seed, "an integer >= 0 or null")
@@ -81,8 +91,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when sampling is an argmax (temperature 0)."""
-        return self.temperature == 0
+        """True when sampling is an argmax (temperature below :data:`SAMPLING_EPS`)."""
+        return self.temperature < SAMPLING_EPS
 
 
 @dataclass(frozen=True, slots=True)

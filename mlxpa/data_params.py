@@ -12,12 +12,16 @@ from typing import Any
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
+# Fields whose values are token ids (indices into the model's vocabulary): each id is checked
+# against the model's vocabulary size by :func:`check_token_ids` before the model runs.
+TOKEN_ID_FIELDS = ("stop_token_ids",)
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
 
 
-_INT_MIN = {"max_tokens": 0, "top_k": 0, "seed": 0, "n": 1, "min_tokens": 0}
-_FLOAT_RANGE = {  # name: (ok, wanted)
-    "temperature": (lambda x: x >= 0, "a number >= 0"),
+_INT_MIN = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": 0, "n": 1,
+            "min_tokens": 0}
+_FLOAT_RANGE = {  # name: (ok, wanted); NaN and +-Infinity are never accepted
+    "temperature": (lambda x: x >= 0, "a finite number >= 0"),
     "top_p": (lambda x: 0 < x <= 1, "a number in (0, 1]"),
     "min_p": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
 }
@@ -26,11 +30,13 @@ _BOOLS = ("ignore_eos", "include_stop_str_in_output")
 
 def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
     """The sampling fields of ``fields`` (a row or an OpenAI body), checked; each problem is
-    appended to ``problems`` with the field named as ``prefix + name``."""
-    if fields.get("max_tokens") is None and fields.get("max_completion_tokens") is not None:
-        fields = {**fields, "max_tokens": fields["max_completion_tokens"]}
+    appended to ``problems`` with the field named as ``prefix + name``.
+
+    ``max_completion_tokens`` (OpenAI's newer name) wins over ``max_tokens`` when both are set,
+    as in vLLM and SGLang (``max_completion_tokens or max_tokens``); both are checked.
+    """
     params: dict[str, Any] = {}
-    for name in SAMPLING_FIELDS:
+    for name in (*SAMPLING_FIELDS, "max_completion_tokens"):
         value = fields.get(name)
         if value is None:
             continue
@@ -39,7 +45,30 @@ def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, An
             problems.append(bad(prefix + name, wanted, value))
             continue
         params[name] = v
+    if "max_completion_tokens" in params:
+        params["max_tokens"] = params.pop("max_completion_tokens")
     return params
+
+
+def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -> list[str]:
+    """Problems with the token ids of ``params`` (the fields of :data:`TOKEN_ID_FIELDS`):
+    every id must index the model's vocabulary, ``0 <= id < vocab_size``.
+
+    Args:
+        params: Parsed sampling fields (:func:`parse_params`).
+        vocab_size: Rows of the model's embedding / columns of its logits.
+        prefix: Put before field names (``"body."`` for OpenAI Batch lines).
+
+    Returns:
+        One message per offending field, naming it, the first bad id and the vocabulary size.
+    """
+    problems = []
+    for name in TOKEN_ID_FIELDS:
+        bad_ids = [t for t in params.get(name, ()) if not 0 <= t < vocab_size]
+        if bad_ids:
+            problems.append(f'field "{prefix}{name}": token id {show(bad_ids[0])} is outside '
+                            f"the model's vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
+    return problems
 
 
 def _param(name: str, value: Any) -> tuple[Any, str | None]:

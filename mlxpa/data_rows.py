@@ -21,19 +21,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from mlxpa.data_fields import FIELD_SUPPORT, field_problem, unsupported_fields
 from mlxpa.data_params import SAMPLING_FIELDS, bad, parse_params, show
 
-# Sampling fields of the OpenAI / vLLM APIs that mlxpa does not implement: an error, not a
-# silent no-op (STYLE.md §10, "a typo does nothing").
-UNSUPPORTED_FIELDS = frozenset((
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs",
-    "logit_bias", "best_of", "use_beam_search", "length_penalty", "response_format", "tools",
-    "tool_choice", "functions", "function_call", "parallel_tool_calls", "echo", "suffix",
-    "typical_p", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
-    "stream_options", "reasoning_effort", "modalities", "audio", "prediction"))
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-# Fields of an OpenAI request body that do not change the completion.
-_BODY_IGNORED = frozenset(("model", "user", "metadata", "store", "service_tier"))
 
 
 class InputError(ValueError):
@@ -189,26 +180,32 @@ def _check_openai(obj: dict, problems: list[str]) -> str | None:
 
 
 def _check_body_fields(body: dict, problems: list[str]) -> None:
-    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS, *_BODY_IGNORED}
+    """Every field of an OpenAI body is known: a sampling field, an input field, or in
+    :data:`~mlxpa.data_fields.FIELD_SUPPORT` (an unsupported one only at its default)."""
+    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS}
     for key, value in body.items():
-        if key == "stream":
-            if value:
-                problems.append(bad("body.stream", "false (a batch does not stream)", value))
-        elif key not in known and value is not None and not _off(key, value):
+        if key in known or value is None:
+            continue
+        if key in FIELD_SUPPORT:
+            problem = field_problem("body." + key, key, value)
+            if problem is not None:
+                problems.append(problem)
+        else:
             problems.append(_unknown_field("body." + key, key))
 
 
 def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
+    """A plain row: unsupported fields (unless at their default) and near misses of
+    sampling fields are errors; anything else passes through."""
     for key, value in obj.items():
-        if (value is not None and _sampling_like(key) and key not in spec.known()
-                and key not in spec.keep_columns and not _off(key, value)):
+        if value is None or key in spec.known() or key in spec.keep_columns:
+            continue
+        if key in FIELD_SUPPORT:
+            problem = field_problem(key, key, value)
+            if problem is not None:
+                problems.append(problem)
+        elif _sampling_like(key):
             problems.append(_unknown_field(key, key))
-
-
-def _off(key: str, value: Any) -> bool:
-    """An unsupported feature explicitly switched off (``"logprobs": false``, ``"echo":
-    false``, ``"presence_penalty": 0``): nothing to do, so not an error."""
-    return key in UNSUPPORTED_FIELDS and value in (False, 0, [], {}, "")
 
 
 def is_relevant(key: str, spec: RowSpec) -> bool:
@@ -220,13 +217,13 @@ def is_relevant(key: str, spec: RowSpec) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _sampling_like(key: str) -> bool:
     """An unsupported sampling field, or a near miss of a supported one."""
-    return key in UNSUPPORTED_FIELDS or bool(
-        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
+    return key in _UNSUPPORTED or bool(difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
+
+
+_UNSUPPORTED = unsupported_fields()
 
 
 def _unknown_field(name: str, key: str) -> str:
-    if key in UNSUPPORTED_FIELDS:
-        return f'field "{name}": sampling field not supported by mlxpa'
     close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
     return f'field "{name}": unknown sampling field{hint}'

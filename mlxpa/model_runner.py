@@ -66,6 +66,16 @@ def sliding_windows(model) -> list[int | None]:
     return [c.max_size if isinstance(c, RotatingKVCache) else None for c in model.make_cache()]
 
 
+def vocab_size(model) -> int:
+    """Token ids ``model`` takes and scores: ``args.vocab_size``, or the rows of its token
+    embedding when that is smaller (or the model has no ``args.vocab_size``)."""
+    sizes = [getattr(getattr(model, "args", None), "vocab_size", None)]
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None and hasattr(embed, "weight"):
+        sizes.append(embed.weight.shape[0])
+    return int(min(s for s in sizes if s is not None))
+
+
 def token_slice(req: Request, start: int, end: int) -> list[int]:
     """``req.all_token_ids[start:end]`` without concatenating the whole context."""
     p, n = req.prompt_token_ids, len(req.prompt_token_ids)
@@ -102,6 +112,8 @@ class ModelRunner:
     Attributes:
         num_blocks: Blocks per pool, null block included.
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
+        vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
+            model or used as a logits index is below it.
     """
 
     def __init__(self, model, config: EngineConfig,
@@ -123,6 +135,7 @@ class ModelRunner:
         self.windows = sliding_windows(model)
         ctx = getattr(model.args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
+        self.vocab_size = vocab_size(model)
         self._split = getattr(model, "model_type", None) in _SPLIT_MODEL_TYPES
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
 
@@ -204,14 +217,24 @@ class ModelRunner:
 
     def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
         """EOS and stop token ids get -inf logits in rows that have not yet generated
-        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule)."""
+        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). A row whose banned ids would
+        cover the whole vocabulary is left as it is (there would be nothing to sample).
+
+        Raises:
+            IndexError: A banned id is not a column of ``logits`` (the engine refuses such
+                requests; a scatter out of range would write another row or crash).
+        """
         rows, cols = [], []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             if r.num_output_tokens < sp.min_tokens:
-                banned = set(sp.stop_token_ids) | set(self.eos_token_ids)
-                rows.extend([i] * len(banned))
-                cols.extend(sorted(banned))
+                banned = sorted(set(sp.stop_token_ids) | set(self.eos_token_ids))
+                if banned and not 0 <= banned[0] <= banned[-1] < logits.shape[-1]:
+                    raise IndexError(f"token ids {banned} outside the logits' "
+                                     f"{logits.shape[-1]} columns")
+                if len(banned) < logits.shape[-1]:
+                    rows.extend([i] * len(banned))
+                    cols.extend(banned)
         if rows:
             logits[mx.array(rows), mx.array(cols)] = -float("inf")
         return logits

@@ -111,6 +111,18 @@ def load_model(
     return model, tokenizer, folder
 
 
+def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
+    """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
+    or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
+    resolved or its config does not say (the load then reports the real problem)."""
+    try:
+        config = json.loads((resolve_model(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def has_chat_template(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` can render ``messages`` rows.
 

@@ -128,8 +128,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             return inputs.read(path, fmt, name)
 
         unit = "line" if fmt in ("jsonl", "csv") else "row"
+        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
         v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n,
-                     defaults=defaults)
+                     defaults=defaults, vocab_size=vocab)
         if not skip_invalid:
             check(v, name)
         out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
@@ -264,6 +265,12 @@ def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
                                                        block_size))
             batch, num_read = [], 0
     yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
+
+
+def _peek_vocab(spec: str | None) -> int | None:
+    from mlxpa.models import peek_vocab_size
+
+    return peek_vocab_size(spec)
 
 
 def _model_name(spec: str | None) -> str:
