@@ -80,7 +80,7 @@ def _one_split(ds: Any, source: str, spec: RowSpec) -> Any:
 
 
 def _iter_saved(ds: Any, source: str, spec: RowSpec) -> Iterator[tuple[int, dict]]:
-    from mlxpa.data_read import check_columns
+    from mlxpa.data_columnar import check_columns
 
     ds = _one_split(ds, source, spec)
     ds = ds.select_columns(check_columns(list(ds.column_names), spec))
@@ -93,7 +93,7 @@ def _iter_saved(ds: Any, source: str, spec: RowSpec) -> Iterator[tuple[int, dict
 
 
 def _iter_streaming(ds: Any, spec: RowSpec) -> Iterator[tuple[int, dict]]:
-    from mlxpa.data_read import check_columns
+    from mlxpa.data_columnar import check_columns
 
     columns = None
     for row, obj in enumerate(ds):

@@ -134,7 +134,7 @@ def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, A
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # kept as text: validation names the field
         return text
 
 
@@ -143,10 +143,17 @@ def bad(field: str, wanted: str, value: Any) -> str:
     return f'field "{field}" must be {wanted}, got {show(value)}'
 
 
+def _cut(value: Any) -> str:
+    """A short description of a value ``json.dumps`` cannot write (a huge int, deep nesting)."""
+    if isinstance(value, int):
+        return f"an integer of {value.bit_length()} bits"
+    return f"a nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a value"
+
+
 def show(value: Any) -> str:
     """``value`` as JSON, cut to a readable length."""
     try:
         text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        text = _cut(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

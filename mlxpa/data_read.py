@@ -23,8 +23,6 @@ by batches of a memory-mapped table, so memory does not grow with the file (STYL
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shutil
@@ -34,18 +32,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from mlxpa.data_columnar import STDIN, binary_stdin, iter_csv, iter_parquet
 from mlxpa.data_params import coerce_text_fields
 from mlxpa.data_rows import (
     InputError,
     Row,
     RowSpec,
     bad_record_row,
-    is_relevant,
     json_type,
     parse_row,
 )
 
-STDIN = "-"
 STDIN_NAME = "<stdin>"
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".jsonlines", ".json")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
@@ -97,7 +94,7 @@ def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
     elif source != STDIN and not os.path.isfile(source):
         raise InputError("no such file", source=name)
     else:
-        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](
+        records = {"jsonl": _iter_jsonl, "parquet": iter_parquet, "csv": iter_csv}[fmt](
             source, spec)
     return _rows(records, spec, coerce=fmt == "csv")
 
@@ -199,14 +196,9 @@ def _rows(records: Records, spec: RowSpec, coerce: bool) -> Iterator[Row]:
             yield parse_row(obj, index, line, spec)
 
 
-def _binary_stdin() -> Any:
-    # NOTE: read bytes where we can so the encoding is UTF-8 whatever the locale says.
-    return getattr(sys.stdin, "buffer", sys.stdin)
-
-
 def _iter_jsonl(source: str, spec: RowSpec) -> Records:
     if source == STDIN:
-        yield from _jsonl_lines(_binary_stdin())
+        yield from _jsonl_lines(binary_stdin())
     else:
         with open(source, "rb") as f:
             yield from _jsonl_lines(f)
@@ -229,70 +221,15 @@ def _jsonl_lines(lines: Any) -> Records:
         except json.JSONDecodeError as e:
             yield lineno, f"invalid JSON ({e.msg} at column {e.colno})"
             continue
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
+            yield lineno, f"unreadable JSON ({_reason(e)})"
+            continue
         if isinstance(obj, dict):
             yield lineno, obj
         else:
             yield lineno, f"expected a JSON object, got {json_type(obj)}"
 
 
-def _iter_csv(source: str, spec: RowSpec) -> Records:
-    delimiter = "\t" if source.lower().endswith(".tsv") else ","
-    if source == STDIN:
-        f = io.TextIOWrapper(_binary_stdin(), encoding="utf-8-sig", newline="")
-    else:
-        f = open(source, encoding="utf-8-sig", newline="")
-    with f:
-        reader = csv.reader(f, delimiter=delimiter)
-        try:
-            header = next(reader, None)
-            if header is None:
-                return
-            check_columns(header, spec)
-            last = reader.line_num
-            for values in reader:
-                start, last = last + 1, reader.line_num
-                if not values:
-                    continue
-                if len(values) != len(header):
-                    yield start, (f"expected {len(header)} fields as in the header, "
-                                  f"got {len(values)}")
-                    continue
-                yield start, dict(zip(header, values))
-        except UnicodeDecodeError as e:
-            raise InputError(f"not valid UTF-8 ({e.reason})", source=spec.source) from None
-        except csv.Error as e:
-            raise InputError(f"malformed CSV ({e})", source=spec.source,
-                             line=reader.line_num) from None
+def _reason(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
-
-def _iter_parquet(source: str, spec: RowSpec) -> Records:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        if source == STDIN:
-            pf = pq.ParquetFile(pa.BufferReader(_binary_stdin().read()))
-        else:
-            pf = pq.ParquetFile(source)
-    except (pa.ArrowException, OSError) as e:
-        raise InputError(f"not a readable Parquet file ({e})", source=spec.source) from None
-    columns = check_columns(pf.schema_arrow.names, spec)
-    row = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=columns):
-        for obj in batch.to_pylist():
-            yield row, obj
-            row += 1
-
-
-def check_columns(names: list[str], spec: RowSpec) -> list[str]:
-    """The columns of ``names`` the reader uses (a column no row can use is not read).
-
-    Raises:
-        InputError: There is no prompt or messages column (nor an OpenAI ``body``).
-    """
-    if spec.prompt_column not in names and spec.messages_column not in names and not (
-            "custom_id" in names and "body" in names):
-        raise InputError(f'no column "{spec.prompt_column}" or "{spec.messages_column}" '
-                         f"(columns: {', '.join(names)})", source=spec.source,
-                         field=spec.prompt_column)
-    return [n for n in names if is_relevant(n, spec)]
