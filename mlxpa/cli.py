@@ -94,6 +94,10 @@ def run(
     system: Annotated[str | None, typer.Option(
         help="System message put first: a system turn before chat messages (unless they "
         "start with one), or text and a blank line before a text prompt.")] = None,
+    split_special_tokens: Annotated[bool, typer.Option(
+        "--split-special-tokens", help="Tokenize control-token text (<eos>, "
+        "<start_of_turn>, ...) in text prompts as ordinary text too; chat messages always "
+        "are (only the chat template inserts control tokens).")] = False,
     input_format: Annotated[str, typer.Option(
         help="auto (by extension; a folder is a datasets folder), jsonl, parquet, csv, or hf "
         "(through the datasets library).")] = "auto",
@@ -146,7 +150,8 @@ def run(
     from mlxpa.data import InputError, InputOptions
     from mlxpa.data_records import OUTPUT_FORMATS
     from mlxpa.data_resume import resume_hint
-    from mlxpa.run import catch_sigint, run_file
+    from mlxpa.run import run_file
+    from mlxpa.run_signals import catch_sigint
 
     console = Console(stderr=True)
     if not quiet:
@@ -175,7 +180,8 @@ def run(
             raise ValueError(f"the output {output} is the input file; writing it would "
                              "destroy the input")
         inputs = InputOptions(None if input_format == "auto" else input_format, prompt_column,
-                              messages_column, id_column, system, keep)
+                              messages_column, id_column, system, keep,
+                              split_special_tokens)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     with catch_sigint() as interrupted:

@@ -110,6 +110,8 @@ class InputOptions:
         id_column: Field of the row id.
         system: System message put before every prompt.
         keep_columns: Input fields copied to every output record.
+        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
+            (chat ``messages`` always are); see :func:`mlxpa.prompts.prompt_token_ids`.
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.
@@ -121,6 +123,7 @@ class InputOptions:
     id_column: str = "id"
     system: str | None = None
     keep_columns: tuple[str, ...] = ()
+    split_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.fmt is not None and self.fmt not in FORMATS:

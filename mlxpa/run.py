@@ -17,12 +17,9 @@ is read twice.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -155,7 +152,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         with ResultWriter(output, ordered=ordered, append=resume) as writer, RunProgress(
                 v.num_rows - v.num_done, engine.counters, console, show_progress) as progress:
             job = _Job(engine, v, defaults, out_fmt, lambda row: where(name, row.line, unit),
-                       writer, progress)
+                       writer, progress, inputs.split_special_tokens)
             job.run(rows(), order, window, should_stop)
     finally:
         if spooled:
@@ -189,6 +186,7 @@ class _Job:
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
+    split_special_tokens: bool = False  # control-token text in prompts is ordinary text
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
@@ -233,7 +231,8 @@ class _Job:
             if error is None:
                 try:
                     params = dataclasses.replace(self.defaults, **row.params)
-                    ids = prompt_token_ids(row, self.engine.tokenizer)
+                    ids = prompt_token_ids(row, self.engine.tokenizer,
+                                           self.split_special_tokens)
                 except ValueError as e:
                     error = f"{self.place(row)}: {e}"
             if error is not None:
@@ -277,30 +276,3 @@ def _model_name(spec: str | None) -> str:
     from mlxpa.models import DEFAULT_MODEL_NAME
 
     return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
-
-
-@contextlib.contextmanager
-def catch_sigint() -> Iterator[threading.Event]:
-    """Turn the first Ctrl-C (SIGINT) or SIGTERM (``timeout``, ``docker stop``, batch
-    schedulers) into a set event (poll it as ``should_stop``); a second one raises
-    ``KeyboardInterrupt``. Off the main thread, nothing is installed."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        os.write(2, f"\ninterrupted ({name}): writing the finished rows (again to quit now)\n"
-                 .encode())
-
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
