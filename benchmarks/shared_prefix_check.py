@@ -14,12 +14,12 @@ import argparse
 import json
 import time
 
-from mlxpa.bench_workloads import shared_prefix_workload
+from mlxpa.bench.workloads import shared_prefix_workload
 from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.core.prefix_order import prefix_order
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.metrics import summarize
-from mlxpa.models import load_model
-from mlxpa.prefix_order import prefix_order
+from mlxpa.engine.metrics import summarize
+from mlxpa.loader.models import load_model
 
 
 def run(model, tok, wl, prefix_caching: bool) -> tuple[dict, dict]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from mlxpa.core.kv_cache_manager import cdiv
+from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
+from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data import read_rows
-from mlxpa.kv_cache_manager import cdiv
-from mlxpa.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.prompts import prompt_token_ids
-from mlxpa.radix_cache import RadixCache
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Rich rendering of engine statistics on stderr: a live progress bar and a final report.
 
-The engine only counts (:mod:`mlxpa.metrics`); this module draws, and never on stdout
+The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and never on stdout
 (stdout carries results in shell pipelines).
 """
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mlxpa.metrics import Counters, Stats, summarize
+from mlxpa.engine.metrics import Counters, Stats, summarize
 
 
 class RunProgress:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from rich.console import Console
 
 from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.core.prefix_order import prefix_order
 from mlxpa.data import (
     STDIN,
     InputOptions,
@@ -35,13 +36,12 @@ from mlxpa.data import (
     output_format,
     spool_stdin,
 )
-from mlxpa.data_records import error_records, resolve_output_format, result_records
-from mlxpa.data_resume import Existing, cut, id_key, read_existing
-from mlxpa.data_rows import where
-from mlxpa.data_validate import Validation, check, validate
+from mlxpa.data.records import error_records, resolve_output_format, result_records
+from mlxpa.data.resume import Existing, cut, id_key, read_existing
+from mlxpa.data.rows import where
+from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.metrics import Counters, Stats, summarize
-from mlxpa.prefix_order import prefix_order
+from mlxpa.engine.metrics import Counters, Stats, summarize
 from mlxpa.progress import RunProgress, summary_table
 from mlxpa.prompts import prompt_token_ids
 from mlxpa.request import RequestOutput
@@ -267,12 +267,12 @@ def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
 
 
 def _peek_vocab(spec: str | None) -> int | None:
-    from mlxpa.models import peek_vocab_size
+    from mlxpa.loader.models import peek_vocab_size
 
     return peek_vocab_size(spec)
 
 
 def _model_name(spec: str | None) -> str:
-    from mlxpa.models import DEFAULT_MODEL_NAME
+    from mlxpa.loader.models import DEFAULT_MODEL_NAME
 
     return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The converted default model folder (converted into the user cache on first use)."""
-    from mlxpa.models import resolve_model
+    from mlxpa.loader.models import resolve_model
 
     return resolve_model(None)
 
@@ -18,6 +18,6 @@ def default_model_dir():
 @pytest.fixture(scope="session")
 def default_model(default_model_dir):
     """``(model, tokenizer, folder)`` of the default model, float32, loaded once per session."""
-    from mlxpa.models import load_model
+    from mlxpa.loader.models import load_model
 
     return load_model(None)

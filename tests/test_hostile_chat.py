@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
-from mlxpa.data_rows import Row
+from mlxpa.data.rows import Row
 from mlxpa.prompts import prompt_token_ids
 from tests.tiny_models import byte_tokenizer, save_tiny_model
 

@@ -1,0 +1,116 @@
+"""Offline prefix planning: order prompts so shared prefixes run together, and size the sharing.
+
+Pure Python (no mlx). Both functions walk the same block-level radix tree over all prompts
+(the tree :class:`~mlxpa.core.radix_cache.RadixCache` would build if nothing were evicted) without
+building nodes: a group of prompts is split by its next block of tokens, children in order of
+first appearance, so the walk costs O(total prompt tokens).
+
+NOTE: the tree is block-level, not token-level, because only whole blocks are ever shared
+(DESIGN.md "KV cache rules"): two prompts that agree on 30 tokens share exactly one 16-token
+block either way, so a token-level order would buy no extra hits, while block keys mean
+``len/block_size`` dict operations per prompt instead of ``len``. A trailing partial block is a
+key too, so identical prompts still end up adjacent.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SharedPrefix(NamedTuple):
+    """A maximal shared prefix: ``num_rows`` prompts (the first is row ``first_row``) share
+    their first ``num_tokens`` tokens in whole blocks (they may agree on a few more tokens, in a
+    partial block that is never shared) and then diverge or end."""
+
+    num_tokens: int
+    num_rows: int
+    first_row: int
+
+
+class PrefixStats(NamedTuple):
+    """Planning numbers for a prompt set.
+
+    Attributes:
+        num_prompt_tokens: Sum of prompt lengths.
+        num_unique_tokens: Tokens after sharing: the tree's distinct full blocks (in tokens)
+            plus every prompt's unshared partial tail. Prefills run a little above it, since a
+            hit is capped at ``len(prompt) - 1`` and the cache may evict.
+        top_prefixes: Longest maximal shared prefixes, longest (then most shared) first.
+    """
+
+    num_prompt_tokens: int
+    num_unique_tokens: int
+    top_prefixes: list[SharedPrefix]
+
+
+def _walk(token_lists: list[list[int]],
+          block_size: int) -> tuple[list[int], int, list[SharedPrefix]]:
+    """Depth-first over the block-level tree: returns the row order, the tree's distinct full
+    blocks and every maximal shared prefix of at least one block."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    order, num_blocks, shared = [], 0, []
+    stack = [(list(range(len(token_lists))), 0)] if token_lists else []
+    while stack:
+        rows, pos = stack.pop()
+        if len(rows) == 1:
+            order.append(rows[0])
+            num_blocks += len(token_lists[rows[0]]) // block_size - pos // block_size
+            continue
+        ended, groups = [], {}
+        for r in rows:
+            key = tuple(token_lists[r][pos:pos + block_size])
+            (groups.setdefault(key, []) if key else ended).append(r)
+        num_blocks += sum(len(key) == block_size for key in groups)
+        if len(groups) == 1 and not ended:  # all still agree: go one block deeper
+            stack.append((rows, pos + len(next(iter(groups)))))
+            continue
+        if pos >= block_size:
+            shared.append(SharedPrefix(pos // block_size * block_size, len(rows), rows[0]))
+        order.extend(ended)
+        stack.extend((g, pos + len(key)) for key, g in reversed(groups.items()))
+    return order, num_blocks, shared
+
+
+def prefix_order(token_lists: list[list[int]], block_size: int) -> list[int]:
+    """Indices of ``token_lists`` in depth-first order of their block-level radix tree.
+
+    Prompts sharing a prefix are adjacent; at each node, prompts ending there come before the
+    longer ones (so the longer ones hit their blocks), and children keep the order of their
+    first row, so ties keep input order.
+
+    Args:
+        token_lists: Prompt token ids, one list per row.
+        block_size: Tokens per block.
+
+    Returns:
+        A permutation of ``range(len(token_lists))``.
+
+    Raises:
+        ValueError: ``block_size < 1``.
+    """
+    return _walk(token_lists, block_size)[0]
+
+
+def shared_prefix_stats(token_lists: list[list[int]], block_size: int,
+                        top_k: int = 5) -> PrefixStats:
+    """Tokens before and after prefix sharing, and the longest shared prefixes.
+
+    Args:
+        token_lists: Prompt token ids, one list per row.
+        block_size: Tokens per block.
+        top_k: Shared prefixes to report.
+
+    Returns:
+        The :class:`PrefixStats`.
+
+    Raises:
+        ValueError: ``block_size < 1``.
+    """
+    _, blocks, shared = _walk(token_lists, block_size)
+    tails = sum(len(t) % block_size for t in token_lists)
+    shared.sort(key=lambda s: (-s.num_tokens, -s.num_rows, s.first_row))
+    return PrefixStats(sum(map(len, token_lists)), blocks * block_size + tails, shared[:top_k])
+
+
+__all__ = ["PrefixStats", "SharedPrefix", "prefix_order", "shared_prefix_stats"]

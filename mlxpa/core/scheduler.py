@@ -1,0 +1,237 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Pure Python (no mlx). The design follows vLLM v1's scheduler at nano-vllm's size: there are
+no separate prefill and decode phases, only ``num_computed_tokens`` catching up with
+``num_tokens``. Each step spends a token budget (``max_num_batched_tokens``) first on running
+requests in admission order (one token for a decode, a chunk for an unfinished prefill),
+then admits waiting requests while blocks, sequence slots and budget last. When blocks run
+out, the most recently admitted running request is preempted (its blocks freed; it goes back
+to the head of the waiting queue and is recomputed later, LIFO as in vLLM).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from mlxpa.config import EngineConfig
+from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.request import Request, RequestStatus
+
+# How many waiting requests admission may pass over while they wait for a shared prefix.
+_ADMISSION_LOOKAHEAD = 256
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's work, read by the model runner (which never mutates it)."""
+
+    # Requests to run this step, decodes and prefill chunks mixed, in running order.
+    requests: list[Request] = field(default_factory=list)
+    # Tokens each request computes this step (1 for a decode, the chunk for a prefill).
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    # (src, dst) block copies to apply before the forward pass (copy-on-write).
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    # Requests preempted while building this step (their blocks are already free).
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def sampling(self) -> list[bool]:
+        """Per request: does this step's chunk reach its last token (so a token is sampled)?"""
+        return [r.num_computed_tokens + n == r.num_tokens
+                for r, n in zip(self.requests, self.num_scheduled_tokens)]
+
+
+class Scheduler:
+    """Decides which requests compute which tokens each step.
+
+    Args:
+        config: Budgets (``max_num_seqs``, ``max_num_batched_tokens``).
+        kv_cache_manager: The door to KV blocks.
+        max_model_len: Longest prompt + output in tokens the model supports.
+        eos_token_ids: Token ids that end a request (unless it sets ``ignore_eos``).
+    """
+
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager,
+                 max_model_len: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.kv = kv_cache_manager
+        # A request alone must always fit, or preemption could loop forever.
+        self.max_model_len = min(max_model_len, kv_cache_manager.capacity_tokens)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, req: Request) -> None:
+        """Queue ``req``; clamp its output so prompt + output fits ``max_model_len``.
+
+        Raises:
+            ValueError: The prompt is empty or leaves no room for one output token.
+        """
+        if not req.prompt_token_ids:
+            raise ValueError("prompt is empty (0 tokens)")
+        room = self.max_model_len - req.num_prompt_tokens
+        if room < 1:
+            which = ("the KV pool" if self.max_model_len == self.kv.capacity_tokens
+                     else "the model context (--max-model-len)")
+            raise ValueError(
+                f"prompt has {req.num_prompt_tokens} tokens; the limit is "
+                f"{self.max_model_len - 1} ({which} holds {self.max_model_len} tokens)")
+        req.max_tokens = min(req.sampling_params.max_tokens, room)
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Build one step: running requests first, then admissions from ``waiting``."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while self.kv.allocate_slots(req, n) is None:
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                out.requests.append(req)
+                out.num_scheduled_tokens.append(n)
+                budget -= n
+                i += 1
+        if not out.preempted:
+            budget = self._admit(out, budget)
+        out.blocks_to_copy = self.kv.take_blocks_to_copy()
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        deferred: list[Request] = []
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(deferred) < _ADMISSION_LOOKAHEAD):
+            req = self.waiting.popleft()
+            computed = self.kv.get_computed_blocks(req)
+            if self._shares_uncached_prefix(req, computed.num_tokens):
+                deferred.append(req)
+                continue
+            n = min(req.num_tokens - computed.num_tokens, budget)
+            if self.kv.allocate_slots(req, n, computed) is None:
+                self.waiting.appendleft(req)
+                break
+            req.num_computed_tokens = computed.num_tokens
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = computed.num_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.requests.append(req)
+            out.num_scheduled_tokens.append(n)
+            budget -= n
+        self.waiting.extendleft(reversed(deferred))
+        return budget
+
+    def _shares_uncached_prefix(self, req: Request, num_cached: int) -> bool:
+        """True when a running request is still prefilling blocks ``req`` shares beyond its
+        cached prefix: ``req`` waits and reads them from the cache once they are computed,
+        instead of computing them a second time (SGLang's in-batch prefix deduplication)."""
+        if not self.kv.enable_prefix_caching:
+            return False
+        bs = self.kv.block_size
+        limit = (req.num_tokens - 1) // bs  # blocks a hit can cover
+        if limit * bs <= num_cached:
+            return False
+        prompt = req.prompt_token_ids
+        first = prompt[:bs]
+        for other in self.running:
+            if (other.num_computed_tokens >= other.num_prompt_tokens
+                    or other.prompt_token_ids[:bs] != first):
+                continue
+            shared = 0
+            top = min(limit, other.num_prompt_tokens // bs)
+            while (shared < top and prompt[shared * bs:(shared + 1) * bs]
+                   == other.prompt_token_ids[shared * bs:(shared + 1) * bs]):
+                shared += 1
+            if shared * bs > num_cached:
+                return True
+        return False
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """Start ``child``, another sample of ``parent``'s prompt, sharing its prompt blocks.
+
+        ``parent``'s prefill must have run (its prompt K/V written). The child shares every
+        prompt block and recomputes only the last prompt token (to sample its own first token): that
+        write lands in the shared last block, so the KV cache manager copies it first
+        (copy-on-write). The child joins the running batch directly (it may exceed
+        ``max_num_seqs`` by the fork's size for a while).
+        """
+        assert len(parent.block_table) * self.kv.block_size >= parent.num_prompt_tokens
+        self.kv.fork(parent, child)
+        child.num_computed_tokens = child.num_prompt_tokens - 1
+        child.max_tokens = parent.max_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled_token_ids: list[int]) -> list[Request]:
+        """Advance computed tokens, append sampled tokens, finish on EOS or length.
+
+        Args:
+            out: The step that ran.
+            sampled_token_ids: One id per request whose ``out.sampling`` flag is True, in
+                order.
+
+        Returns:
+            Requests that received a token this step (finished ones included; their blocks
+            are already freed).
+        """
+        sampling = out.sampling
+        tokens = iter(sampled_token_ids)
+        now = time.perf_counter()
+        updated = []
+        for req, n, samples in zip(out.requests, out.num_scheduled_tokens, sampling):
+            req.num_computed_tokens += n
+            self.kv.cache_blocks(req)
+            if not samples:
+                continue
+            tok = next(tokens)
+            req.output_token_ids.append(tok)
+            req.token_times.append(now)
+            updated.append(req)
+            sp = req.sampling_params
+            if req.num_output_tokens > sp.min_tokens - 1 and (
+                    tok in sp.stop_token_ids
+                    or (tok in self.eos_token_ids and not sp.ignore_eos)):
+                req.stop_reason = tok
+                self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            elif req.num_output_tokens >= req.max_tokens:
+                self.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+        return updated
+
+    def finish_request(self, req: Request, status: RequestStatus) -> None:
+        """Mark ``req`` finished and free its blocks (stop string, EOS, length, abort)."""
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        self.kv.free(req)

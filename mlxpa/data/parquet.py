@@ -1,0 +1,220 @@
+"""Parquet results that survive a crash: finished row groups on disk, one file at the end.
+
+Layout while a run writes ``out.parquet``::
+
+    out.parquet                     # the previous complete file, if any (kept on --resume)
+    .out.parquet.parts/             # hidden, next to the target
+        part-000000.parquet         # one finished row group per file, each a complete
+        part-000001.parquet         # Parquet file (written as *.tmp, then renamed)
+    .out.parquet.<random>.tmp       # only during close: the merged file, then renamed
+
+Released records are cut into row groups of ``row_group_size`` records, never splitting the
+records of one input row (its ``n`` samples), so a row is in the output whole or not at all.
+Each group becomes a part file as soon as it is full, so a crash (even SIGKILL) leaves every
+finished group readable. :meth:`ParquetSink.close` merges the kept previous file (``--resume``)
+and the parts into a temporary file in the same folder, one row group at a time, renames it
+over the target and removes the parts folder. A run without ``--resume`` starts by removing
+a stale parts folder.
+
+Schema, stable whatever the records hold: ``id``, ``text``, ``finish_reason``,
+``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``error`` always come first (text
+columns ``string``, token counts ``int64``, missing values null), then any extra keys in the
+order first seen. ``id`` is ``int64`` while every id is an int and becomes ``string`` (ints
+written as ``"7"``) once a string id appears; an int column that meets floats becomes
+``float64``; a column whose values cannot share an Arrow type is stored as ``string`` with
+non-strings JSON-encoded. Each part has its own schema; the merge widens them to one.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from mlxpa.data.write import json_default
+
+
+def parts_dir(path: str) -> str:
+    """The hidden folder of finished row groups of the Parquet output ``path``."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.parts")
+
+
+def _part_files(path: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(parts_dir(path), "part-*.parquet")))
+
+
+class ParquetSink:
+    """Parquet output for :class:`~mlxpa.data.write.ResultWriter` (see the module docstring).
+
+    Args:
+        path: The target ``.parquet`` path.
+        row_group_size: Records per row group (a row's samples are never split, so a group
+            may hold up to ``n - 1`` more). A group is also written once its first record is
+            ``flush_interval_s`` old, so a crash loses at most that much finished work.
+        flush_interval_s: Seconds a finished record may wait in memory.
+        resume: Keep the existing target and parts; the merge puts them first.
+    """
+
+    def __init__(self, path: str, row_group_size: int, resume: bool = False,
+                 flush_interval_s: float = 30.0) -> None:
+        import pyarrow as pa
+
+        self._pa = pa
+        self._path = path
+        self._dir = os.path.dirname(os.path.abspath(path))
+        self._parts = parts_dir(path)
+        self._row_group_size = max(1, row_group_size)
+        self._buffer: list[dict] = []
+        self._flush_interval_s = flush_interval_s
+        self._buffered_at = 0.0
+        for stale in glob.glob(os.path.join(self._dir, f".{os.path.basename(path)}.*.tmp")):
+            os.remove(stale)  # an interrupted merge
+        if os.path.isdir(self._parts) and (not resume or _merged_already(path)):
+            shutil.rmtree(self._parts)
+        os.makedirs(self._parts, exist_ok=True)
+        for stale in glob.glob(os.path.join(self._parts, "*.tmp")):
+            os.remove(stale)  # a part torn by a crash
+        self._base = path if resume and os.path.isfile(path) else None
+        self._num_parts = len(_part_files(path))
+
+    def write(self, groups: list[list[dict]]) -> None:
+        for records in groups:
+            if records and not self._buffer:
+                self._buffered_at = time.monotonic()
+            self._buffer.extend(records)
+            if (len(self._buffer) >= self._row_group_size or self._buffer and
+                    time.monotonic() - self._buffered_at >= self._flush_interval_s):
+                self._flush()
+
+    def close(self, merge: bool = True) -> None:
+        """Write the buffered group; then (``merge``) build the target and drop the parts."""
+        self._flush()
+        if not merge:
+            return
+        pa = self._pa
+        import pyarrow.parquet as pq
+
+        sources = ([self._base] if self._base else []) + _part_files(self._path)
+        types = _core_types(pa)
+        for src in sources:
+            for field in pq.read_schema(src):
+                types[field.name] = _merge_type(pa, types.get(field.name, pa.null()),
+                                                field.type)
+        schema = _resolved_schema(pa, types)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self._path)}.", suffix=".tmp",
+                                   dir=self._dir)
+        os.close(fd)
+        try:
+            with pq.ParquetWriter(tmp, schema) as writer:
+                for src in sources:
+                    pf = pq.ParquetFile(src)
+                    for i in range(pf.num_row_groups):
+                        table = pf.read_row_group(i)
+                        if not table.schema.equals(schema):
+                            table = _to_table(pa, table.to_pylist(), schema)
+                        writer.write_table(table)
+                if not sources:
+                    writer.write_table(schema.empty_table())
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600
+            os.replace(tmp, self._path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        # NOTE: a crash right here leaves parts that the new target already holds; the
+        # target is newer than all of them, which is how _merged_already tells.
+        shutil.rmtree(self._parts, ignore_errors=True)
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        pa = self._pa
+        import pyarrow.parquet as pq
+
+        types = _core_types(pa)
+        for key in dict.fromkeys(k for r in self._buffer for k in r):
+            types[key] = _merge_type(pa, types.get(key, pa.null()),
+                                     _infer_type(pa, [r.get(key) for r in self._buffer]))
+        schema = _resolved_schema(pa, types)
+        final = os.path.join(self._parts, f"part-{self._num_parts:06d}.parquet")
+        pq.write_table(_to_table(pa, self._buffer, schema), final + ".tmp")
+        os.replace(final + ".tmp", final)
+        self._num_parts += 1
+        self._buffer = []
+
+
+def _merged_already(path: str) -> bool:
+    """True when ``path`` was written after every part (a merge finished, its cleanup not)."""
+    parts = _part_files(path)
+    return bool(parts) and os.path.isfile(path) and os.path.getmtime(path) >= max(
+        os.path.getmtime(p) for p in parts)
+
+
+def iter_parquet_ids(path: str) -> Iterator[Any]:
+    """Every ``id`` already in a Parquet output: the target file (if complete) and the
+    finished parts of an interrupted run (what ``--resume`` keeps).
+
+    Raises:
+        OSError: The target exists but is not a readable Parquet file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [] if _merged_already(path) else _part_files(path)
+    for src in ([path] if os.path.isfile(path) else []) + parts:
+        try:
+            pf = pq.ParquetFile(src)
+        except pa.ArrowException as e:
+            raise OSError(f"{src}: not a readable Parquet file ({e})") from None
+        if "id" not in pf.schema_arrow.names:
+            raise OSError(f'{src}: no "id" column')
+        for i in range(pf.num_row_groups):
+            yield from pf.read_row_group(i, columns=["id"]).column("id").to_pylist()
+
+
+def _core_types(pa: Any) -> dict[str, Any]:
+    # The core columns start at their stable types, id undecided.
+    return {"id": pa.null(), "text": pa.string(), "finish_reason": pa.string(),
+            "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
+            "cached_tokens": pa.int64(), "error": pa.string()}
+
+
+def _resolved_schema(pa: Any, types: dict[str, Any]) -> Any:
+    return pa.schema([(k, pa.int64() if k == "id" and pa.types.is_null(t) else t)
+                      for k, t in types.items()])
+
+
+def _infer_type(pa: Any, values: list) -> Any:
+    try:
+        return pa.array(values).type
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return pa.string()  # values that cannot share a type: stored JSON-encoded
+
+
+def _merge_type(pa: Any, old: Any, new: Any) -> Any:
+    if old.equals(new) or pa.types.is_null(new):
+        return old
+    if pa.types.is_null(old):
+        return new
+    numeric = (pa.types.is_integer(old) or pa.types.is_floating(old)) and (
+        pa.types.is_integer(new) or pa.types.is_floating(new))
+    return pa.float64() if numeric else pa.string()
+
+
+def _to_table(pa: Any, records: list[dict], schema: Any) -> Any:
+    arrays = []
+    for f in schema:
+        values = [r.get(f.name) for r in records]
+        if pa.types.is_string(f.type):
+            values = [v if v is None or isinstance(v, str)
+                      else json.dumps(v, ensure_ascii=False, default=json_default)
+                      for v in values]
+        arrays.append(pa.array(values, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,137 @@
+"""Output records of one input row: mlxpa result rows, or OpenAI Batch API output lines.
+
+mlxpa rows (one per sample)::
+
+    {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
+    + "sample_index" when n > 1, "error" when the row failed, then the --keep-columns fields
+
+OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
+
+    {"id": "batch_req_<row>", "custom_id", "error": null,
+     "response": {"status_code": 200, "request_id": "req_<row>",
+                  "body": {"id", "object": "chat.completion" | "text_completion", "created",
+                           "model", "choices": [...], "usage": {...}}}}
+
+and for a failed row ``"response": null, "error": {"code", "message"}``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mlxpa.data.rows import Row
+from mlxpa.request import RequestOutput
+
+OUTPUT_FORMATS = ("auto", "mlxpa", "openai")
+ERROR_CODE = "invalid_request"
+
+
+def resolve_output_format(requested: str, file_fmt: str, existing: str | None,
+                          all_openai: bool) -> str:
+    """The record format of a run: ``mlxpa`` or ``openai``.
+
+    Args:
+        requested: ``--output-format``: ``auto``, ``mlxpa`` or ``openai``.
+        file_fmt: The output file's format (``jsonl`` or ``parquet``).
+        existing: The format of the records a resumed output holds, or None.
+        all_openai: Every valid input row is an OpenAI Batch API line.
+
+    Returns:
+        ``requested`` unless ``auto``: then what a resumed output holds, else ``openai`` for
+        an OpenAI Batch input written to JSONL, else ``mlxpa``.
+
+    Raises:
+        ValueError: ``openai`` to Parquet, or a format other than what the resumed output
+            holds.
+    """
+    if requested not in OUTPUT_FORMATS:
+        raise ValueError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                         f"got {requested!r}")
+    if existing is not None and requested not in ("auto", existing):
+        raise ValueError(f"the output holds {existing} records; cannot resume it with "
+                         f"--output-format {requested}")
+    fmt = requested if requested != "auto" else existing or (
+        "openai" if all_openai and file_fmt == "jsonl" else "mlxpa")
+    if fmt == "openai" and file_fmt != "jsonl":
+        raise ValueError("--output-format openai writes JSONL; give a .jsonl output")
+    return fmt
+
+
+def error_records(row: Row, message: str, fmt: str,
+                  prompt_tokens: int | None = None) -> list[dict]:
+    """The output of a row that could not run (one record, whatever its ``n``).
+
+    Args:
+        row: The input row.
+        message: Why, with file, line and field.
+        fmt: ``"mlxpa"`` or ``"openai"``.
+        prompt_tokens: Its prompt length when it was tokenized.
+    """
+    if fmt == "openai":
+        return [_openai_line(row, None, {"code": ERROR_CODE, "message": message})]
+    return [_keep(row, {"id": row.id, "text": None, "finish_reason": "error",
+                        "prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                        "cached_tokens": 0, "error": message})]
+
+
+def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
+                   place: str) -> list[dict]:
+    """The output of a finished row: every sample's :class:`RequestOutput`, in sample order.
+
+    Args:
+        row: The input row.
+        outs: One output per sample, sorted by ``sample_index``.
+        fmt: ``"mlxpa"`` or ``"openai"``.
+        model: Model name for OpenAI lines.
+        place: Where the row came from (``file line 3``), put before a run-time error.
+    """
+    failed = next((o for o in outs if o.error is not None), None)
+    if failed is not None:
+        return error_records(row, f"{place}: {failed.error}", fmt,
+                             failed.num_prompt_tokens)
+    if fmt == "openai":
+        return [_openai_line(row, _openai_body(row, outs, model), None)]
+    records = []
+    for out in outs:
+        record = {"id": row.id, "text": out.text, "finish_reason": out.finish_reason,
+                  "prompt_tokens": out.num_prompt_tokens,
+                  "completion_tokens": len(out.token_ids),
+                  "cached_tokens": out.num_cached_tokens}
+        if len(outs) > 1:
+            record["sample_index"] = out.sample_index
+        records.append(_keep(row, record))
+    return records
+
+
+def _keep(row: Row, record: dict) -> dict:
+    return {**record, **row.keep} if row.keep else record
+
+
+def _openai_line(row: Row, body: dict | None, error: dict | None) -> dict:
+    response = None
+    if body is not None:
+        response = {"status_code": 200, "request_id": f"req_{row.index}", "body": body}
+    return _keep(row, {"id": f"batch_req_{row.index}", "custom_id": row.id,
+                       "response": response, "error": error})
+
+
+def _openai_body(row: Row, outs: list[RequestOutput], model: str) -> dict[str, Any]:
+    chat = row.openai == "chat" if row.openai else row.messages is not None
+    choices = []
+    for out in outs:
+        choice: dict[str, Any] = {"index": out.sample_index}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        choice.update(logprobs=None, finish_reason=out.finish_reason)
+        choices.append(choice)
+    prompt = outs[0].num_prompt_tokens
+    completion = sum(len(o.token_ids) for o in outs)
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{row.index}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": choices,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion,
+                      "prompt_tokens_details": {"cached_tokens": outs[0].num_cached_tokens}}}

@@ -1,0 +1,266 @@
+"""One input record (a JSON object, a Parquet/CSV/``datasets`` row) to a validated :class:`Row`.
+
+Every problem is collected, not raised, and named with the source, line (or row) and field, so
+a validation pass can list them all before any model work (DESIGN.md "Input and output"):
+
+* the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
+  ``{"role", "content"}`` strings), nulls reported as such;
+* the id (a string or an integer; default: the row index);
+* per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked;
+* sampling fields mlxpa does not support (``presence_penalty``, ``logprobs``, ...) and near
+  misses of supported names (``temprature``) are errors; any other field passes through (it
+  can be carried to the output with ``--keep-columns``);
+* OpenAI Batch API lines (``custom_id``, ``method``, ``url``, ``body``): the id is
+  ``custom_id`` and every field of ``body`` must be known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from mlxpa.data.fields import (
+    FIELD_SUPPORT,
+    check_body_fields,
+    check_openai,
+    field_problem,
+    sampling_like,
+    unknown_field,
+)
+from mlxpa.data.params import SAMPLING_FIELDS, bad, parse_params, show
+
+
+class InputError(ValueError):
+    """A problem with the input as a whole (the run cannot read it).
+
+    ``str(error)`` is the full message, e.g. ``data.parquet: not a readable Parquet file``.
+
+    Attributes:
+        source: The file name as given, or ``"<stdin>"``.
+        line: 1-based line (JSONL, CSV) or 0-based row (Parquet, ``datasets``); None when the
+            problem is with the whole file.
+        field: The offending field or column, or None.
+        detail: The message without the location prefix.
+    """
+
+    def __init__(self, detail: str, *, source: str, line: int | None = None,
+                 field: str | None = None, unit: str = "line") -> None:
+        super().__init__(f"{where(source, line, unit)}: {detail}")
+        self.source = source
+        self.line = line
+        self.field = field
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One input row, validated.
+
+    Attributes:
+        index: 0-based position among the input's rows (blank JSONL lines skipped).
+        id: The row's id field (str or int); defaults to ``index``; None for a record that
+            could not be decoded.
+        prompt: Text prompt, or None when ``messages`` is given.
+        messages: Chat messages (``[{"role": str, "content": str, ...}]``, null keys dropped),
+            or None when ``prompt`` is given.
+        params: Per-row sampling overrides, only the fields the row sets (nulls are absent):
+            ints for ``max_tokens`` (>= 0), ``top_k`` (>= 0; -1 is read as 0), ``seed``
+            (>= 0), ``n`` (>= 1), ``min_tokens`` (>= 0); floats for ``temperature`` (>= 0),
+            ``top_p`` (in (0, 1]), ``min_p`` (in [0, 1]); ``stop`` a list of non-empty strings
+            and ``stop_token_ids`` a list of ints >= 0 (a single value becomes a one-element
+            list); bools for ``ignore_eos`` and ``include_stop_str_in_output``. Integral floats
+            such as ``10.0`` are accepted as ints.
+        error: Why the row cannot run (the full message with source, line and field), or None.
+            When set, ``prompt``, ``messages`` and ``params`` hold only what was valid.
+        line: Where the row came from: 1-based line (JSONL, CSV) or 0-based row (Parquet,
+            ``datasets``).
+        keep: Values of the ``--keep-columns`` fields (None for a missing one), or None when
+            no columns are kept.
+        openai: ``"chat"`` or ``"completions"`` for an OpenAI Batch API line, else None.
+    """
+
+    index: int
+    id: str | int
+    prompt: str | None
+    messages: list[dict] | None
+    params: dict[str, Any]
+    error: str | None = None
+    line: int | None = None
+    keep: dict[str, Any] | None = None
+    openai: str | None = None
+
+
+class RowSpec(NamedTuple):
+    """How to read rows of one source.
+
+    Attributes:
+        source: Display name of the source (a path or ``"<stdin>"``).
+        unit: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, ``datasets``).
+        prompt_column: Field holding the text prompt.
+        messages_column: Field holding chat messages.
+        id_column: Field holding the row id.
+        system: A system message put before every row's prompt (see :func:`parse_row`).
+        keep_columns: Fields copied into ``Row.keep``.
+    """
+
+    source: str
+    unit: str = "line"
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    id_column: str = "id"
+    system: str | None = None
+    keep_columns: tuple[str, ...] = ()
+
+    def known(self) -> frozenset[str]:
+        """Fields with a meaning for mlxpa (everything else passes through)."""
+        return frozenset((self.prompt_column, self.messages_column, self.id_column,
+                          *SAMPLING_FIELDS, "max_completion_tokens"))
+
+
+def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
+    """Validate one decoded record (a JSON object or a columnar row; None means absent).
+
+    ``spec.system`` goes first: as a ``{"role": "system"}`` message in front of ``messages``
+    (unless they already start with one), or as text and a blank line in front of ``prompt``.
+    """
+    problems: list[str] = []
+    fields, prefix, id_field, kind = obj, "", spec.id_column, None
+    openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
+    if openai:  # OpenAI Batch API line
+        fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
+        kind = check_openai(obj, problems)
+        if not isinstance(fields, dict):
+            problems.append(bad("body", "an object", fields))
+            fields = {}
+        check_body_fields(fields, problems)
+    else:
+        _check_unknown(obj, spec, problems)
+    row_id = obj.get(id_field)
+    if row_id is None and openai:
+        pass  # no custom_id: unknown (an error row with a null custom_id, never the index)
+    elif row_id is None:
+        row_id = index
+    elif isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
+        problems.append(bad(id_field, "a string or an integer", row_id))
+        row_id = index
+    prompt, messages = _parse_input(fields, prefix, spec, problems)
+    if kind is None and openai:
+        kind = "chat" if messages is not None else "completions"
+    if kind is not None and (messages is None) != (kind == "completions") and not problems:
+        want = spec.messages_column if kind == "chat" else spec.prompt_column
+        problems.append(f'field "url" {show(obj.get("url"))} needs field "{prefix}{want}"')
+    if spec.system is not None:
+        prompt, messages = _with_system(spec.system, prompt, messages)
+    params = parse_params(fields, prefix, problems)
+    keep = None
+    if spec.keep_columns:
+        keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.keep_columns}
+    error = f"{where(spec.source, line, spec.unit)}: {'; '.join(problems)}" if problems else None
+    return Row(index, row_id, prompt, messages, params, error, line, keep, kind)
+
+
+def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:
+    """A row for a record that could not be decoded (invalid JSON, not an object, bad UTF-8);
+    its id is None (unknown: never the index, which could be another row's id)."""
+    return Row(index, None, None, None, {}, f"{where(spec.source, line, spec.unit)}: {detail}",
+               line)
+
+
+def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
+    """A plain row: unsupported fields (unless at their default) and near misses of
+    sampling fields are errors; anything else passes through."""
+    for key, value in obj.items():
+        if value is None or key in spec.known() or key in spec.keep_columns:
+            continue
+        if key in FIELD_SUPPORT:
+            problem = field_problem(key, key, value)
+            if problem is not None:
+                problems.append(problem)
+        elif sampling_like(key):
+            problems.append(unknown_field(key, key))
+
+
+def is_relevant(key: str, spec: RowSpec) -> bool:
+    """Whether field ``key`` can matter for a row (read it from a columnar file)."""
+    return (key in spec.known() or key in spec.keep_columns
+            or key in ("custom_id", "method", "url", "body") or sampling_like(key))
+
+
+def _parse_input(fields: dict, prefix: str, spec: RowSpec,
+                 problems: list[str]) -> tuple[str | None, list[dict] | None]:
+    pc, mc = prefix + spec.prompt_column, prefix + spec.messages_column
+    prompt, messages = fields.get(spec.prompt_column), fields.get(spec.messages_column)
+    if prompt is not None and messages is not None:
+        problems.append(f'give field "{pc}" or field "{mc}", not both')
+        return None, None
+    if prompt is None and messages is None:
+        if spec.prompt_column in fields or spec.messages_column in fields:
+            null = pc if spec.prompt_column in fields else mc
+            problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
+        else:
+            problems.append(f'missing field "{pc}" (or "{mc}")')
+        return None, None
+    if messages is None:
+        if isinstance(prompt, str) and prompt.strip():
+            return prompt, None
+        problems.append(bad(pc, "a non-empty string", prompt))
+        return None, None
+    if not isinstance(messages, list) or not messages:
+        problems.append(bad(mc, 'a non-empty list of {"role", "content"} objects', messages))
+        return None, None
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            problems.append(bad(f"{mc}[{i}]", 'an object with "role" and "content"', m))
+            return None, None
+        m = {k: v for k, v in m.items() if v is not None}
+        if isinstance(m.get("content"), list):
+            text = _text_parts(m["content"])
+            if text is None:
+                problems.append(bad(f"{mc}[{i}].content", 'a string or a list of {"type": '
+                                    '"text", "text": string} parts', m["content"]))
+                return None, None
+            m["content"] = text
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                problems.append(bad(f"{mc}[{i}].{key}", "a string", m.get(key)))
+                return None, None
+        clean.append(m)
+    return None, clean
+
+
+def _text_parts(parts: list) -> str | None:
+    """OpenAI content parts, text only, joined by newlines (as vLLM does), or None."""
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    if not texts or len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
+        return None
+    return "\n".join(texts)
+
+
+def _with_system(system: str, prompt: str | None,
+                 messages: list[dict] | None) -> tuple[str | None, list[dict] | None]:
+    if messages is not None:
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system}, *messages]
+        return None, messages
+    if prompt is not None:
+        return f"{system}\n\n{prompt}", None
+    return None, None
+
+
+def json_type(value: Any) -> str:
+    """``a string``, ``an array``, ... for a decoded JSON value that is not an object."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
+
+
+def where(source: str, line: int | None, unit: str) -> str:
+    """``source``, or ``source line N`` / ``source row N``."""
+    return source if line is None else f"{source} {unit} {line}"

@@ -1,0 +1,165 @@
+"""The validation pass: read the whole input once, before any model work, in constant memory.
+
+It keeps only each id's first line (for duplicate ids) and the first :data:`MAX_PROBLEMS`
+problems, so a bad row far down a large file stops the run before the model loads, with every
+problem named by file, line (or row) and field. It also decides which rows an earlier run
+already wrote (``--resume``) and whether the input is an OpenAI Batch file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mlxpa.config import SamplingParams
+from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
+from mlxpa.data.resume import Existing, id_key
+from mlxpa.data.rows import InputError, Row, where
+
+MAX_PROBLEMS = 20
+
+
+@dataclass(slots=True)
+class Validation:
+    """What the validation pass found.
+
+    Attributes:
+        num_rows: Rows in the input.
+        problems: The first ``MAX_PROBLEMS`` problems, each with file, line and field.
+        num_problems: All problems (invalid rows and duplicate ids) of rows not yet done.
+        row_problems: Row index to message, for rows that are invalid beyond their own
+            fields: an id an earlier row already has, or sampling fields that conflict with
+            the run's defaults (``min_tokens`` above ``max_tokens``).
+        done: Id keys of rows the output already holds in full (``--resume``).
+        num_done: Rows skipped because the output already holds them.
+        cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
+        all_openai: Every row that is not invalid is an OpenAI Batch API line (at least one is).
+    """
+
+    num_rows: int = 0
+    problems: list[str] = field(default_factory=list)
+    num_problems: int = 0
+    row_problems: dict[int, str] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    num_done: int = 0
+    cut_at: int | None = None
+    all_openai: bool = False
+
+    def report(self) -> str:
+        """The problems, listed for stopping before the run."""
+        shown = "\n".join(f"  {p}" for p in self.problems)
+        more = self.num_problems - len(self.problems)
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        return (f"{self.num_problems} invalid row(s) of {self.num_rows}; nothing was run "
+                f"(--skip-invalid runs the rest and writes an error row for each):\n"
+                f"{shown}{tail}")
+
+
+def validate(rows: Iterable[Row], *, source: str, unit: str,
+             existing: Existing | None = None, default_n: int = 1,
+             defaults: SamplingParams | None = None,
+             vocab_size: int | None = None) -> Validation:
+    """Read every row once; collect problems, duplicate ids and rows already done.
+
+    Args:
+        rows: The input rows (read lazily).
+        source: The input's display name.
+        unit: ``"line"`` or ``"row"``.
+        existing: What the output already holds (``--resume``), or None.
+        default_n: Samples per row for rows that do not set ``n``.
+        defaults: The run's sampling defaults: each row's fields are checked merged with
+            them (None: not checked).
+        vocab_size: The model's vocabulary size: every token id a row gives (and every id
+            of the defaults, for rows that do not set them) must be below it (None: not
+            checked here; the engine still refuses such a request).
+
+    Returns:
+        The :class:`Validation`.
+
+    Raises:
+        InputError: The input as a whole cannot be read.
+    """
+    v = Validation()
+    first_line: dict[str, int | None] = {}
+    openai, any_openai = True, False
+    for row in rows:
+        v.num_rows += 1
+        # An invalid line does not change the output format of an OpenAI Batch file.
+        openai = openai and (row.openai is not None or row.error is not None)
+        any_openai = any_openai or row.openai is not None
+        if row.id is None:  # an undecodable record: a problem, never a duplicate or done
+            _add_problem(v, row.error)
+            continue
+        key = id_key(row.id)
+        # A duplicate is never done: the output's rows for this id are the first row's.
+        if (key not in first_line and existing is not None
+                and _is_done(row, key, existing, default_n, v)):
+            v.done.add(key)
+            v.num_done += 1
+            first_line[key] = row.line
+            continue
+        problem = row.error or _run_problem(row, defaults, vocab_size)
+        if problem is not None and row.error is None:
+            problem = f"{where(source, row.line, unit)}: {problem}"
+            v.row_problems[row.index] = problem
+        if key in first_line:
+            problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)} "
+                       f"(first at {unit} {first_line[key]})")
+            v.row_problems[row.index] = problem
+        else:
+            first_line[key] = row.line
+        if problem is not None:
+            _add_problem(v, problem)
+    v.all_openai = openai and any_openai
+    return v
+
+
+def _run_problem(row: Row, defaults: SamplingParams | None,
+                 vocab_size: int | None) -> str | None:
+    """What stops a well-formed row from running with the run's defaults and model: fields
+    that conflict once merged (``min_tokens`` above ``max_tokens``), token ids outside the
+    vocabulary."""
+    prefix = "body." if row.openai is not None else ""
+    if vocab_size is not None:
+        ids = {name: row.params.get(name, getattr(defaults, name, ()))
+               for name in TOKEN_ID_FIELDS}
+        problems = check_token_ids(ids, vocab_size, prefix)
+        if problems:
+            return "; ".join(problems)
+    if defaults is not None:
+        try:
+            dataclasses.replace(defaults, **row.params)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def _add_problem(v: Validation, problem: str) -> None:
+    v.num_problems += 1
+    if len(v.problems) < MAX_PROBLEMS:
+        v.problems.append(problem)
+
+
+def _is_done(row: Row, key: str, existing: Existing, default_n: int, v: Validation) -> bool:
+    count = existing.counts.get(key, 0)
+    if count == 0:
+        return False
+    need = 1 if existing.fmt == "openai" else row.params.get("n", default_n)
+    if count >= need:
+        return True
+    tail = existing.tail
+    if tail is not None and tail.key == key and tail.count == count:
+        v.cut_at = tail.offset  # its samples were cut short by a crash: run it again
+    return False
+
+
+def check(v: Validation, source: str) -> None:
+    """Raise when the validation found problems.
+
+    Raises:
+        InputError: Listing the first problems (:meth:`Validation.report`).
+    """
+    if v.num_problems:
+        raise InputError(v.report(), source=source)

@@ -1,0 +1,177 @@
+"""Result writers: JSONL (a file or stdout) and Parquet, in input order via a reorder buffer.
+
+Records are added as rows finish, keyed by ``Row.index``. In ordered mode (the default) a record
+waits in the reorder buffer until every earlier index is done (or skipped: already in the
+output on ``--resume``), then it and every contiguous successor are released at once: JSONL
+writes them and flushes, so finished results are on disk (or down the pipe) as soon as order
+allows and nothing is held back to the end. Unordered mode writes each record as it comes.
+
+JSONL is appended to on ``--resume`` (after :mod:`mlxpa.data.resume` cut a torn last line).
+Parquet goes through :class:`~mlxpa.data.parquet.ParquetSink`: finished row groups on disk as
+they fill, one file renamed over the target at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxpa.data.read import CORE_COLUMNS, PARQUET_EXTENSIONS, STDIN
+
+__all__ = ["CORE_COLUMNS", "ResultWriter", "json_default", "output_format"]
+
+
+class ResultWriter:
+    """Write result records in input order to JSONL (file or stdout) or Parquet.
+
+    ``add(index, record)`` takes the record for input row ``index``; a sequence of records
+    (one per sample when n > 1) is also accepted and written consecutively. Use as a context
+    manager: ``close`` runs on exit, also after an exception, so finished rows are kept (on
+    ``KeyboardInterrupt`` a Parquet output keeps its finished row groups in the parts folder
+    for ``--resume`` instead of spending time on the merge).
+
+    Args:
+        path: Output path, or ``"-"`` for stdout (JSONL only; nothing else may write there).
+        fmt: ``"jsonl"`` or ``"parquet"``; None picks Parquet for ``.parquet``/``.pq`` and
+            JSONL otherwise.
+        ordered: Write in input order (reorder buffer); False writes records as they come.
+        row_group_size: Parquet records per row group (bounds the writer's memory).
+        append: Keep what the output already holds and add to it (``--resume``).
+
+    Raises:
+        ValueError: Unknown ``fmt``, or Parquet to stdout.
+        OSError: The output cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, fmt: str | None = None, ordered: bool = True,
+                 row_group_size: int = 1024, append: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.fmt = output_format(self.path, fmt)
+        if self.fmt == "parquet" and self.path == STDIN:
+            raise ValueError("Parquet cannot be written to stdout; give a .parquet path")
+        self._ordered = ordered
+        self._pending: dict[int, list[dict]] = {}
+        self._next = 0
+        self._num_written = 0
+        self._closed = False
+        self._sink: Any
+        if self.fmt == "jsonl":
+            self._sink = _JsonlSink(self.path, append)
+        else:
+            from mlxpa.data.parquet import ParquetSink
+
+            self._sink = ParquetSink(self.path, row_group_size, append)
+
+    def add(self, index: int, record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Add the result of input row ``index`` (0-based); writes whatever became contiguous.
+
+        Args:
+            index: ``Row.index`` of the row; each index is added (or skipped) once.
+            record: The result (keys ``id``, ``text``, ``finish_reason``, ``prompt_tokens``,
+                ``completion_tokens``, optionally ``error`` and extra keys), or a sequence of
+                such records written consecutively (an empty one writes nothing).
+
+        Raises:
+            ValueError: The writer is closed, or (ordered mode) the index is negative or was
+                already added.
+        """
+        if self._closed:
+            raise ValueError("the writer is closed")
+        records = [dict(record)] if isinstance(record, Mapping) else [dict(r) for r in record]
+        if not self._ordered:
+            self._emit([records])
+            return
+        if index < 0 or index < self._next or index in self._pending:
+            raise ValueError(f"result for row {index} was already added or is invalid")
+        self._pending[index] = records
+        if index != self._next:
+            return
+        ready: list[list[dict]] = []
+        while self._next in self._pending:
+            ready.append(self._pending.pop(self._next))
+            self._next += 1
+        self._emit(ready)
+
+    def skip(self, index: int) -> None:
+        """Mark row ``index`` as needing no output (already written by an earlier run)."""
+        self.add(index, [])
+
+    def close(self, interrupted: bool = False) -> None:
+        """Write what is still buffered and finish the file (idempotent).
+
+        Records still waiting for an earlier row that never came (an interrupted run) are
+        written too, in index order, so no finished result is lost; for Parquet, the finished
+        row groups are then merged into ``path`` (unless ``interrupted``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._emit([self._pending.pop(i) for i in sorted(self._pending)])
+        finally:
+            if self.fmt == "parquet":
+                self._sink.close(merge=not interrupted)
+            else:
+                self._sink.close()
+
+    @property
+    def num_written(self) -> int:
+        """Records released from the reorder buffer to the output (JSONL: written, flushed)."""
+        return self._num_written
+
+    @property
+    def num_pending(self) -> int:
+        """Rows waiting in the reorder buffer for an earlier row."""
+        return len(self._pending)
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+
+    def _emit(self, groups: list[list[dict]]) -> None:
+        groups = [g for g in groups if g]
+        if groups:
+            self._sink.write(groups)
+            self._num_written += sum(map(len, groups))
+
+
+def output_format(path: str, fmt: str | None = None) -> str:
+    """The output format: ``fmt`` if given, Parquet for ``.parquet``/``.pq``, else JSONL."""
+    if fmt is not None:
+        if fmt not in ("jsonl", "parquet"):
+            raise ValueError(f"unknown format {fmt!r}; expected jsonl or parquet")
+        return fmt
+    return "parquet" if os.path.splitext(path)[1].lower() in PARQUET_EXTENSIONS else "jsonl"
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps`` fallback that never fails (a result that cannot be written is lost):
+    numpy values become lists or numbers, anything else its ``str``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+class _JsonlSink:
+    def __init__(self, path: str, append: bool) -> None:
+        self._own = path != STDIN
+        mode = "a" if append else "w"
+        self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else sys.stdout
+
+    def write(self, groups: list[list[dict]]) -> None:
+        # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
+        # never inside write(), so Ctrl-C cannot leave half a line behind.
+        self._f.write("".join(json.dumps(r, ensure_ascii=False, default=json_default) + "\n"
+                              for g in groups for r in g))
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._own:
+            self._f.close()
+        else:
+            self._f.flush()

@@ -1,0 +1,216 @@
+"""The engine: the only glue between requests, scheduler, model runner and outputs.
+
+``LLMEngine.step()`` runs ``Scheduler.schedule()`` → ``ModelRunner.execute()`` →
+``Scheduler.update_from_output()`` → incremental detokenization and stop strings, and
+returns the requests that finished. ``generate()`` streams requests in from any iterable,
+admitting more only while the waiting queue is short, so large inputs never sit in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.core.block_pool import BlockPool
+from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.scheduler import Scheduler, SchedulerOutput
+from mlxpa.engine.detokenizer import IncrementalDetokenizer
+from mlxpa.engine.metrics import Counters
+from mlxpa.request import Request, RequestOutput, RequestStatus
+from mlxpa.worker.model_runner import ModelRunner
+
+
+class PromptInput(NamedTuple):
+    """One request to run: caller id, prompt token ids, sampling parameters."""
+
+    request_id: object
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class LLMEngine:
+    """Continuous-batching engine over a paged KV cache.
+
+    Args:
+        config: Engine configuration.
+        model: An mlx-lm model; None loads ``config.model`` (the default Gemma 3 270M when
+            that is None).
+        tokenizer: The model's mlx-lm ``TokenizerWrapper`` (required with ``model``).
+    """
+
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None) -> None:
+        if model is None:
+            from mlxpa.loader.models import load_model
+
+            model, tokenizer, _ = load_model(config.model, config.dtype)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids))
+        self.kv_cache_manager = KVCacheManager(
+            BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
+                                   frozenset(tokenizer.eos_token_ids))
+        self.counters = Counters()
+        self._detok: dict[Request, IncrementalDetokenizer] = {}
+        self._pending_forks: list[Request] = []
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def add_request(self, request_id: object, prompt_token_ids: list[int],
+                    params: SamplingParams) -> list[RequestOutput] | None:
+        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill,
+        the others fork its blocks when it is done).
+
+        Returns:
+            Finished :class:`RequestOutput` s (one per sample) right away when the request
+            needs no model work (``max_tokens`` 0) or cannot run (empty prompt, longer than
+            the context or the pool: ``finish_reason`` ``abort`` with ``error`` set);
+            otherwise None.
+        """
+        req = Request(request_id, list(prompt_token_ids), params,
+                      arrival_time=time.perf_counter())
+        try:
+            self._check_token_ids(req)
+            self.scheduler.add_request(req)
+        except ValueError as e:
+            return [self._error(req, str(e), i) for i in range(params.n)]
+        self.counters.prompt_tokens += req.num_prompt_tokens
+        if req.max_tokens == 0:
+            self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+            return [self._output(req, "", i) for i in range(params.n)]
+        self._detok[req] = self._detokenizer(params)
+        if params.n > 1:
+            self._pending_forks.append(req)
+        return None
+
+    def _check_token_ids(self, req: Request) -> None:
+        """Every id the request gives indexes the model's vocabulary (an id out of range
+        would read another row of the embedding, or scatter into another request's logits).
+
+        Raises:
+            ValueError: Naming the field, the first bad id and the vocabulary size.
+        """
+        vocab = self.runner.vocab_size
+        for name, ids in (("prompt_token_ids", req.prompt_token_ids),
+                          ("stop_token_ids", req.sampling_params.stop_token_ids)):
+            bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+            if bad is not None:
+                raise ValueError(f'field "{name}": token id {bad} is outside the model\'s '
+                                 f"vocabulary ({vocab} ids, 0..{vocab - 1})")
+
+    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, params.stop,
+                                      params.include_stop_str_in_output, params.min_tokens)
+
+    def _error(self, req: Request, message: str, sample_index: int = 0) -> RequestOutput:
+        req.status = RequestStatus.FINISHED_ABORTED
+        out = self._output(req, "", sample_index)
+        out.error = message
+        return out
+
+    def _fork_samples(self, out: SchedulerOutput) -> None:
+        """Start samples 1..n-1 of every request whose prefill ran in step ``out`` (before
+        ``update_from_output``, which may finish and free the parent)."""
+        done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
+        still = []
+        for parent in self._pending_forks:
+            if id(parent) not in done:
+                still.append(parent)
+                continue
+            for i in range(1, parent.sampling_params.n):
+                child = Request(parent.request_id, parent.prompt_token_ids,
+                                parent.sampling_params, arrival_time=parent.arrival_time,
+                                sample_index=i)
+                self.scheduler.fork_request(parent, child)
+                self._detok[child] = self._detokenizer(parent.sampling_params)
+        self._pending_forks = still
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return the requests that finished in it."""
+        sched = self.scheduler
+        out = sched.schedule()
+        sampled = self.runner.execute(out) if out.requests else []
+        if self._pending_forks:
+            self._fork_samples(out)
+        updated = sched.update_from_output(out, sampled)
+        c = self.counters
+        c.num_steps += 1
+        c.generation_tokens += len(sampled)
+        c.num_preemptions += len(out.preempted)
+        c.evicted_blocks = self.kv_cache_manager.evicted_blocks
+        used = self.kv_cache_manager.num_active_blocks
+        c.peak_kv_blocks = max(c.peak_kv_blocks, used)
+        c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
+        c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
+        finished = []
+        for req in updated:
+            detok = self._detok[req]
+            tok = req.output_token_ids[-1]
+            is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
+            if not is_eos and detok.add_token(tok):
+                req.stop_reason = detok.stop_string
+                if req.is_finished:  # also hit max_tokens: the stop string names the reason
+                    req.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            if req.is_finished:
+                finished.append(self._output(req, self._detok.pop(req).finalize()))
+        return finished
+
+    def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
+        c = self.counters
+        c.requests += 1
+        if sample_index in (None, 0):
+            c.cached_prompt_tokens += max(req.num_cached_tokens, 0)
+        times = req.token_times
+        ttft = times[0] - req.arrival_time if times else None
+        itl = [b - a for a, b in zip(times, times[1:])]
+        if ttft is not None:
+            c.ttft_s.append(ttft)
+        c.itl_s.extend(itl)
+        return RequestOutput(
+            request_id=req.request_id,
+            sample_index=req.sample_index if sample_index is None else sample_index,
+            text=text, token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
+
+    def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
+        """Run every prompt to completion, yielding outputs as requests finish.
+
+        Args:
+            prompts: Requests to run, pulled lazily.
+            max_waiting: Pull more prompts only while fewer than this many wait
+                (default: ``2 * max_num_seqs``).
+            should_stop: Polled between steps; when it returns True, generation ends and
+                the requests in flight stay unfinished (Ctrl-C).
+        """
+        limit = max_waiting or 2 * self.config.max_num_seqs
+        it = iter(prompts)
+        exhausted = False
+        while should_stop is None or not should_stop():
+            while not exhausted and self.num_waiting < limit:
+                item = next(it, None)
+                if item is None:
+                    exhausted = True
+                    break
+                done = self.add_request(*item)
+                if done is not None:
+                    yield from done
+            if not self.has_unfinished_requests():
+                if exhausted:
+                    return
+                continue
+            yield from self.step()

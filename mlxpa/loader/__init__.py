@@ -1,0 +1,1 @@
+"""``--model`` to a local MLX folder and a loaded model: resolution, GGUF conversion."""

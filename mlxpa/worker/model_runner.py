@@ -1,0 +1,276 @@
+"""Model runner: KV pool sizing, step inputs, one forward pass per row group, sampling.
+
+The runner reads a :class:`SchedulerOutput` and returns sampled token ids; it never mutates
+requests, blocks or the scheduler. Per step it:
+
+1. applies copy-on-write block copies;
+2. splits the scheduled rows into a decode group (one token each) and prefill groups of
+   similar chunk length (rows of one group are right-padded to the group's longest chunk;
+   padding a decode row to a prefill chunk would cost the chunk's FLOPs);
+3. builds per-group metadata with numpy (slot mapping, block tables, context lengths,
+   positions, sliding-window tables) and converts it once;
+4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
+   of each row's last token and applies the LM head only to rows that sample (Gemma 3's head
+   over 262,144 tokens costs more than the rest of the 270M model);
+5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from contextlib import nullcontext
+
+import mlx.core as mx
+import numpy as np
+
+from mlxpa.config import EngineConfig
+from mlxpa.core.scheduler import SchedulerOutput
+from mlxpa.kernels.cpu_fused import active as cpu_fused_active
+from mlxpa.kernels.cpu_fused import fused_cpu_ops
+from mlxpa.request import Request
+from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
+from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
+from mlxpa.worker.sampling import sample
+
+# Body/head split is known for these (``model.model`` body, tied embedding or ``lm_head``).
+_SPLIT_MODEL_TYPES = {"llama", "gemma3_text", "qwen2", "qwen3", "mistral"}
+# A prefill row joins a group while its padding stays within this many tokens.
+_MAX_PAD_TOKENS = 32
+
+
+def default_kv_bytes() -> int:
+    """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 * 2**30
+    return int(min(4 * 2**30, 0.15 * total))
+
+
+def kv_shape(model) -> tuple[int, int, int]:
+    """``(num_layers, kv_heads, head_dim)`` of an mlx-lm model."""
+    args = model.args
+    heads = args.num_attention_heads
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+    return len(model.layers), kv_heads, head_dim
+
+
+def sliding_windows(model) -> list[int | None]:
+    """Per layer, the sliding window in tokens (from ``model.make_cache()``) or None."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    if not hasattr(model, "make_cache"):
+        return [None] * len(model.layers)
+    return [c.max_size if isinstance(c, RotatingKVCache) else None for c in model.make_cache()]
+
+
+def vocab_size(model) -> int:
+    """Token ids ``model`` takes and scores: ``args.vocab_size``, or the rows of its token
+    embedding when that is smaller (or the model has no ``args.vocab_size``)."""
+    sizes = [getattr(getattr(model, "args", None), "vocab_size", None)]
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None and hasattr(embed, "weight"):
+        sizes.append(embed.weight.shape[0])
+    return int(min(s for s in sizes if s is not None))
+
+
+def token_slice(req: Request, start: int, end: int) -> list[int]:
+    """``req.all_token_ids[start:end]`` without concatenating the whole context."""
+    p, n = req.prompt_token_ids, len(req.prompt_token_ids)
+    if start >= n:
+        return req.output_token_ids[start - n:end - n]
+    if end <= n:
+        return p[start:end]
+    return p[start:] + req.output_token_ids[:end - n]
+
+
+def group_rows(num_tokens: list[int]) -> list[list[int]]:
+    """Split row indices into groups run as one padded batch: decodes together, prefill
+    chunks by similar length (sorted, longest first)."""
+    decode = [i for i, n in enumerate(num_tokens) if n == 1]
+    prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
+    groups = [decode] if decode else []
+    for i in prefill:
+        if groups and groups[-1] is not decode and (
+                num_tokens[groups[-1][0]] - num_tokens[i] <= _MAX_PAD_TOKENS):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class ModelRunner:
+    """Owns the model and the KV pools; executes scheduled steps.
+
+    Args:
+        model: An mlx-lm model (weights already in the compute dtype).
+        config: Engine configuration (block size, pool budget, seed).
+        eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
+
+    Attributes:
+        num_blocks: Blocks per pool, null block included.
+        max_model_len: Model context in tokens (``max_position_embeddings`` or config).
+        vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
+            model or used as a logits index is below it.
+    """
+
+    def __init__(self, model, config: EngineConfig,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.model = model
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.config = config
+        self.block_size = config.block_size
+        num_layers, kv_heads, head_dim = kv_shape(model)
+        self.dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else (
+            mx.float32)
+        self.block_bytes = block_bytes(num_layers, self.block_size, kv_heads, head_dim,
+                                       self.dtype)
+        budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
+                  else default_kv_bytes())
+        self.num_blocks = config.num_blocks or max(2, int(budget) // self.block_bytes + 1)
+        self.kv_cache = PagedKVCache(num_layers, self.num_blocks, self.block_size, kv_heads,
+                                     head_dim, self.dtype)
+        self.windows = sliding_windows(model)
+        ctx = getattr(model.args, "max_position_embeddings", None) or 1 << 20
+        self.max_model_len = min(ctx, config.max_model_len or ctx)
+        self.vocab_size = vocab_size(model)
+        self._split = getattr(model, "model_type", None) in _SPLIT_MODEL_TYPES
+        self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
+
+    def _block_table(self, req: Request) -> np.ndarray:
+        """Runner-side numpy copy of ``req.block_table``, synced incrementally: full blocks
+        before ``num_computed_tokens`` never change while the request holds them, so only
+        the tail is re-read (everything after a preemption)."""
+        arr, synced, npre = self._tables.get(req, (None, 0, -1))
+        table = req.block_table
+        if arr is None or npre != req.num_preemptions or len(table) > len(arr):
+            new = np.zeros(max(16, 2 * len(table)), np.int32)
+            if arr is not None and npre == req.num_preemptions:
+                new[:synced] = arr[:synced]
+            else:
+                synced = 0
+            arr = new
+        start = min(synced, req.num_computed_tokens // self.block_size)
+        arr[start:len(table)] = table[start:]
+        self._tables[req] = (arr, len(table), req.num_preemptions)
+        return arr[:len(table)]
+
+    def _metadata(self, reqs: list[Request], counts: list[int]) -> tuple[mx.array,
+                                                                          AttentionMetadata]:
+        bs, b, width = self.block_size, len(reqs), max(counts)
+        tokens = np.zeros((b, width), np.int32)
+        slots = np.zeros((b, width), np.int64)
+        starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
+        ctx = starts + np.array(counts, np.int32)
+        nblocks = -(-ctx // bs)
+        tables = np.zeros((b, int(nblocks.max())), np.int32)
+        for row, (req, n) in enumerate(zip(reqs, counts)):
+            s = int(starts[row])
+            tokens[row, :n] = token_slice(req, s, s + n)
+            bt = self._block_table(req)
+            pos = np.arange(s, s + n)
+            slots[row, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
+            tables[row, :len(bt)] = bt
+        window_tables = {}
+        for w in {w for w in self.windows if w is not None}:
+            first = np.maximum(starts - w + 1, 0) // bs
+            wt = np.zeros((b, int((nblocks - first).max())), np.int32)
+            for row in range(b):
+                wt[row, :nblocks[row] - first[row]] = tables[row, first[row]:nblocks[row]]
+            window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
+        slots = slots.reshape(-1)
+        meta = AttentionMetadata(
+            slot_blocks=mx.array((slots // bs).astype(np.int32)),
+            slot_offsets=mx.array((slots % bs).astype(np.int32)),
+            block_tables=mx.array(tables), context_lens=mx.array(ctx),
+            query_start=mx.array(starts), window_tables=window_tables,
+            kernel=self.config.kernel)
+        return mx.array(tokens), meta
+
+    def _forward(self, tokens: mx.array, meta: AttentionMetadata, rows: list[int],
+                 cols: list[int]) -> mx.array | None:
+        """Run one padded group; return ``[len(rows), vocab]`` logits at ``(rows, cols)``
+        (None when no row samples: only the K/V writes matter, evaluated with the pools)."""
+        caches = [PagedLayerCache(self.kv_cache, i, meta, w) for i, w in enumerate(self.windows)]
+        if not self._split:
+            out = self.model(tokens, cache=caches)
+            return out[mx.array(rows), mx.array(cols)] if rows else None
+        hidden = self.model.model(tokens, cache=caches)
+        if not rows:
+            return None
+        hidden = hidden[mx.array(rows), mx.array(cols)]
+        if "lm_head" in self.model:
+            return self.model.lm_head(hidden)
+        return self.model.model.embed_tokens.as_linear(hidden)
+
+    def seed_for(self, req: Request) -> int:
+        """The request's seed (sample 0) or one derived from it and the sample index, or,
+        without a seed, one derived from the engine seed and the request id."""
+        seed = req.sampling_params.seed
+        if seed is not None and req.sample_index == 0:
+            return seed
+        key = (seed, req.sample_index) if seed is not None else (
+            self.config.seed, req.request_id, req.sample_index)
+        return zlib.crc32(repr(key).encode())
+
+    def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
+        """EOS and stop token ids get -inf logits in rows that have not yet generated
+        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). A row whose banned ids would
+        cover the whole vocabulary is left as it is (there would be nothing to sample).
+
+        Raises:
+            IndexError: A banned id is not a column of ``logits`` (the engine refuses such
+                requests; a scatter out of range would write another row or crash).
+        """
+        rows, cols = [], []
+        for i, r in enumerate(reqs):
+            sp = r.sampling_params
+            if r.num_output_tokens < sp.min_tokens:
+                banned = sorted(set(sp.stop_token_ids) | set(self.eos_token_ids))
+                if banned and not 0 <= banned[0] <= banned[-1] < logits.shape[-1]:
+                    raise IndexError(f"token ids {banned} outside the logits' "
+                                     f"{logits.shape[-1]} columns")
+                if len(banned) < logits.shape[-1]:
+                    rows.extend([i] * len(banned))
+                    cols.extend(banned)
+        if rows:
+            logits[mx.array(rows), mx.array(cols)] = -float("inf")
+        return logits
+
+    def execute(self, out: SchedulerOutput) -> list[int]:
+        """Run one scheduled step.
+
+        Returns:
+            One sampled token id per request whose chunk reaches its last token
+            (``out.sampling``), in ``out.requests`` order.
+        """
+        for req in [r for r in self._tables if r.is_finished]:
+            del self._tables[req]
+        self.kv_cache.copy_blocks(out.blocks_to_copy)
+        sampling = out.sampling
+        order, logits = [], []
+        fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and cpu_fused_active()
+                 else nullcontext())
+        with patch_model(self.model), fused:
+            for group in group_rows(out.num_scheduled_tokens):
+                reqs = [out.requests[i] for i in group]
+                counts = [out.num_scheduled_tokens[i] for i in group]
+                tokens, meta = self._metadata(reqs, counts)
+                rows = [k for k, i in enumerate(group) if sampling[i]]
+                result = self._forward(tokens, meta, rows, [counts[k] - 1 for k in rows])
+                if result is not None:
+                    order.extend(group[k] for k in rows)
+                    logits.append(result)
+        pools = (self.kv_cache.key_caches, self.kv_cache.value_caches)
+        if not order:
+            mx.eval(*pools)
+            return []
+        reqs = [out.requests[i] for i in order]
+        logits = self._mask_early_stops(mx.concatenate(logits), reqs)
+        toks = sample(logits, [r.sampling_params for r in reqs],
+                      [self.seed_for(r) for r in reqs], [r.num_output_tokens for r in reqs])
+        mx.eval(toks, *pools)
+        by_row = dict(zip(order, toks.tolist()))
+        return [by_row[i] for i in range(len(out.requests)) if sampling[i]]

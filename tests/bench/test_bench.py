@@ -1,0 +1,83 @@
+"""``mlxpa bench`` on a tiny model: every workload and system, figures present and positive,
+identical generated token counts across systems, JSON schema, plot written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mlxpa.bench.workloads import random_workload, shared_prefix_workload
+from mlxpa.cli import app
+from mlxpa.loader.models import load_model
+from tests.tiny_models import save_tiny_model
+
+SYSTEMS = ["mlxpa", "mlxpa-noprefix", "mlx-lm", "static"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny", kind="gemma3")
+
+
+def test_workload_shapes(folder):
+    _, tok, _ = load_model(folder)
+    wl = random_workload(tok, num_prompts=20, input_len=10, output_len=3, range_ratio=0.5)
+    assert len(wl.prompts) == 20 and wl.output_lens == [3] * 20
+    assert all(5 <= len(p) <= 15 for p in wl.prompts)
+    special = set(tok.all_special_ids)
+    assert all(p[0] == tok.bos_token_id for p in wl.prompts)  # a BOS, as a real prompt has
+    assert not any(t in special for p in wl.prompts for t in p[1:])
+    sp = shared_prefix_workload(tok, num_groups=3, prompts_per_group=4, system_prompt_len=12,
+                                question_len=5, output_len=2)
+    assert len(sp.prompts) == 12 and all(len(p) == 17 for p in sp.prompts)
+    # Row i belongs to group i % 3: same 12-token prefix, different questions.
+    assert sp.prompts[0][:12] == sp.prompts[3][:12] != sp.prompts[1][:12]
+    assert sp.prompts[0][12:] != sp.prompts[3][12:]
+
+
+@pytest.mark.parametrize("workload,args", [
+    ("random", ["--num-prompts", "6", "--input-len", "20", "--output-len", "5"]),
+    ("shared-prefix", ["--num-groups", "2", "--prompts-per-group", "3",
+                       "--system-prompt-len", "24", "--question-len", "6", "--output-len", "4"]),
+])
+def test_bench_all_systems(folder, tmp_path, workload, args):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    r = CliRunner().invoke(app, ["bench", "--model", folder, "--workload", workload, *args,
+                                 "--kv-memory", "0.01", "--json", str(out_json),
+                                 "--plot", str(out_png)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("Throughput: ")
+    data = json.loads(out_json.read_text())
+    assert set(data) == {"workload", "machine", "systems"}
+    assert set(data["systems"]) == set(SYSTEMS)
+    assert {"cpu", "cores", "memory_bytes", "mlx", "mlx_lm", "dtype", "date", "blas"} <= set(
+        data["machine"])
+    expected = data["workload"]["output_tokens"]
+    for name, f in data["systems"].items():
+        assert f["generation_tokens"] == expected, name
+        for key in ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s",
+                    "peak_memory_bytes"):
+            assert f[key] > 0, (name, key)
+        for other in SYSTEMS:
+            if other != name:
+                assert f[f"total_tokens_per_s_ratio_to_{other}"] > 0
+    for name in ("mlxpa", "mlxpa-noprefix", "static"):
+        assert data["systems"][name]["kv_bytes"] > 0
+        assert data["systems"][name]["ttft_p50_s"] > 0
+    if workload == "shared-prefix":
+        # 6 prompts of 30 tokens; 4 reuse the group's one full 16-token block.
+        assert data["systems"]["mlxpa"]["prefix_cache_hit_rate"] == pytest.approx(64 / 180)
+        assert data["systems"]["mlxpa-noprefix"]["prefix_cache_hit_rate"] == 0
+    assert out_png.stat().st_size > 1000
+
+
+def test_bench_file_workload_and_bad_system(folder, tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"prompt": "hello"}\n{"prompt": "world!"}\n')
+    r = CliRunner().invoke(app, ["bench", "--model", folder, "--workload", "file", "--input",
+                                 str(src), "--output-len", "3", "--baselines", "mlxpa,static"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["bench", "--model", folder, "--baselines", "vllm"])
+    assert r.exit_code == 1 and "unknown system" in r.stderr

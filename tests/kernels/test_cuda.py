@@ -1,0 +1,184 @@
+"""The CUDA twin of the paged-attention kernels.
+
+- On any machine with ``nvcc``: the source MLX's CUDA back end generates (reproduced by
+  ``cuda_paged_attention.generated_source``) compiles for sm_90a in all three dtypes with no
+  register spills, no stack frame, registers that fit the launch's block size, and static
+  shared memory under 48 KB. Instances: head_dim 256 with an 8-way GQA group (the most
+  accumulators per lane v2 accepts) and head_dim 64.
+- On a CUDA GPU (MLX's CUDA build): both variants match the reference.
+- Without CUDA: constructing a ``cuda_kernel`` raises, and importing the module does not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxpa.kernels import _common, cuda_paged_attention
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+SHAPES = [(256, 16, 512, 8, 1), (64, 8, 0, 4, 2)]   # head_dim, block_size, window, hq, hkv
+NVCC = shutil.which("nvcc")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
+try:
+    import emu_harness as EMU
+except ImportError:  # pragma: no cover
+    EMU = None
+
+
+def _launches(dtype, d, bs, window, hq, hkv):
+    shape = _common.DecodeShape(8, hq, hkv, d, bs, 64, window, dtype)
+    return _common.plan(shape, "v1") + _common.plan(shape, "v2")
+
+
+def ptxas_report(stderr: str) -> dict[str, dict[str, int]]:
+    """Per kernel (demangled-name substring match on ``mlxpa_paged_<kind>``): registers,
+    spill stores/loads, stack frame and static shared memory bytes from ``ptxas -v``."""
+    report: dict[str, dict[str, int]] = {}
+    current = None
+    for line in stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            kind = re.search(r"mlxpa_paged_(v1|v2|reduce)_", m.group(1))
+            current = report.setdefault(kind.group(1), {})
+        elif current is not None and (m := re.search(
+                r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                line)):
+            current.update(stack=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
+        elif current is not None and (m := re.search(r"Used (\d+) registers", line)):
+            current["registers"] = int(m[1])
+            smem = re.search(r"(\d+) bytes smem", line)
+            current["smem"] = int(smem[1]) if smem else 0
+    return report
+
+
+def _compile(dtype_name: str, shape) -> tuple[str, dict]:
+    launches = _launches(DTYPES[dtype_name], *shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = os.path.join(tmp, "k.cu")
+        with open(cu, "w") as f:
+            f.write("\n".join(cuda_paged_attention.generated_source(ln) for ln in launches))
+        r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o",
+                            os.path.join(tmp, "k.cubin"), cu], capture_output=True, text=True)
+    return (r.stderr if r.returncode else ""), ptxas_report(r.stderr)
+
+
+@pytest.fixture(scope="module")
+def nvcc_results():
+    jobs = [(n, s) for n in DTYPES for s in SHAPES]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return dict(zip(jobs, pool.map(lambda j: _compile(*j), jobs)))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-g{s[3] // s[4]}")
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_nvcc_sm90a_no_spills(nvcc_results, dtype_name, shape):
+    error, report = nvcc_results[(dtype_name, shape)]
+    assert not error, error[-3000:]
+    threads = {ln.kind: ln.threadgroup[0] for ln in _launches(DTYPES[dtype_name], *shape)}
+    assert set(report) == {"v1", "v2", "reduce"}
+    for kind, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (kind, r)
+        assert r["stack"] == 0, (kind, r)                  # no local-memory arrays
+        assert r["registers"] * threads[kind] <= 65536, (kind, r)
+        assert r["smem"] <= 48 * 1024, (kind, r)
+
+
+@pytest.mark.skipif(mx.cuda.is_available(), reason="this MLX build has CUDA")
+def test_cuda_kernel_is_built_lazily():
+    cuda_paged_attention.kernel.cache_clear()
+    with pytest.raises(RuntimeError):
+        cuda_paged_attention.kernel("v1")
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX with a CUDA GPU")
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("d,bs,hq,hkv,window", [(64, 8, 4, 4, None), (128, 16, 8, 2, 20),
+                                                (256, 32, 8, 1, None), (256, 16, 4, 1, 512)])
+def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window):
+    tol = {mx.float32: 1e-4, mx.float16: 2e-3, mx.bfloat16: 2e-3}[dtype]
+    case = _common.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
+                               window, trim=window is not None)
+    out = cuda_paged_attention.paged_attention(*case.args, **case.kwargs, variant=variant)
+    why = _common.mismatch(out, _common.reference_f32(case), case.args[4], tol, tol)
+    assert why is None, why
+
+
+def _gpu_check():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                        "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_gpu_check_builds_without_mlx():
+    """scripts/gpu_check.py loads the kernel modules through its stand-in for mlx.core (as on a
+    GPU machine without MLX) and compiles the instances of its --quick run."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "gpu_check.py")
+    env = dict(os.environ, MLXPA_GPU_CHECK_STUB_MLX="1")
+    r = subprocess.run([sys.executable, script, "--build-only", "--quick"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "built 5 instances" in r.stdout
+
+
+def test_gpu_check_reference_matches_mlxpa_reference():
+    from mlxpa.kernels import reference
+
+    g = _gpu_check()
+    inst = ("bfloat16", 64, 8, 4, 2, 6)
+    case = g.make_case(np.random.default_rng(0), inst, [0, 1, 7, 9, 40], trim=True)
+    want = g.reference_f64(case, inst)
+    f = {k: mx.array(case[k][1]) for k in ("q", "kc", "vc")}
+    out = reference.paged_attention(
+        f["q"][:, :, None], f["kc"], f["vc"], mx.array(case["table"]), mx.array(case["lens"]),
+        mx.array(case["qstart"]), scale=case["scale"], sliding_window=6,
+        key_start=mx.array(case["kstart"]))
+    assert np.allclose(np.array(out)[1:, :, 0], want[1:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(EMU is None or EMU.unavailable_reason() is not None,
+                    reason="msl_emu or g++ unavailable")
+def test_gpu_check_launch_path_in_emulator():
+    """gpu_check's case, launch chain (argument order, grids, meta) and float64 check, with
+    numpy for CuPy and the emulated Metal body for each cubin kernel."""
+    g = _gpu_check()
+    inst = ("bfloat16", 64, 8, 2, 1, None)
+    dt = mx.bfloat16
+
+    def launcher(kind):
+        shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt)
+        launch = {ln.kind: ln for ln in _common.plan(shape, "v1") + _common.plan(shape, "v2")}[kind]
+        n_out = len(launch.output_shapes)
+
+        def fn(grid, block, args):
+            ins = [EMU.from_numpy(a, dt) if a.dtype == np.uint16 else mx.array(a)
+                   for a in args[:-n_out]]
+            src = EMU.capture(kind, launch, ins)
+            lib, nbuf = EMU.compile_source(src)
+            assert nbuf == len(args)
+            ptrs = (ctypes.c_void_p * nbuf)(*[a.ctypes.data for a in args])
+            lib.run(ptrs, *(gd * b for gd, b in zip(grid, block)), *block)
+
+        return fn
+
+    fns = {k: launcher(k) for k in ("v1", "v2", "reduce")}
+    for variant in ("v1", "v2"):
+        assert g.check_case(np, fns, inst, 0, variant) is None
