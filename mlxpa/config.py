@@ -12,6 +12,9 @@ from dataclasses import dataclass
 # Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
 # overflow float32 and turn the logits into infinities.
 SAMPLING_EPS = 1e-5
+# Most samples of one prompt: each is a request, so a row with n = 10**9 would stall the run
+# (and hold its memory) instead of failing.
+MAX_N = 1024
 
 
 def _finite(x: object) -> bool:
@@ -37,7 +40,7 @@ class SamplingParams:
         min_p: Drop tokens whose probability is below ``min_p * p_max``; 0 disables it.
         seed: Per-request seed; the same seed gives the same text whatever else is batched.
         stop: Stop strings; the completion ends before the earliest match (not included).
-        n: Number of samples of the prompt.
+        n: Number of samples of the prompt (1 to :data:`MAX_N`).
         ignore_eos: Keep generating past the model's EOS ids (benchmarks).
         stop_token_ids: Token ids that end the completion like EOS (the token is kept in
             ``token_ids``, its text is not in ``text``).
@@ -80,7 +83,8 @@ class SamplingParams:
                "seed", self.seed, "an integer >= 0 or null")
         _check(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
                "stop", self.stop, "a list of non-empty strings")
-        _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an integer >= 1")
+        _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", self.n,
+               f"an integer from 1 to {MAX_N}")
         _check(isinstance(self.stop_token_ids, tuple)
                and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids", self.stop_token_ids, "a list of token ids")

@@ -146,4 +146,4 @@ def unknown_field(name: str, key: str) -> str:
     """``field "x": unknown sampling field`` with the closest sampling field as a hint."""
     close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
-    return f'field "{name}": unknown sampling field{hint}'
+    return f'field {show(name)}: unknown sampling field{hint}'

@@ -10,6 +10,8 @@ import json
 import math
 from typing import Any
 
+from mlxpa.config import MAX_N
+
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
 # Fields whose values are token ids (indices into the model's vocabulary): each id is checked
@@ -18,7 +20,7 @@ TOKEN_ID_FIELDS = ("stop_token_ids",)
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
 
 
-_INT_MIN = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": 0, "n": 1,
+_INT_MIN = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": 0,
             "min_tokens": 0}
 _FLOAT_RANGE = {  # name: (ok, wanted); NaN and +-Infinity are never accepted
     "temperature": (lambda x: x >= 0, "a finite number >= 0"),
@@ -73,6 +75,10 @@ def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -
 
 def _param(name: str, value: Any) -> tuple[Any, str | None]:
     """``(parsed value, None)``, or ``(None, what was wanted)``."""
+    if name == "n":
+        v = _as_int(value)
+        ok = v is not None and 1 <= v <= MAX_N
+        return (v, None) if ok else (None, f"an integer from 1 to {MAX_N}")
     if name in _INT_MIN:
         v = _as_int(value)
         if name == "top_k" and v == -1:  # vLLM's "disabled"

@@ -167,3 +167,10 @@ def test_issue_csv_runs_like_the_same_jsonl(tmp_path):
                                         "tokens)")
     strip = [{k: v for k, v in o.items() if k != "error"} for o in csv_out]
     assert strip == [{k: v for k, v in o.items() if k != "error"} for o in jsonl_out]
+
+
+def test_n_is_bounded(tmp_path):
+    """n = 10**9 would queue a billion requests: an error naming the bound (1024)."""
+    assert _one(tmp_path, {"prompt": "x", "n": 1024}).params == {"n": 1024}
+    row = _one(tmp_path, {"prompt": "x", "n": 10**9})
+    assert row.error.endswith('field "n" must be an integer from 1 to 1024, got 1000000000')

@@ -132,7 +132,7 @@ def test_missing_file_and_unknown_format(tmp_path):
     ({"prompt": "a", "top_p": 0}, 'field "top_p" must be a number in (0, 1], got 0'),
     ({"prompt": "a", "top_p": 1.5}, 'field "top_p" must be a number in (0, 1], got 1.5'),
     ({"prompt": "a", "min_p": 2}, 'field "min_p" must be a number in [0, 1], got 2'),
-    ({"prompt": "a", "n": 0}, 'field "n" must be an integer >= 1, got 0'),
+    ({"prompt": "a", "n": 0}, 'field "n" must be an integer from 1 to 1024, got 0'),
     ({"prompt": "a", "seed": -3}, 'field "seed" must be an integer >= 0, got -3'),
     ({"prompt": "a", "stop": 3},
      'field "stop" must be a non-empty string or a list of them, got 3'),
