@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data import InputError
+from mlxpa.data import InputError, InputOptions
 from mlxpa.engine import LLMEngine
 from mlxpa.run import run_file
 
@@ -101,6 +102,8 @@ class Case:
     skip_invalid: bool
     order: str
     window: int
+    output: str = "jsonl"  # jsonl or parquet
+    keep: tuple[str, ...] = ()  # --keep-columns
 
 
 cases = st.builds(
@@ -108,7 +111,9 @@ cases = st.builds(
     st.lists(row | st.text(max_size=10).map(lambda t: "\x00raw" + t), min_size=1, max_size=4),
     engine_options, defaults, st.sampled_from([True, True, True, False]),
     st.sampled_from(["prefix", "input"]),
-    st.integers(1, 4))
+    st.integers(1, 4), st.sampled_from(["jsonl", "jsonl", "parquet"]),
+    st.lists(st.sampled_from(["user", "temprature", "extra", "seed", "body"]), max_size=2,
+             unique=True).map(tuple))
 
 
 # ----------------------------------------------------------------------------- writing
@@ -159,26 +164,31 @@ def _columns(case: Case) -> list[str]:
 def _write_csv(case: Case, rows: list, path) -> list[int]:
     cols = _columns(case)
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cols)
+    csv.writer(buf).writerow(cols)
     out, locations, line = [buf.getvalue()], [], 2
     for i, r in enumerate(rows):
         b = io.StringIO()
         full = case.rows[i] if isinstance(case.rows[i], dict) else {}
         cells = [_cell(full.get(c)) for c in cols]
         if r is None or isinstance(r, str):  # a record with one field too many
-            span = _serialize(cells).count("\n") - 1
+            span = _lines(_serialize(cells)) - 1
             cells = ["x" + "\n" * span] + [""] * len(cols)
-        csv.writer(b, lineterminator="\n").writerow(cells)
+        csv.writer(b).writerow(cells)
         out.append(b.getvalue())
         locations.append(line)
-        line += b.getvalue().count("\n")
+        line += _lines(b.getvalue())
     path.write_text("".join(out), encoding="utf-8")
     return locations
 
 
+def _lines(text: str) -> int:
+    """Physical lines as a reader with universal newlines counts them (\\r, \\n, \\r\\n)."""
+    return len(re.findall("\r\n|\r|\n", text))
+
+
 def _serialize(cells: list[str]) -> str:
     b = io.StringIO()
-    csv.writer(b, lineterminator="\n").writerow(cells)
+    csv.writer(b).writerow(cells)
     return b.getvalue()
 
 
@@ -209,10 +219,12 @@ def run(case: Case, path, out, model, tok):
     engine = LLMEngine(EngineConfig(**case.options), model, tok)
     try:
         run_file(str(path), str(out), engine.config, case.defaults, engine=engine,
-                 skip_invalid=case.skip_invalid, show_progress=False, order=case.order,
-                 window=case.window)
+                 inputs=InputOptions(keep_columns=case.keep), skip_invalid=case.skip_invalid,
+                 show_progress=False, order=case.order, window=case.window)
     except InputError as e:
         return e
+    if case.output == "parquet":
+        return pq.read_table(out).to_pylist()
     return [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line]
 
 
@@ -227,7 +239,7 @@ def check_case(case: Case, tmp, model, tok) -> str:
         ``"exit 2"``, or ``"exit 0"`` plus counts of rows that ran and failed.
     """
     ext = {"openai": "jsonl"}.get(case.fmt, case.fmt)
-    src, out = tmp / f"in.{ext}", tmp / "run-out.jsonl"
+    src, out = tmp / f"in.{ext}", tmp / f"run-out.{case.output}"
     locations = write_case(case, src)
     got = run(case, src, out, model, tok)
     if isinstance(got, InputError):
@@ -250,7 +262,7 @@ def check_case(case: Case, tmp, model, tok) -> str:
             continue
         ran += 1
         n = _samples(case.rows[i], case.defaults.n)
-        if "response" in recs[0]:
+        if "response" in recs[0] and "finish_reason" not in recs[0]:
             assert len(recs) == 1 and len(recs[0]["response"]["body"]["choices"]) == n, recs
         else:
             assert len(recs) == n, (n, recs)
@@ -280,10 +292,10 @@ def _int_id(r) -> int | None:
 
 def _alone(case: Case, i: int, tmp, model, tok) -> list[dict]:
     ext = {"openai": "jsonl"}.get(case.fmt, case.fmt)
-    src, out = tmp / f"alone{i}.{ext}", tmp / f"alone{i}-out.jsonl"
+    src, out = tmp / f"alone{i}.{ext}", tmp / f"alone{i}-out.{case.output}"
     write_case(case, src, keep=i)
     alone = Case(case.fmt, case.rows, case.options, case.defaults, True, case.order,
-                 case.window)
+                 case.window, case.output, case.keep)
     got = run(alone, src, out, model, tok)
     assert not isinstance(got, InputError), got
     return _by_row(alone, got)[i]
@@ -297,8 +309,8 @@ def _by_row(case: Case, records: list[dict]) -> list[list[dict]]:
         assert k < len(records), f"{len(records)} records for {len(case.rows)} rows"
         first = records[k]
         size = 1
-        if case.fmt != "openai" and first.get("sample_index") == 0:
-            while k + size < len(records) and records[k + size].get("sample_index", 0) > 0:
+        if first.get("sample_index") == 0:
+            while k + size < len(records) and (records[k + size].get("sample_index") or 0) > 0:
                 size += 1
         groups.append(records[k:k + size])
         k += size
@@ -307,13 +319,13 @@ def _by_row(case: Case, records: list[dict]) -> list[list[dict]]:
 
 
 def _error(case: Case, record: dict) -> str | None:
-    if "custom_id" in record and "response" in record:
+    if "response" in record and "custom_id" in record and "finish_reason" not in record:
         return record["error"]["message"] if record["error"] else None
     return record.get("error")
 
 
 def _summary(case: Case, recs: list[dict]):
-    if "response" in recs[0]:
+    if "response" in recs[0] and "finish_reason" not in recs[0]:
         body = recs[0]["response"]["body"]
         return [(c.get("text", (c.get("message") or {}).get("content")), c["finish_reason"])
                 for c in body["choices"]], body["usage"]["completion_tokens"]

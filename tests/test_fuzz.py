@@ -2,7 +2,7 @@
 ``run_file`` on a tiny random model, the invariants of :func:`tests.fuzz_inputs.check_case`;
 and a few hostile files through ``python -m mlxpa run`` for the exit status.
 
-Examples: ``MLXPA_FUZZ_EXAMPLES`` (default 150, a CI-sized run; ``scripts/fuzz.py`` runs
+Examples: ``MLXPA_FUZZ_EXAMPLES`` (default 300, a CI-sized run; ``scripts/fuzz.py`` runs
 10,000)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tests.fuzz_inputs import Case, cases, check_case, write_case
 from tests.tiny_models import byte_tokenizer, save_tiny_model, tiny_llama
 
-EXAMPLES = int(os.environ.get("MLXPA_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MLXPA_FUZZ_EXAMPLES", "300"))
 TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
             "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
 
@@ -35,7 +35,7 @@ def chat_tokenizer() -> TokenizerWrapper:
 MODEL, TOK = tiny_llama(), chat_tokenizer()
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 200,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 300,
           suppress_health_check=list(HealthCheck))
 @given(case=cases)
 def test_fuzz_run_invariants(case: Case):

@@ -14,6 +14,7 @@ they fill, one file renamed over the target at the end.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -157,6 +158,25 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
+def json_line(record: dict) -> str:
+    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
+    hold, is written as null)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 class _JsonlSink:
     def __init__(self, path: str, append: bool) -> None:
         self._own = path != STDIN
@@ -166,8 +186,7 @@ class _JsonlSink:
     def write(self, groups: list[list[dict]]) -> None:
         # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
         # never inside write(), so Ctrl-C cannot leave half a line behind.
-        self._f.write("".join(json.dumps(r, ensure_ascii=False, default=json_default) + "\n"
-                              for g in groups for r in g))
+        self._f.write("".join(json_line(r) + "\n" for g in groups for r in g))
         self._f.flush()
 
     def close(self) -> None:

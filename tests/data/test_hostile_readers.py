@@ -174,3 +174,11 @@ def test_n_is_bounded(tmp_path):
     assert _one(tmp_path, {"prompt": "x", "n": 1024}).params == {"n": 1024}
     row = _one(tmp_path, {"prompt": "x", "n": 10**9})
     assert row.error.endswith('field "n" must be an integer from 1 to 1024, got 1000000000')
+
+
+def test_jsonl_output_is_strict_json():
+    from mlxpa.data.write import json_line
+
+    line = json_line({"id": 1, "extra": [float("nan"), {"x": float("-inf")}], "y": 2**70})
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(c)) == {
+        "id": 1, "extra": [None, {"x": None}], "y": 2**70}
