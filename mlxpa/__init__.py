@@ -4,4 +4,3 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.request import RequestOutput
 
 __all__ = ["EngineConfig", "RequestOutput", "SamplingParams"]
-__version__ = "0.1.0"

@@ -81,15 +81,29 @@ _GENERIC_CORES = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Ban
                   "Nehalem", "Sandybridge", "unknown"}
 
 
-def _cpu_flags() -> set[str]:
+def cpuinfo_field(name: str) -> str | None:
+    """The first ``name`` field of ``/proc/cpuinfo`` (``"model name"``, ``"flags"``), or None
+    where there is no such file or field (macOS)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(name) and ":" in line:
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def _cpu_flags() -> set[str]:
+    return set((cpuinfo_field("flags") or "").split())
 
 
 def coretype_override(path: str) -> str | None:

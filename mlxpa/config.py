@@ -1,7 +1,7 @@
 """Engine and sampling configuration: flat frozen dataclasses validated with real errors.
 
 Every check raises ``ValueError`` naming the offending field, so the CLI can map it to a
-clear message (STYLE.md §4, §20).
+clear message.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
+KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
 # Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
 # overflow float32 and turn the logits into infinities.
 SAMPLING_EPS = 1e-5
@@ -155,7 +157,6 @@ class EngineConfig:
                "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
         _check(self.max_model_len is None or self.max_model_len >= 1,
                "max_model_len", self.max_model_len, "an integer >= 1 or None")
-        _check(self.kernel in ("auto", "reference", "cpu", "metal", "cuda"), "kernel",
-               self.kernel, "one of auto, reference, cpu, metal, cuda")
+        _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")

@@ -9,12 +9,16 @@ exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from mlxpa.core.kv_cache_manager import cdiv
+from mlxpa.core.block_pool import cdiv
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
-from mlxpa.data import read_rows
+from mlxpa.data import InputOptions, read_rows
 from mlxpa.prompts import prompt_token_ids
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +79,15 @@ def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
     return sum(map(len, token_lists)), computed, without, tree.total_blocks + tails
 
 
-def plan_file(source: str, tokenizer, *, block_size: int = 16, max_tokens: int = 256,
-              top_k: int = 5, fmt: str | None = None, prompt_column: str = "prompt",
-              messages_column: str = "messages", id_column: str = "id") -> Plan:
+def plan_file(source: str, tokenizer: TokenizerWrapper, *, inputs: InputOptions | None = None,
+              block_size: int = 16, max_tokens: int = 256, top_k: int = 5) -> Plan:
     """Predict prefix sharing for every row of ``source``.
 
     Args:
         source: Input path or ``"-"``.
         tokenizer: The model's mlx-lm ``TokenizerWrapper``.
+        inputs: How to read the input (the same settings as ``mlxpa run``; a ``system``
+            message changes which blocks are shared).
         block_size: Tokens per KV block.
         max_tokens: Output tokens per row when the row does not set ``max_tokens``.
         top_k: Shared prefixes to report.
@@ -91,8 +96,7 @@ def plan_file(source: str, tokenizer, *, block_size: int = 16, max_tokens: int =
         InputError: The input is malformed.
     """
     rows, ids, caps, invalid = [], [], [], 0
-    for row in read_rows(source, fmt=fmt, prompt_column=prompt_column,
-                         messages_column=messages_column, id_column=id_column):
+    for row in read_rows(source, inputs or InputOptions()):
         try:
             if row.error is not None:
                 raise ValueError(row.error)

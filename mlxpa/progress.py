@@ -1,4 +1,5 @@
-"""Rich rendering of engine statistics on stderr: a live progress bar and a final report.
+"""Rich rendering on stderr: a live progress bar and a final report for ``mlxpa run``, the
+tables of ``mlxpa plan``.
 
 The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and never on stdout
 (stdout carries results in shell pipelines).
@@ -6,11 +7,16 @@ The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and nev
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mlxpa.engine.metrics import Counters, Stats, summarize
+
+if TYPE_CHECKING:
+    from mlxpa.plan import Plan
 
 
 class RunProgress:
@@ -75,13 +81,20 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
     return t
 
 
-def summary_line(stats: Stats) -> str:
-    """One line for logs: vLLM's throughput line plus the KV figures."""
-    return (f"Throughput: {stats.requests_per_s:.2f} requests/s, "
-            f"{stats.total_tokens_per_s:.2f} total tokens/s, "
-            f"{stats.output_tokens_per_s:.2f} output tokens/s | {stats.requests} requests, "
-            f"{stats.prompt_tokens} prompt + {stats.generation_tokens} generated tokens in "
-            f"{stats.elapsed_s:.2f} s | prefix cache hit rate "
-            f"{stats.prefix_cache_hit_rate:.1%} | peak KV blocks {stats.peak_kv_blocks}, "
-            "KV utilisation "
-            f"{stats.kv_utilization:.1%}, preemptions {stats.num_preemptions}")
+def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
+    """``mlxpa plan``'s report: the predicted figures, and the longest shared prefixes."""
+    t = Table(title=title, show_header=False, box=None)
+    for k, v in [("rows", f"{plan.rows} (+{plan.invalid_rows} invalid)"),
+                 ("prompt tokens", f"{plan.prompt_tokens}"),
+                 ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
+                 ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),
+                 ("KV blocks without sharing", f"{plan.kv_blocks_without_sharing}"),
+                 ("KV blocks with sharing", f"{plan.kv_blocks_with_sharing}"),
+                 ("block size", f"{plan.block_size}")]:
+        t.add_row(f"[bold]{k}", v)
+    s = Table(title="longest shared prefixes")
+    for col in ("tokens", "rows", "first row", "starts with"):
+        s.add_column(col)
+    for sp in plan.shared_prefixes:
+        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
+    return t, s

@@ -21,12 +21,12 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.core.prefix_order import prefix_order
+from mlxpa.core.prefix_order import ORDERS
 from mlxpa.data import (
     STDIN,
     InputOptions,
@@ -34,36 +34,31 @@ from mlxpa.data import (
     Row,
     input_format,
     output_format,
+    read_rows,
     spool_stdin,
 )
-from mlxpa.data.records import error_records, resolve_output_format, result_records
-from mlxpa.data.resume import Existing, cut, id_key, read_existing
-from mlxpa.data.rows import where
+from mlxpa.data.inputs import where
+from mlxpa.data.records import resolve_output_format
+from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
+from mlxpa.job import Job
 from mlxpa.progress import RunProgress, summary_table
-from mlxpa.prompts import prompt_token_ids
-from mlxpa.request import RequestOutput
 
 PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 
 
-def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingParams, *,
-             inputs: InputOptions | None = None, output_fmt: str = "auto",
-             order: str = "prefix", ordered: bool = True, skip_invalid: bool = False,
-             resume: bool = False, metrics_json: str | None = None,
-             console: Console | None = None, show_progress: bool = True,
-             engine: LLMEngine | None = None, should_stop: Callable[[], bool] | None = None,
-             window: int = PREFIX_WINDOW) -> Stats:
-    """Run every row of ``source`` and write its results to ``output``.
+class OptionError(ValueError):
+    """A bad option of a run, found before any work (the command line's usage error)."""
 
-    Args:
-        source: Input path, ``datasets`` folder, or ``"-"`` (stdin, spooled to a temp file).
-        output: Output path (``.jsonl`` or ``.parquet``) or ``"-"`` (stdout, JSONL).
-        config: Engine configuration (used when ``engine`` is None).
-        defaults: Sampling parameters for fields a row does not set.
-        inputs: How to read the input (None: the defaults).
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How :func:`run_file` runs a file: the ``mlxpa run`` options beyond the engine, sampling
+    and input settings.
+
+    Attributes:
         output_fmt: ``mlxpa`` rows, ``openai`` Batch output lines (JSONL only), or ``auto``
             (what a resumed output holds, else ``openai`` when every input row is an OpenAI
             Batch line and the output is JSONL, else ``mlxpa``).
@@ -75,12 +70,44 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             invalid row stops the run before the model loads).
         resume: Keep the output's rows, skip their ids, and add the rest.
         metrics_json: Where to write the final statistics as JSON.
-        console: Where progress and the report go (default: stderr).
         show_progress: Draw the progress bar and final report.
+        window: Rows per prefix-ordering window.
+
+    Raises:
+        OptionError: ``order`` is not one of :data:`~mlxpa.core.prefix_order.ORDERS`.
+    """
+
+    output_fmt: str = "auto"
+    order: str = "prefix"
+    ordered: bool = True
+    skip_invalid: bool = False
+    resume: bool = False
+    metrics_json: str | None = None
+    show_progress: bool = True
+    window: int = PREFIX_WINDOW
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise OptionError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+
+
+def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingParams,
+             options: RunOptions | None = None, *, inputs: InputOptions | None = None,
+             console: Console | None = None, engine: LLMEngine | None = None,
+             should_stop: Callable[[], bool] | None = None) -> Stats:
+    """Run every row of ``source`` and write its results to ``output``.
+
+    Args:
+        source: Input path, ``datasets`` folder, or ``"-"`` (stdin, spooled to a temp file).
+        output: Output path (``.jsonl`` or ``.parquet``) or ``"-"`` (stdout, JSONL).
+        config: Engine configuration (used when ``engine`` is None).
+        defaults: Sampling parameters for fields a row does not set.
+        options: How to run (output format, order, resume, ...); None: the defaults.
+        inputs: How to read the input; None: the defaults.
+        console: Where progress and the report go (default: stderr).
         engine: A ready engine (tests); None builds one from ``config``.
         should_stop: Polled between engine steps; True stops admitting, drops the requests in
             flight (a resume runs them) and writes every finished row.
-        window: Rows per prefix-ordering window.
 
     Returns:
         The run's statistics.
@@ -88,18 +115,52 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     Raises:
         InputError: The input cannot be read, or has invalid rows (without ``skip_invalid``);
             raised before the model loads.
-        ValueError: A bad option (an output format that does not fit, ``--resume`` to stdout,
-            an output folder that does not exist, an existing output that is not an mlxpa
-            output); raised before the model loads.
+        OptionError: ``--resume`` to stdout, or an output that is the input; raised before
+            anything is read.
+        ValueError: An output that is a folder or in a folder that does not exist, an output
+            format that does not fit, an existing output that is not an mlxpa output; raised
+            before the model loads.
         KeyboardInterrupt: ``should_stop`` was already true once the model had loaded (the
             output is left as it was).
     """
-    if order not in ("prefix", "input"):
-        raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
+    options, inputs = options or RunOptions(), inputs or InputOptions()
+    check_targets(source, output, options)
+    console = console or Console(stderr=True)
     file_fmt = output_format(output)
-    if resume and output == STDIN:
-        raise ValueError("--resume needs an output file (-o PATH), not stdout")
-    for target in (output, metrics_json):
+    existing = _read_existing(output, file_fmt, options.resume, console)
+    fmt = input_format(source, inputs.fmt)
+    spooled = source == STDIN and fmt != "hf"
+    path = spool_stdin(fmt) if spooled else source
+    try:
+        src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
+        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
+        v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
+                                      console, vocab)
+        if v.num_rows == v.num_done:  # nothing to run: no model load
+            return _empty_run(output, src.name, options, console)
+        engine = engine or LLMEngine(config)
+        _generate(engine, src, v, defaults, out_fmt, output, options, console,
+                  should_stop or (lambda: False))
+    finally:
+        if spooled:
+            os.remove(path)
+    return _finish(summarize(engine.counters), engine.runner.num_blocks - 1, console, options)
+
+
+def check_targets(source: str, output: str, options: RunOptions) -> None:
+    """Check where a run writes, before anything is read.
+
+    Raises:
+        OptionError: ``--resume`` to stdout; an output that is the input file.
+        ValueError: An output or ``metrics_json`` that is a folder or whose folder does not
+            exist.
+    """
+    if options.resume and output == STDIN:
+        raise OptionError("--resume needs an output file (-o PATH), not stdout")
+    if _same_file(source, output):
+        raise OptionError(f"the output {output} is the input file; writing it would destroy "
+                          "the input")
+    for target in (output, options.metrics_json):
         if target is None or target == STDIN:
             continue
         if os.path.isdir(target):
@@ -107,172 +168,105 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         folder = os.path.dirname(os.path.abspath(target))
         if not os.path.isdir(folder):
             raise ValueError(f"{target}: the output folder {folder} does not exist")
-    console = console or Console(stderr=True)
-    inputs = inputs or InputOptions()
-    existing = read_existing(output, file_fmt) if resume else Existing({}, None, None, False)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return a != STDIN and b != STDIN and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Source:
+    """The input as both passes read it (a spooled stdin is a file by now)."""
+
+    path: str
+    name: str  # in messages
+    inputs: InputOptions  # with the format decided
+
+    @property
+    def unit(self) -> str:
+        return "line" if self.inputs.fmt in ("jsonl", "csv") else "row"
+
+    def rows(self) -> Iterator[Row]:
+        return read_rows(self.path, self.inputs, name=self.name)
+
+
+def _read_existing(output: str, file_fmt: str, resume: bool, console: Console) -> Existing:
+    """What a resumed output holds (a torn last line and error rows removed, and said)."""
+    if not resume:
+        return Existing({}, None, None, False)
+    existing = read_existing(output, file_fmt)
     if existing.torn:
         console.print(f"{output}: cut a torn last line (it is run again)", markup=False)
     if existing.retried:
         console.print(f"{output}: removed {existing.retried} error row(s); they run again",
                       markup=False, soft_wrap=True)
-    fmt = input_format(source, inputs.fmt)
-    spooled = source == STDIN and fmt != "hf"
-    path = spool_stdin(fmt) if spooled else source
-    try:
-        name = "<stdin>" if spooled else source
-
-        def rows() -> Iterator[Row]:
-            return inputs.read(path, fmt, name)
-
-        unit = "line" if fmt in ("jsonl", "csv") else "row"
-        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
-        v = validate(rows(), source=name, unit=unit, existing=existing, default_n=defaults.n,
-                     defaults=defaults, vocab_size=vocab)
-        if not skip_invalid:
-            check(v, name)
-        out_fmt = resolve_output_format(output_fmt, file_fmt, existing.fmt, v.all_openai)
-        if v.cut_at is not None:
-            cut(output, v.cut_at)
-        if resume:
-            console.print(f"{output}: {v.num_done} row(s) already done, "
-                          f"{v.num_rows - v.num_done} to run", markup=False, highlight=False,
-                          soft_wrap=True)
-        if v.num_rows == v.num_done:  # nothing to run: no model load
-            with ResultWriter(output, ordered=ordered, append=resume):
-                pass
-            if show_progress and not resume:
-                console.print(f"{name}: no rows; wrote an empty output", markup=False,
-                              soft_wrap=True)
-            return _finish(summarize(Counters()), None, console, show_progress, metrics_json)
-        should_stop = should_stop or (lambda: False)
-        engine = engine or LLMEngine(config)
-        if should_stop():  # asked before anything was written: leave the output alone
-            raise KeyboardInterrupt
-        engine.counters.start_time = time.perf_counter()
-        with ResultWriter(output, ordered=ordered, append=resume) as writer, RunProgress(
-                v.num_rows - v.num_done, engine.counters, console, show_progress) as progress:
-            job = _Job(engine, v, defaults, out_fmt, lambda row: where(name, row.line, unit),
-                       writer, progress, inputs.split_special_tokens)
-            job.run(rows(), order, window, should_stop)
-    finally:
-        if spooled:
-            os.remove(path)
-    return _finish(summarize(engine.counters), engine.runner.num_blocks - 1, console,
-                   show_progress, metrics_json)
+    return existing
 
 
-def _finish(stats: Stats, num_blocks: int | None, console: Console, show_progress: bool,
-            metrics_json: str | None) -> Stats:
-    """The final report and ``--metrics-json``."""
-    if show_progress and num_blocks is not None:
-        console.print(summary_table(stats, num_blocks))
-    if show_progress and stats.failed_rows:
-        console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
-                      "carry an error field", style="yellow", highlight=False, soft_wrap=True)
-    if metrics_json:
-        with open(metrics_json, "w") as f:
-            json.dump(stats.to_dict(), f, indent=2)
-    return stats
+def _validation_pass(src: _Source, existing: Existing, defaults: SamplingParams, output: str,
+                     file_fmt: str, options: RunOptions, console: Console,
+                     vocab_size: int | None) -> tuple[Validation, str]:
+    """Pass 1, before the model loads: every row checked (token ids against ``vocab_size``;
+    unless ``skip_invalid``, the first problems raise :class:`InputError`), the output format
+    resolved, then a resumed output's partial last row cut. Returns the validation and the
+    output format."""
+    v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
+                 default_n=defaults.n, defaults=defaults, vocab_size=vocab_size)
+    if not options.skip_invalid:
+        check(v, src.name)
+    out_fmt = resolve_output_format(options.output_fmt, file_fmt, existing.fmt, v.all_openai)
+    if v.cut_at is not None:
+        cut(output, v.cut_at)
+    if options.resume:
+        console.print(f"{output}: {v.num_done} row(s) already done, "
+                      f"{v.num_rows - v.num_done} to run", markup=False, highlight=False,
+                      soft_wrap=True)
+    return v, out_fmt
 
 
-@dataclasses.dataclass(slots=True)
-class _Job:
-    """Pass 2: rows to requests, engine outputs to result records, for one writer."""
-
-    engine: LLMEngine
-    validation: Validation
-    defaults: SamplingParams
-    out_fmt: str
-    place: Callable[[Row], str]  # "file line 3" for run-time errors
-    writer: ResultWriter
-    progress: RunProgress
-    split_special_tokens: bool = False  # control-token text in prompts is ordinary text
-    in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
-    unshown: int = 0  # rows done since the progress bar was last advanced
-    shown_at: float = 0.0
-
-    def run(self, rows: Iterable[Row], order: str, window: int,
-            should_stop: Callable[[], bool]) -> None:
-        model = _model_name(self.engine.config.model)
-        samples: dict[int, list[RequestOutput]] = {}
-        items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
-        for out in self.engine.generate(items, should_stop=should_stop):
-            group = samples.setdefault(out.request_id, [])
-            group.append(out)
-            row = self.in_flight[out.request_id]
-            if len(group) == row.params.get("n", self.defaults.n):
-                del samples[row.index], self.in_flight[row.index]
-                if any(o.error for o in group):
-                    self.engine.counters.failed_rows += 1
-                group.sort(key=lambda o: o.sample_index)
-                self.writer.add(row.index, result_records(row, group, self.out_fmt, model,
-                                                          self.place(row)))
-                self._advance()
-        self.progress.advance(self.unshown)
-
-    def _advance(self) -> None:
-        # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
-        # it runs at most 10 times a second, not once a row (that was quadratic in rows).
-        self.unshown += 1
-        now = time.monotonic()
-        if now - self.shown_at >= 0.1:
-            self.progress.advance(self.unshown)
-            self.unshown, self.shown_at = 0, now
-
-    def _feed(self, rows: Iterable[Row]) -> Iterator[PromptInput | None]:
-        """A request for each row left to run, in input order, and None for a row dealt
-        with here: already in the output (skipped) or unable to run (its error written)."""
-        for row in rows:
-            if row.id is not None and id_key(row.id) in self.validation.done:
-                self.writer.skip(row.index)
-                yield None
-                continue
-            error = row.error or self.validation.row_problems.get(row.index)
-            if error is None:
-                try:
-                    params = dataclasses.replace(self.defaults, **row.params)
-                    ids = prompt_token_ids(row, self.engine.tokenizer,
-                                           self.split_special_tokens)
-                except ValueError as e:
-                    error = f"{self.place(row)}: {e}"
-            if error is not None:
-                self.engine.counters.failed_rows += 1
-                self.writer.add(row.index, error_records(row, error, self.out_fmt))
-                self._advance()
-                yield None
-                continue
-            self.in_flight[row.index] = row
-            yield PromptInput(row.index, ids, params)
+def _empty_run(output: str, name: str, options: RunOptions, console: Console) -> Stats:
+    """Nothing to run: an empty output (or the resumed one as it is), no model load."""
+    with ResultWriter(output, ordered=options.ordered, append=options.resume):
+        pass
+    if options.show_progress and not options.resume:
+        console.print(f"{name}: no rows; wrote an empty output", markup=False, soft_wrap=True)
+    return _finish(summarize(Counters()), None, console, options)
 
 
-def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
-             window: int) -> Iterator[PromptInput]:
-    """The requests of ``items``: in input order, or (``prefix``) by windows of ``window``
-    rows (Nones count, so rows read ahead of the engine stay bounded), each window in
-    depth-first order of its prompts' prefix tree."""
-    if order == "input":
-        yield from (it for it in items if it is not None)
-        return
-    batch: list[PromptInput] = []
-    num_read = 0
-    for item in items:
-        num_read += 1
-        if item is not None:
-            batch.append(item)
-        if num_read >= window:
-            yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch],
-                                                       block_size))
-            batch, num_read = [], 0
-    yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
+def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: SamplingParams,
+              out_fmt: str, output: str, options: RunOptions, console: Console,
+              should_stop: Callable[[], bool]) -> None:
+    """Pass 2: every row to run through the engine, results written as they finish."""
+    if should_stop():  # asked before anything was written: leave the output alone
+        raise KeyboardInterrupt
+    engine.counters.start_time = time.perf_counter()
+    with ResultWriter(output, ordered=options.ordered, append=options.resume) as writer, \
+            RunProgress(v.num_rows - v.num_done, engine.counters, console,
+                        options.show_progress) as progress:
+        job = Job(engine, v, defaults, out_fmt, lambda row: where(src.name, row.line, src.unit),
+                  writer, progress, src.inputs.split_special_tokens)
+        job.run(src.rows(), options.order, options.window, should_stop)
 
 
 def _peek_vocab(spec: str | None) -> int | None:
+    """The model's vocabulary size from its ``config.json`` (None if it cannot be read)."""
     from mlxpa.loader.models import peek_vocab_size
 
     return peek_vocab_size(spec)
 
 
-def _model_name(spec: str | None) -> str:
-    from mlxpa.loader.models import DEFAULT_MODEL_NAME
-
-    return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
+def _finish(stats: Stats, num_blocks: int | None, console: Console,
+            options: RunOptions) -> Stats:
+    """The final report and ``--metrics-json``."""
+    if options.show_progress and num_blocks is not None:
+        console.print(summary_table(stats, num_blocks))
+    if options.show_progress and stats.failed_rows:
+        console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
+                      "carry an error field", style="yellow", highlight=False, soft_wrap=True)
+    if options.metrics_json:
+        with open(options.metrics_json, "w") as f:
+            json.dump(stats.to_dict(), f, indent=2)
+    return stats

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputError, InputOptions
 from mlxpa.engine import LLMEngine
-from mlxpa.run import run_file
+from mlxpa.run import RunOptions, run_file
 
 CONTROL = ["<eos>", "<bos>", "<pad>", "<start_of_turn>", "<end_of_turn>\n<start_of_turn>model",
            "<|im_start|>", "<|endoftext|>"]
@@ -218,9 +218,10 @@ def run(case: Case, path, out, model, tok):
     """``run_file`` of ``path``; returns the output records, or the InputError."""
     engine = LLMEngine(EngineConfig(**case.options), model, tok)
     try:
-        run_file(str(path), str(out), engine.config, case.defaults, engine=engine,
-                 inputs=InputOptions(keep_columns=case.keep), skip_invalid=case.skip_invalid,
-                 show_progress=False, order=case.order, window=case.window)
+        run_file(str(path), str(out), engine.config, case.defaults,
+                 RunOptions(skip_invalid=case.skip_invalid, show_progress=False,
+                            order=case.order, window=case.window),
+                 inputs=InputOptions(keep_columns=case.keep), engine=engine)
     except InputError as e:
         return e
     if case.output == "parquet":

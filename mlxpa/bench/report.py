@@ -11,27 +11,16 @@ from importlib.metadata import version
 
 from rich.table import Table
 
-from mlxpa.bench import SystemResult
+from mlxpa.bench.systems import SystemResult
+from mlxpa.blas import cpuinfo_field, host_memory_bytes, loaded_blas
 
 
 def machine_info(dtype: str) -> dict:
     """CPU, cores, memory, library versions, dtype, BLAS and date of this run."""
     import mlx.core as mx
 
-    from mlxpa.blas import loaded_blas
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f
-                       if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        mem = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
+    cpu = cpuinfo_field("model name") or platform.processor() or platform.machine()
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": host_memory_bytes(),
             "platform": platform.platform(), "device": str(mx.default_device()),
             "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "dtype": dtype,
             "blas": loaded_blas(), "date": datetime.datetime.now().isoformat(timespec="seconds")}

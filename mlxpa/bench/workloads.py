@@ -94,3 +94,28 @@ def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
     prompts = [prompt_token_ids(r, tokenizer) for r in read_rows(path) if r.error is None]
     return Workload("file", prompts, [output_len] * len(prompts),
                     dict(path=path, output_len=output_len))
+
+
+WORKLOADS = ("random", "shared-prefix", "file")
+
+
+def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts: int = 128,
+                  input_len: int = 320, range_ratio: float = 0.6, output_len: int = 64,
+                  num_groups: int = 8, prompts_per_group: int = 16, system_prompt_len: int = 512,
+                  question_len: int = 64, seed: int = 0) -> Workload:
+    """The workload ``name`` (one of :data:`WORKLOADS`) with the parameters that apply to it.
+
+    Raises:
+        ValueError: An unknown name, or ``file`` without ``input``.
+        InputError: The ``file`` input is malformed.
+    """
+    if name == "random":
+        return random_workload(tokenizer, num_prompts, input_len, output_len, range_ratio, seed)
+    if name == "shared-prefix":
+        return shared_prefix_workload(tokenizer, num_groups, prompts_per_group,
+                                      system_prompt_len, question_len, output_len, seed)
+    if name == "file":
+        if not input:
+            raise ValueError("--workload file needs --input PATH")
+        return file_workload(tokenizer, input, output_len)
+    raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")

@@ -8,14 +8,18 @@ from typing import Annotated
 
 import typer
 
+from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli.options import (
     BlasOpt,
     BlockSizeOpt,
+    Kernel,
     KernelOpt,
     KVMemoryOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
+    choices,
+    engine_config,
     fail,
 )
 
@@ -30,8 +34,12 @@ Examples:
 """
 
 
+Workload = choices("Workload", WORKLOADS)
+ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"
+
+
 def bench(
-    workload: Annotated[str, typer.Option(help="random, shared-prefix or file.")] = "random",
+    workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: ModelOpt = None,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     num_prompts: Annotated[int, typer.Option(help="random: prompts.")] = 128,
@@ -44,14 +52,13 @@ def bench(
     question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
-        help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] =
-        "mlxpa,mlxpa-noprefix,mlx-lm,static",
-    repeats: Annotated[int, typer.Option(help="Timed runs per system (median).")] = 1,
+        help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] = ALL_SYSTEMS,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
     kv_memory: KVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
-    kernel: KernelOpt = "auto",
+    kernel: KernelOpt = Kernel.auto,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     blas: BlasOpt = "auto",
@@ -59,9 +66,8 @@ def bench(
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts."""
     from rich.console import Console
 
-    from mlxpa.bench import SYSTEMS, report, run_bench
-    from mlxpa.bench import workloads as w
-    from mlxpa.config import EngineConfig
+    from mlxpa.bench.systems import SYSTEMS, run_bench
+    from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model
 
@@ -72,23 +78,14 @@ def bench(
         bad = [s for s in systems if s not in SYSTEMS]
         if bad or not systems:
             raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
-        if repeats < 1:
-            raise ValueError("repeats must be >= 1")
-        config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
-                              max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, kernel=kernel)
+        config = engine_config(model, block_size, kv_memory, max_num_seqs,
+                               max_num_batched_tokens, kernel)
         mdl, tok, _ = load_model(model)
-        if workload == "random":
-            wl = w.random_workload(tok, num_prompts, input_len, output_len, range_ratio, seed)
-        elif workload == "shared-prefix":
-            wl = w.shared_prefix_workload(tok, num_groups, prompts_per_group,
-                                          system_prompt_len, question_len, output_len, seed)
-        elif workload == "file":
-            if not input:
-                raise ValueError("--workload file needs --input PATH")
-            wl = w.file_workload(tok, input, output_len)
-        else:
-            raise ValueError(f"workload must be random, shared-prefix or file, got {workload!r}")
+        wl = make_workload(workload.value, tok, input=input, num_prompts=num_prompts,
+                           input_len=input_len, range_ratio=range_ratio, output_len=output_len,
+                           num_groups=num_groups, prompts_per_group=prompts_per_group,
+                           system_prompt_len=system_prompt_len, question_len=question_len,
+                           seed=seed)
         console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
                       f"tokens, {wl.num_output_tokens} output tokens; systems: "
                       f"{', '.join(systems)}; repeats: {repeats}", markup=False)
@@ -97,8 +94,16 @@ def bench(
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
-    dtype = str(mdl.model.embed_tokens.weight.dtype).split(".")[-1] if hasattr(
-        mdl, "model") else "unknown"
+    _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _report(console, model, wl, figures: dict, last: dict, json_path: str | None,
+            plot: str | None) -> None:
+    """The table and throughput line, then the JSON and plot files asked for."""
+    from mlxpa.bench import report
+    from mlxpa.loader.models import model_dtype
+
+    dtype = str(model_dtype(model)).split(".")[-1]
     machine = report.machine_info(dtype)
     console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
     console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "

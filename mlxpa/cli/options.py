@@ -1,10 +1,32 @@
-"""Options shared by the ``mlxpa`` commands (Typer annotations) and the error exit."""
+"""Options shared by the ``mlxpa`` commands (Typer annotations, choices as enums), the builders
+that turn them into library settings, and the error exit.
+
+Only light modules are imported here (configuration, the input settings), so ``mlxpa --help``
+stays instant.
+"""
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, NoReturn
 
 import typer
+
+from mlxpa.config import KERNELS, EngineConfig
+from mlxpa.core.prefix_order import ORDERS
+from mlxpa.data.inputs import FORMATS, InputOptions
+from mlxpa.data.records import OUTPUT_FORMATS
+
+
+def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
+    """A ``str`` enum of ``values`` (Typer checks the choice and lists it in ``--help``)."""
+    return enum.Enum(name, {v.replace("-", "_"): v for v in values}, type=str)
+
+
+Kernel = choices("Kernel", KERNELS)
+Order = choices("Order", ORDERS)
+InputFormat = choices("InputFormat", ("auto", *FORMATS))
+OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
 
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="MLX model folder, a Hugging Face repo id in the local cache, or a "
@@ -17,14 +39,57 @@ MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
-KernelOpt = Annotated[str, typer.Option(help="Paged attention: auto, reference, cpu, metal, cuda.")]
+KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
 BlasOpt = Annotated[str, typer.Option(
     help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
+
+# How to read the input: the same options for `run` and `plan`.
+InputFormatOpt = Annotated[InputFormat, typer.Option(
+    help="auto (by extension; a folder is a datasets folder), or hf for the datasets "
+    "library.")]
+PromptColumnOpt = Annotated[str, typer.Option(help="Field with the text prompt.")]
+MessagesColumnOpt = Annotated[str, typer.Option(help="Field with chat messages.")]
+IdColumnOpt = Annotated[str, typer.Option(help="Field with the row id.")]
+SystemOpt = Annotated[str | None, typer.Option(
+    help="System message put first: a system turn before chat messages (unless they start "
+    "with one), or text and a blank line before a text prompt.")]
+SplitSpecialOpt = Annotated[bool, typer.Option(
+    "--split-special-tokens", help="Tokenize control-token text (<eos>, <start_of_turn>, ...) "
+    "in text prompts as ordinary text too; chat messages always are (only the chat template "
+    "inserts control tokens).")]
+
+
+def input_options(input_format: enum.Enum, prompt_column: str, messages_column: str,
+                  id_column: str, system: str | None,
+                  keep_columns: list[str] | None = None,
+                  split_special_tokens: bool = False) -> InputOptions:
+    """The reader settings of the input options (``--keep-columns`` repeatable or
+    comma-separated).
+
+    Raises:
+        ValueError: A kept column named like an output field.
+    """
+    keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
+    fmt = None if input_format.value == "auto" else input_format.value
+    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep,
+                        split_special_tokens)
+
+
+def engine_config(model: str | None, block_size: int, kv_memory: float | None,
+                  max_num_seqs: int, max_num_batched_tokens: int, kernel: enum.Enum,
+                  **more: object) -> EngineConfig:
+    """The :class:`~mlxpa.config.EngineConfig` of the engine options ``run`` and ``bench``
+    share; ``more`` are further ``EngineConfig`` fields.
+
+    Raises:
+        ValueError: A field out of range (named).
+    """
+    return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        kernel=kernel.value, **more)
 
 
 def fail(console, error: Exception, code: int) -> NoReturn:
     """Print ``error`` on stderr unwrapped and without markup, then exit with ``code``."""
     console.print(f"error: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code) from None
-
-

@@ -6,18 +6,33 @@ from typing import Annotated
 
 import typer
 
-from mlxpa.cli.options import BlasOpt, BlockSizeOpt, ModelOpt, fail
+from mlxpa.cli.options import (
+    BlasOpt,
+    BlockSizeOpt,
+    IdColumnOpt,
+    InputFormat,
+    InputFormatOpt,
+    MessagesColumnOpt,
+    ModelOpt,
+    PromptColumnOpt,
+    SystemOpt,
+    fail,
+    input_options,
+)
 
 
 def plan(
-    input: Annotated[str, typer.Argument(help="Prompts: .jsonl or .parquet file, or -.")],
+    input: Annotated[str, typer.Argument(
+        help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or -.")],
     model: ModelOpt = None,
     block_size: BlockSizeOpt = 16,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per row (KV estimate).")] = 256,
     top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
-    prompt_column: Annotated[str, typer.Option(help="Field with the text prompt.")] = "prompt",
-    messages_column: Annotated[str, typer.Option(help="Field with chat messages.")] = "messages",
-    id_column: Annotated[str, typer.Option(help="Field with the row id.")] = "id",
+    system: SystemOpt = None,
+    input_format: InputFormatOpt = InputFormat.auto,
+    prompt_column: PromptColumnOpt = "prompt",
+    messages_column: MessagesColumnOpt = "messages",
+    id_column: IdColumnOpt = "id",
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     blas: BlasOpt = "auto",
 ) -> None:
@@ -27,18 +42,18 @@ def plan(
 
     from mlx_lm.utils import load_tokenizer
     from rich.console import Console
-    from rich.table import Table
 
     from mlxpa.data import InputError
     from mlxpa.loader.models import resolve_model
     from mlxpa.plan import plan_file
+    from mlxpa.progress import plan_tables
 
     console = Console(stderr=True)
     try:
+        inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         tokenizer = load_tokenizer(resolve_model(model))
-        p = plan_file(input, tokenizer, block_size=block_size, max_tokens=max_tokens,
-                      top_k=top, prompt_column=prompt_column,
-                      messages_column=messages_column, id_column=id_column)
+        p = plan_file(input, tokenizer, inputs=inputs, block_size=block_size,
+                      max_tokens=max_tokens, top_k=top)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -47,19 +62,5 @@ def plan(
         print(json.dumps(p.to_dict(), indent=2, ensure_ascii=False))
         return
     out = Console()
-    t = Table(title=f"mlxpa plan: {input}", show_header=False, box=None)
-    for k, v in [("rows", f"{p.rows} (+{p.invalid_rows} invalid)"),
-                 ("prompt tokens", f"{p.prompt_tokens}"),
-                 ("tokens after sharing", f"{p.computed_prompt_tokens}"),
-                 ("predicted prefix cache hit rate", f"{p.predicted_hit_rate:.1%}"),
-                 ("KV blocks without sharing", f"{p.kv_blocks_without_sharing}"),
-                 ("KV blocks with sharing", f"{p.kv_blocks_with_sharing}"),
-                 ("block size", f"{p.block_size}")]:
-        t.add_row(f"[bold]{k}", v)
-    out.print(t)
-    s = Table(title="longest shared prefixes")
-    for col in ("tokens", "rows", "first row", "starts with"):
-        s.add_column(col)
-    for sp in p.shared_prefixes:
-        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
-    out.print(s)
+    for table in plan_tables(p, f"mlxpa plan: {input}"):
+        out.print(table)

@@ -20,32 +20,11 @@ concurrently, the tree keeps the first and the others keep their duplicates unti
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from mlxpa.core.block_pool import BlockPool, NoFreeBlocksError
-from mlxpa.core.radix_cache import RadixCache, RadixNode
+from mlxpa.core.block_pool import BlockPool, cdiv
+from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.request import Request
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class ComputedBlocks(NamedTuple):
-    """A prefix hit: blocks whose K/V already hold the first ``num_tokens`` tokens."""
-
-    block_ids: list[int]
-    num_tokens: int
-    last_node: RadixNode | None = None
-
-
-class PrefixCacheStats(NamedTuple):
-    """Prefix-cache counters: blocks evicted from the tree so far."""
-
-    evicted_blocks: int
-
-
-_NO_HIT = ComputedBlocks([], 0, None)
+_NO_HIT = PrefixMatch([], 0, None)
 
 
 class KVCacheManager:
@@ -74,10 +53,6 @@ class KVCacheManager:
         return self.tree is not None
 
     @property
-    def usage(self) -> float:
-        return self.pool.usage
-
-    @property
     def num_used_blocks(self) -> int:
         """Blocks held by requests or the tree."""
         return self.pool.num_usable_blocks - self.pool.num_free_blocks
@@ -94,21 +69,16 @@ class KVCacheManager:
         """Most tokens one request can ever hold (every usable block)."""
         return self.pool.num_usable_blocks * self.block_size
 
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(self.evicted_blocks)
-
-    def get_computed_blocks(self, req: Request) -> ComputedBlocks:
+    def get_computed_blocks(self, req: Request) -> PrefixMatch:
         """Longest cached prefix of ``req``'s tokens, capped at ``num_tokens - 1`` so the
         last token is always computed (its logits are sampled)."""
         if self.tree is None:
             return _NO_HIT
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        match = self.tree.match_prefix(tokens[:req.num_tokens - 1])
-        return ComputedBlocks(match.block_ids, match.num_tokens, match.last_node)
+        return self.tree.match_prefix(tokens[:req.num_tokens - 1])
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
-                       computed: ComputedBlocks | None = None) -> list[int] | None:
+                       computed: PrefixMatch | None = None) -> list[int] | None:
         """Give ``req`` blocks for ``num_new_tokens`` more tokens after its computed ones.
 
         Evicts unlocked tree leaves (LRU) when free blocks run short.
@@ -137,7 +107,7 @@ class KVCacheManager:
                 self.tree.unlock(computed.last_node)
             return None
         if computed.last_node is not None:
-            self._set_lock(req, computed.last_node, locked=True)
+            self._adopt_lock(req, computed.last_node)
             self._num_cached_blocks[req] = len(computed.block_ids)
         if computed.block_ids:
             req.block_table.extend(self.pool.fork(computed.block_ids))
@@ -156,10 +126,14 @@ class KVCacheManager:
         idx = req.num_computed_tokens // self.block_size
         return idx < len(req.block_table) and self.pool.ref_cnt(req.block_table[idx]) > 1
 
-    def _set_lock(self, req: Request, node: RadixNode, locked: bool = False) -> None:
-        """Make ``node`` the tree node ``req`` keeps locked (``locked``: already locked)."""
-        if not locked:
-            self.tree.lock(node)
+    def _lock_for(self, req: Request, node: RadixNode) -> None:
+        """Lock ``node`` and make it the tree node ``req`` keeps locked."""
+        self.tree.lock(node)
+        self._adopt_lock(req, node)
+
+    def _adopt_lock(self, req: Request, node: RadixNode) -> None:
+        """Make ``node`` (already locked for ``req``) the node ``req`` keeps locked, unlocking
+        the one it kept before."""
         old = self._locked.pop(req, None)
         if old is not None:
             self.tree.unlock(old)
@@ -178,7 +152,7 @@ class KVCacheManager:
         tokens = req.all_token_ids[:n] if n > req.num_prompt_tokens else (
             req.prompt_token_ids[:n])
         self.tree.insert(tokens, req.block_table[:full])
-        self._set_lock(req, self.tree.match_prefix(tokens).last_node)
+        self._lock_for(req, self.tree.match_prefix(tokens).last_node)
         self._num_cached_blocks[req] = full
 
     def take_blocks_to_copy(self) -> list[tuple[int, int]]:
@@ -202,7 +176,7 @@ class KVCacheManager:
             parent.block_table[:cdiv(parent.num_prompt_tokens, self.block_size)])
         node = self._locked.get(parent)
         if node is not None:
-            self._set_lock(child, node)
+            self._lock_for(child, node)
             self._num_cached_blocks[child] = self._num_cached_blocks[parent]
 
     def check_invariants(self, requests: list[Request]) -> None:
@@ -214,4 +188,4 @@ class KVCacheManager:
         self.pool.check_invariants(holders)
 
 
-__all__ = ["ComputedBlocks", "KVCacheManager", "NoFreeBlocksError", "cdiv"]
+__all__ = ["KVCacheManager"]

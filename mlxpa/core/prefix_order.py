@@ -5,16 +5,19 @@ Pure Python (no mlx). Both functions walk the same block-level radix tree over a
 building nodes: a group of prompts is split by its next block of tokens, children in order of
 first appearance, so the walk costs O(total prompt tokens).
 
-NOTE: the tree is block-level, not token-level, because only whole blocks are ever shared
-(DESIGN.md "KV cache rules"): two prompts that agree on 30 tokens share exactly one 16-token
-block either way, so a token-level order would buy no extra hits, while block keys mean
-``len/block_size`` dict operations per prompt instead of ``len``. A trailing partial block is a
-key too, so identical prompts still end up adjacent.
+NOTE: the tree is block-level, not token-level, because only whole blocks are ever shared:
+two prompts that agree on 30 tokens share exactly one 16-token block either way, so a
+token-level order would buy no extra hits, while block keys mean ``len/block_size`` dict
+operations per prompt instead of ``len``. A trailing partial block is a key too, so identical
+prompts still end up adjacent.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+# Admission orders of a file run: by shared prefix (this module), or the input's own order.
+ORDERS = ("prefix", "input")
 
 
 class SharedPrefix(NamedTuple):

@@ -1,9 +1,8 @@
 """Block-granular radix tree of cached prompt prefixes: match, insert, lock, LRU evict.
 
-Pure Python (no mlx). SGLang's RadixAttention cache (``radix_cache.py``) at block granularity,
-in SGLang's names: a node's ``key`` is a run of token ids whose length is a multiple of
-``block_size``, its ``value`` holds one block id per block of the key, and a child is indexed by
-its first block's tokens. Only full blocks enter the tree (DESIGN.md "KV cache rules").
+SGLang's RadixAttention cache (``radix_cache.py``) at block granularity, in SGLang's names: a
+node's ``key`` is a run of token ids whose length is a multiple of ``block_size``, its ``value``
+holds one block id per block of the key, and a child is indexed by its first block's tokens.
 
 Ownership of a request's prompt blocks around the tree::
 
@@ -53,12 +52,12 @@ class RadixNode:
 
 
 class PrefixMatch(NamedTuple):
-    """Longest cached prefix: ``block_ids`` hold the first ``num_tokens`` tokens; lock
-    ``last_node`` while using them."""
+    """A prefix hit: ``block_ids`` hold the K/V of the first ``num_tokens`` tokens; lock
+    ``last_node`` while using them (None: no tree, no hit)."""
 
     block_ids: list[int]
     num_tokens: int
-    last_node: RadixNode
+    last_node: RadixNode | None = None
 
 
 class RadixCache:
@@ -84,10 +83,8 @@ class RadixCache:
         self._clear()
 
     def reset(self) -> None:
-        """Empty the tree, dropping its pool reference of every block.
-
-        Nodes held by requests become stale: drop those handles rather than unlocking them.
-        """
+        """Empty the tree, dropping its pool reference of every block. Nodes held by requests
+        become stale: drop those handles rather than unlocking them."""
         if self.pool is not None:
             self.pool.free(b for node in self._nodes() for b in reversed(node.value))
         self._clear()
@@ -97,8 +94,7 @@ class RadixCache:
         self._ids = itertools.count()
         self._sim_block_ids = itertools.count(1)
         self.root = RadixNode(next(self._ids))
-        self.evictable_blocks = 0
-        self.protected_blocks = 0
+        self.evictable_blocks = self.protected_blocks = 0
 
     @property
     def total_blocks(self) -> int:
@@ -302,5 +298,3 @@ class RadixCache:
             stack.extend((c, depth + 1) for c in reversed(node.children.values()))
         return "\n".join(lines)
 
-
-__all__ = ["PrefixMatch", "RadixCache", "RadixNode"]

@@ -62,7 +62,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.kv = kv_cache_manager
+        self.kv_cache_manager = kv_cache_manager
         # A request alone must always fit, or preemption could loop forever.
         self.max_model_len = min(max_model_len, kv_cache_manager.capacity_tokens)
         self.waiting: deque[Request] = deque()
@@ -79,7 +79,7 @@ class Scheduler:
             raise ValueError("prompt is empty (0 tokens)")
         room = self.max_model_len - req.num_prompt_tokens
         if room < 1:
-            which = ("the KV pool" if self.max_model_len == self.kv.capacity_tokens
+            which = ("the KV pool" if self.max_model_len == self.kv_cache_manager.capacity_tokens
                      else "the model context (--max-model-len)")
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; the limit is "
@@ -99,7 +99,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while self.kv.allocate_slots(req, n) is None:
+            while self.kv_cache_manager.allocate_slots(req, n) is None:
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
@@ -111,7 +111,7 @@ class Scheduler:
                 i += 1
         if not out.preempted:
             budget = self._admit(out, budget)
-        out.blocks_to_copy = self.kv.take_blocks_to_copy()
+        out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
@@ -119,12 +119,12 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
             req = self.waiting.popleft()
-            computed = self.kv.get_computed_blocks(req)
+            computed = self.kv_cache_manager.get_computed_blocks(req)
             if self._shares_uncached_prefix(req, computed.num_tokens):
                 deferred.append(req)
                 continue
             n = min(req.num_tokens - computed.num_tokens, budget)
-            if self.kv.allocate_slots(req, n, computed) is None:
+            if self.kv_cache_manager.allocate_slots(req, n, computed) is None:
                 self.waiting.appendleft(req)
                 break
             req.num_computed_tokens = computed.num_tokens
@@ -142,9 +142,9 @@ class Scheduler:
         """True when a running request is still prefilling blocks ``req`` shares beyond its
         cached prefix: ``req`` waits and reads them from the cache once they are computed,
         instead of computing them a second time (SGLang's in-batch prefix deduplication)."""
-        if not self.kv.enable_prefix_caching:
+        if not self.kv_cache_manager.enable_prefix_caching:
             return False
-        bs = self.kv.block_size
+        bs = self.kv_cache_manager.block_size
         limit = (req.num_tokens - 1) // bs  # blocks a hit can cover
         if limit * bs <= num_cached:
             return False
@@ -172,8 +172,9 @@ class Scheduler:
         (copy-on-write). The child joins the running batch directly (it may exceed
         ``max_num_seqs`` by the fork's size for a while).
         """
-        assert len(parent.block_table) * self.kv.block_size >= parent.num_prompt_tokens
-        self.kv.fork(parent, child)
+        bs = self.kv_cache_manager.block_size
+        assert len(parent.block_table) * bs >= parent.num_prompt_tokens
+        self.kv_cache_manager.fork(parent, child)
         child.num_computed_tokens = child.num_prompt_tokens - 1
         child.max_tokens = parent.max_tokens
         child.num_cached_tokens = parent.num_cached_tokens
@@ -181,7 +182,7 @@ class Scheduler:
         self.running.append(child)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        self.kv.free(req)
+        self.kv_cache_manager.free(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
@@ -208,7 +209,7 @@ class Scheduler:
         updated = []
         for req, n, samples in zip(out.requests, out.num_scheduled_tokens, sampling):
             req.num_computed_tokens += n
-            self.kv.cache_blocks(req)
+            self.kv_cache_manager.cache_blocks(req)
             if not samples:
                 continue
             tok = next(tokens)
@@ -234,4 +235,4 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = status
-        self.kv.free(req)
+        self.kv_cache_manager.free(req)

@@ -16,7 +16,6 @@ switched to ``supported``; a ``supported`` field is left to the code that reads 
 from __future__ import annotations
 
 import difflib
-import functools
 from typing import Any, NamedTuple
 
 from mlxpa.data.params import SAMPLING_FIELDS, bad, show
@@ -130,16 +129,6 @@ def check_body_fields(body: dict, problems: list[str]) -> None:
                 problems.append(problem)
         else:
             problems.append(unknown_field("body." + key, key))
-
-
-@functools.lru_cache(maxsize=4096)
-def sampling_like(key: str) -> bool:
-    """An unsupported sampling field, or a near miss of a supported one."""
-    return key in _UNSUPPORTED_NAMES or bool(
-        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
-
-
-_UNSUPPORTED_NAMES = unsupported_fields()
 
 
 def unknown_field(name: str, key: str) -> str:

@@ -7,7 +7,7 @@
   ``.csv``, ``.parquet``, ``.txt``, ``.arrow``), goes through ``datasets.load_dataset`` in
   streaming mode (no Arrow cache is written).
 * A name that is not a local path (a hub dataset id such as ``tatsu-lab/alpaca``) is an
-  :class:`~mlxpa.data.rows.InputError`: mlxpa runs offline and does not download datasets.
+  :class:`~mlxpa.data.inputs.InputError`: mlxpa runs offline and does not download datasets.
 
 Rows are 0-based row numbers ("row" in messages), as for Parquet.
 """
@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.rows import InputError, RowSpec
+from mlxpa.data.inputs import InputError, RowSpec, check_columns
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
              ".tsv": "csv", ".parquet": "parquet", ".pq": "parquet", ".txt": "text",
@@ -80,8 +80,6 @@ def _one_split(ds: Any, source: str, spec: RowSpec) -> Any:
 
 
 def _iter_saved(ds: Any, source: str, spec: RowSpec) -> Iterator[tuple[int, dict]]:
-    from mlxpa.data.columnar import check_columns
-
     ds = _one_split(ds, source, spec)
     ds = ds.select_columns(check_columns(list(ds.column_names), spec))
     row = 0
@@ -93,8 +91,6 @@ def _iter_saved(ds: Any, source: str, spec: RowSpec) -> Iterator[tuple[int, dict
 
 
 def _iter_streaming(ds: Any, spec: RowSpec) -> Iterator[tuple[int, dict]]:
-    from mlxpa.data.columnar import check_columns
-
     columns = None
     for row, obj in enumerate(ds):
         if columns is None:

@@ -31,12 +31,13 @@ import glob
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.write import json_default
+from mlxpa.data._files import atomic_rewrite
+from mlxpa.data.jsonl import json_default
+from mlxpa.data.schema import CORE_TYPES
 
 
 def parts_dir(path: str) -> str:
@@ -106,28 +107,16 @@ class ParquetSink:
                 types[field.name] = _merge_type(pa, types.get(field.name, pa.null()),
                                                 field.type)
         schema = _resolved_schema(pa, types)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self._path)}.", suffix=".tmp",
-                                   dir=self._dir)
-        os.close(fd)
-        try:
-            with pq.ParquetWriter(tmp, schema) as writer:
-                for src in sources:
-                    pf = pq.ParquetFile(src)
-                    for i in range(pf.num_row_groups):
-                        table = pf.read_row_group(i)
-                        if not table.schema.equals(schema):
-                            table = _to_table(pa, table.to_pylist(), schema)
-                        writer.write_table(table)
-                if not sources:
-                    writer.write_table(schema.empty_table())
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600
-            os.replace(tmp, self._path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_rewrite(self._path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+            for src in sources:
+                pf = pq.ParquetFile(src)
+                for i in range(pf.num_row_groups):
+                    table = pf.read_row_group(i)
+                    if not table.schema.equals(schema):
+                        table = _to_table(pa, table.to_pylist(), schema)
+                    writer.write_table(table)
+            if not sources:
+                writer.write_table(schema.empty_table())
         # NOTE: a crash right here leaves parts that the new target already holds; the
         # target is newer than all of them, which is how _merged_already tells.
         shutil.rmtree(self._parts, ignore_errors=True)
@@ -180,10 +169,9 @@ def iter_parquet_ids(path: str) -> Iterator[Any]:
 
 
 def _core_types(pa: Any) -> dict[str, Any]:
-    # The core columns start at their stable types, id undecided.
-    return {"id": pa.null(), "text": pa.string(), "finish_reason": pa.string(),
-            "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
-            "cached_tokens": pa.int64(), "error": pa.string()}
+    # The core columns start at their stable types, id undecided (null until a value comes).
+    arrow = {None: pa.null(), str: pa.string(), int: pa.int64()}
+    return {name: arrow[kind] for name, kind in CORE_TYPES.items()}
 
 
 def _resolved_schema(pa: Any, types: dict[str, Any]) -> Any:

@@ -2,7 +2,7 @@
 
 Every input record becomes a :class:`~mlxpa.data.rows.Row` (validated by
 :func:`~mlxpa.data.rows.parse_row`) with its 0-based ``index`` (the request id inside the
-engine). Two kinds of problems are told apart (DESIGN.md "Input and output"):
+engine). Two kinds of problems are told apart:
 
 * the input as a whole cannot be read (no such file, an unreadable Parquet file, no
   prompt/messages column, a hub dataset name): :class:`InputError`, raised;
@@ -17,62 +17,54 @@ Parquet and ``datasets`` rows are 0-based row numbers, called "row" in messages
 (``data.parquet row 0: ...``). A UTF-8 byte order mark is accepted; blank JSONL lines are
 skipped.
 
-Reading is lazy: JSONL and CSV line by line, Parquet one row group at a time, ``datasets``
-by batches of a memory-mapped table, so memory does not grow with the file (STYLE.md §15).
+Reading is lazy: JSONL and CSV line by line, Parquet in batches of at most 1,024 rows (fewer
+when rows are large), ``datasets`` by batches of a memory-mapped table, so memory does not
+grow with the file. No format refuses a row another accepts: a CSV cell has no size limit
+(Python's ``csv.field_size_limit`` is raised from its 128 KiB default), and JSON nested too
+deeply or holding an integer of more than 4,300 digits is a row error, as invalid JSON is.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from mlxpa.data.columnar import STDIN, binary_stdin, iter_csv, iter_parquet
-from mlxpa.data.params import coerce_text_fields
-from mlxpa.data.rows import (
+from mlxpa.data.inputs import (
     InputError,
-    Row,
+    InputOptions,
     RowSpec,
-    bad_record_row,
-    json_type,
-    parse_row,
+    check_columns,
+    check_format,
 )
+from mlxpa.data.params import coerce_text_fields
+from mlxpa.data.rows import Row, bad_record_row, json_type, parse_row
 
+STDIN = "-"
 STDIN_NAME = "<stdin>"
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".jsonlines", ".json")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
 CSV_EXTENSIONS = (".csv", ".tsv")
-FORMATS = ("jsonl", "parquet", "csv", "hf")
-CORE_COLUMNS = ("id", "text", "finish_reason", "prompt_tokens", "completion_tokens",
-                "cached_tokens", "error")
-# Output field names (mlxpa rows, OpenAI Batch lines): a kept input column may not clash.
-OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
 
-__all__ = ["FORMATS", "STDIN", "InputError", "InputOptions", "Row", "input_format",
-           "read_rows", "spool_stdin"]
+__all__ = ["STDIN", "input_format", "read_rows", "spool_stdin"]
 
 
-def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
-              prompt_column: str = "prompt", messages_column: str = "messages",
-              id_column: str = "id", system: str | None = None,
-              keep_columns: tuple[str, ...] = (), name: str | None = None) -> Iterator[Row]:
+def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
+              name: str | None = None, **settings: Any) -> Iterator[Row]:
     """Read and validate input rows lazily.
 
     Args:
         source: A file path, a ``datasets`` folder, or ``"-"`` for stdin.
-        fmt: One of :data:`FORMATS`, or None to choose by :func:`input_format`.
-        prompt_column: Field holding the text prompt.
-        messages_column: Field holding chat messages.
-        id_column: Field holding the row id.
-        system: A system message put before every prompt (see
-            :func:`~mlxpa.data.rows.parse_row`).
-        keep_columns: Fields copied into ``Row.keep``.
+        options: The reader settings; None builds them from ``settings``.
         name: The source's name in messages (default: ``source``, ``"<stdin>"`` for ``-``).
+        **settings: :class:`~mlxpa.data.inputs.InputOptions` fields (``fmt``,
+            ``prompt_column``, ...), when ``options`` is None.
 
     Returns:
         An iterator of rows in input order. Record-level problems are ``Row.error``s;
@@ -80,13 +72,13 @@ def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
 
     Raises:
         InputError: At call time, when the file does not exist or its format cannot be told.
-        ValueError: When ``fmt`` is not one of ``FORMATS``.
+        ValueError: When ``fmt`` is not one of :data:`~mlxpa.data.inputs.FORMATS`.
     """
+    options = options if options is not None else InputOptions(**settings)
     source = os.fspath(source)
-    fmt = input_format(source, fmt)
+    fmt = input_format(source, options.fmt)
     name = name or (STDIN_NAME if source == STDIN else source)
-    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", prompt_column,
-                   messages_column, id_column, system, tuple(keep_columns))
+    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", options)
     if fmt == "hf":
         from mlxpa.data.hf import iter_hf_records
 
@@ -94,52 +86,9 @@ def read_rows(source: str | os.PathLike, *, fmt: str | None = None,
     elif source != STDIN and not os.path.isfile(source):
         raise InputError("no such file", source=name)
     else:
-        records = {"jsonl": _iter_jsonl, "parquet": iter_parquet, "csv": iter_csv}[fmt](
+        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](
             source, spec)
     return _rows(records, spec, coerce=fmt == "csv")
-
-
-@dataclass(frozen=True, slots=True)
-class InputOptions:
-    """How to read the input (the ``read_rows`` settings).
-
-    Attributes:
-        fmt: ``jsonl``, ``parquet``, ``csv``, ``hf``, or None (by extension).
-        prompt_column: Field of the text prompt.
-        messages_column: Field of the chat messages.
-        id_column: Field of the row id.
-        system: System message put before every prompt.
-        keep_columns: Input fields copied to every output record.
-        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
-            (chat ``messages`` always are); see :func:`mlxpa.prompts.prompt_token_ids`.
-
-    Raises:
-        ValueError: An unknown format, or a kept column named like an output field.
-    """
-
-    fmt: str | None = None
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str = "id"
-    system: str | None = None
-    keep_columns: tuple[str, ...] = ()
-    split_special_tokens: bool = False
-
-    def __post_init__(self) -> None:
-        if self.fmt is not None and self.fmt not in FORMATS:
-            raise ValueError(f"input format must be one of {', '.join(FORMATS)}, "
-                             f"got {self.fmt!r}")
-        clash = set(self.keep_columns) & OUTPUT_FIELDS
-        if clash:
-            raise ValueError(f"keep columns {', '.join(sorted(clash))}: an output field has "
-                             "that name")
-
-    def read(self, source: str, fmt: str | None = None, name: str | None = None) -> Iterator[Row]:
-        """:func:`read_rows` of ``source`` with these settings (``fmt`` overrides ``self.fmt``;
-        ``name`` is the source's name in messages)."""
-        return read_rows(source, fmt=fmt or self.fmt, prompt_column=self.prompt_column,
-                         messages_column=self.messages_column, id_column=self.id_column,
-                         system=self.system, keep_columns=self.keep_columns, name=name)
 
 
 def input_format(source: str, fmt: str | None = None) -> str:
@@ -151,9 +100,7 @@ def input_format(source: str, fmt: str | None = None) -> str:
         InputError: ``fmt`` is None and the extension is not a known one.
     """
     if fmt is not None:
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-        return fmt
+        return check_format(fmt)
     if source == STDIN:
         return "jsonl"
     ext = os.path.splitext(source)[1].lower()
@@ -195,13 +142,18 @@ def _rows(records: Records, spec: RowSpec, coerce: bool) -> Iterator[Row]:
             yield bad_record_row(obj, index, line, spec)
         else:
             if coerce:
-                obj = coerce_text_fields(obj, spec.messages_column)
+                obj = coerce_text_fields(obj, spec.options.messages_column)
             yield parse_row(obj, index, line, spec)
+
+
+def _binary_stdin() -> Any:
+    # NOTE: read bytes where we can so the encoding is UTF-8 whatever the locale says.
+    return getattr(sys.stdin, "buffer", sys.stdin)
 
 
 def _iter_jsonl(source: str, spec: RowSpec) -> Records:
     if source == STDIN:
-        yield from _jsonl_lines(binary_stdin())
+        yield from _jsonl_lines(_binary_stdin())
     else:
         with open(source, "rb") as f:
             yield from _jsonl_lines(f)
@@ -236,3 +188,73 @@ def _jsonl_lines(lines: Any) -> Records:
 def _reason(e: Exception) -> str:
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
+
+def _raise_csv_field_limit() -> None:
+    """Python's csv module refuses cells over 128 KiB (``field_size_limit``); a JSONL line or a
+    Parquet string has no such limit, so neither has a CSV cell (the largest C long)."""
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:  # a C long narrower than Python's maxsize (Windows)
+            limit //= 2
+
+
+def _iter_csv(source: str, spec: RowSpec) -> Records:
+    _raise_csv_field_limit()
+    delimiter = "\t" if source.lower().endswith(".tsv") else ","
+    if source == STDIN:
+        f = io.TextIOWrapper(_binary_stdin(), encoding="utf-8-sig", newline="")
+    else:
+        f = open(source, encoding="utf-8-sig", newline="")
+    with f:
+        reader = csv.reader(f, delimiter=delimiter)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return
+            check_columns(header, spec)
+            last = reader.line_num
+            for values in reader:
+                start, last = last + 1, reader.line_num
+                if not values:
+                    continue
+                if len(values) != len(header):
+                    yield start, (f"expected {len(header)} fields as in the header, "
+                                  f"got {len(values)}")
+                    continue
+                yield start, dict(zip(header, values))
+        except UnicodeDecodeError as e:
+            raise InputError(f"not valid UTF-8 ({e.reason})", source=spec.source) from None
+        except csv.Error as e:
+            raise InputError(f"malformed CSV ({e})", source=spec.source,
+                             line=reader.line_num) from None
+
+
+def _iter_parquet(source: str, spec: RowSpec) -> Records:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if source == STDIN:
+            pf = pq.ParquetFile(pa.BufferReader(_binary_stdin().read()))
+        else:
+            pf = pq.ParquetFile(source)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"not a readable Parquet file ({e})", source=spec.source) from None
+    columns = check_columns(pf.schema_arrow.names, spec)
+    row = 0
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf), columns=columns):
+        for obj in batch.to_pylist():
+            yield row, obj
+            row += 1
+
+
+def _batch_rows(pf: Any, target_bytes: int = 8 << 20) -> int:
+    """Rows per decoded Parquet batch: 1,024, or fewer when rows are large (MBs of text each),
+    so that a batch's Python objects stay near ``target_bytes``."""
+    meta = pf.metadata
+    widest = max((meta.row_group(i).total_byte_size / max(1, meta.row_group(i).num_rows)
+                  for i in range(meta.num_row_groups)), default=0)
+    return int(max(1, min(1024, target_bytes // max(1, widest))))

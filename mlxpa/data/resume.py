@@ -23,6 +23,8 @@ import json
 import os
 from typing import Any, NamedTuple
 
+from mlxpa.data._files import atomic_rewrite
+
 COMPLETE = 1 << 30  # the count of a row that is done whatever its n (an OpenAI line)
 
 
@@ -127,20 +129,11 @@ def _scan_jsonl(path: str) -> Existing:
 
 def _drop_error_lines(path: str) -> None:
     """Rewrite the JSONL file at ``path`` without its error records (atomically)."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            for raw in src:
-                if raw.strip() and json.loads(raw).get("error") is not None:
-                    continue
-                dst.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp)
-        raise
+    with atomic_rewrite(path) as tmp, open(path, "rb") as src, open(tmp, "wb") as dst:
+        for raw in src:
+            if raw.strip() and json.loads(raw).get("error") is not None:
+                continue
+            dst.write(raw)
 
 
 def resume_hint(source: str, output: str, argv: list[str]) -> str:

@@ -1,7 +1,7 @@
 """One input record (a JSON object, a Parquet/CSV/``datasets`` row) to a validated :class:`Row`.
 
 Every problem is collected, not raised, and named with the source, line (or row) and field, so
-a validation pass can list them all before any model work (DESIGN.md "Input and output"):
+a validation pass can list them all before any model work:
 
 * the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
   ``{"role", "content"}`` strings), nulls reported as such;
@@ -17,39 +17,17 @@ a validation pass can list them all before any model work (DESIGN.md "Input and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from mlxpa.data.fields import (
     FIELD_SUPPORT,
     check_body_fields,
     check_openai,
     field_problem,
-    sampling_like,
     unknown_field,
 )
-from mlxpa.data.params import SAMPLING_FIELDS, bad, parse_params, show
-
-
-class InputError(ValueError):
-    """A problem with the input as a whole (the run cannot read it).
-
-    ``str(error)`` is the full message, e.g. ``data.parquet: not a readable Parquet file``.
-
-    Attributes:
-        source: The file name as given, or ``"<stdin>"``.
-        line: 1-based line (JSONL, CSV) or 0-based row (Parquet, ``datasets``); None when the
-            problem is with the whole file.
-        field: The offending field or column, or None.
-        detail: The message without the location prefix.
-    """
-
-    def __init__(self, detail: str, *, source: str, line: int | None = None,
-                 field: str | None = None, unit: str = "line") -> None:
-        super().__init__(f"{where(source, line, unit)}: {detail}")
-        self.source = source
-        self.line = line
-        self.field = field
-        self.detail = detail
+from mlxpa.data.inputs import RowSpec, sampling_like, where
+from mlxpa.data.params import bad, parse_params, show
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,41 +68,15 @@ class Row:
     openai: str | None = None
 
 
-class RowSpec(NamedTuple):
-    """How to read rows of one source.
-
-    Attributes:
-        source: Display name of the source (a path or ``"<stdin>"``).
-        unit: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, ``datasets``).
-        prompt_column: Field holding the text prompt.
-        messages_column: Field holding chat messages.
-        id_column: Field holding the row id.
-        system: A system message put before every row's prompt (see :func:`parse_row`).
-        keep_columns: Fields copied into ``Row.keep``.
-    """
-
-    source: str
-    unit: str = "line"
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str = "id"
-    system: str | None = None
-    keep_columns: tuple[str, ...] = ()
-
-    def known(self) -> frozenset[str]:
-        """Fields with a meaning for mlxpa (everything else passes through)."""
-        return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *SAMPLING_FIELDS, "max_completion_tokens"))
-
-
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     """Validate one decoded record (a JSON object or a columnar row; None means absent).
 
-    ``spec.system`` goes first: as a ``{"role": "system"}`` message in front of ``messages``
-    (unless they already start with one), or as text and a blank line in front of ``prompt``.
+    ``spec.options.system`` goes first: as a ``{"role": "system"}`` message in front of
+    ``messages`` (unless they already start with one), or as text and a blank line in front of
+    ``prompt``.
     """
     problems: list[str] = []
-    fields, prefix, id_field, kind = obj, "", spec.id_column, None
+    fields, prefix, id_field, kind = obj, "", spec.options.id_column, None
     openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
     if openai:  # OpenAI Batch API line
         fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
@@ -147,14 +99,14 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     if kind is None and openai:
         kind = "chat" if messages is not None else "completions"
     if kind is not None and (messages is None) != (kind == "completions") and not problems:
-        want = spec.messages_column if kind == "chat" else spec.prompt_column
+        want = spec.options.messages_column if kind == "chat" else spec.options.prompt_column
         problems.append(f'field "url" {show(obj.get("url"))} needs field "{prefix}{want}"')
-    if spec.system is not None:
-        prompt, messages = _with_system(spec.system, prompt, messages)
+    if spec.options.system is not None:
+        prompt, messages = _with_system(spec.options.system, prompt, messages)
     params = parse_params(fields, prefix, problems)
     keep = None
-    if spec.keep_columns:
-        keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.keep_columns}
+    if spec.options.keep_columns:
+        keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.options.keep_columns}
     error = f"{where(spec.source, line, spec.unit)}: {'; '.join(problems)}" if problems else None
     return Row(index, row_id, prompt, messages, params, error, line, keep, kind)
 
@@ -170,7 +122,8 @@ def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
     """A plain row: unsupported fields (unless at their default) and near misses of
     sampling fields are errors; anything else passes through."""
     for key, value in obj.items():
-        if value is None or key in spec.known() or key in spec.keep_columns:
+        if (value is None or key in spec.options.known()
+                or key in spec.options.keep_columns):
             continue
         if key in FIELD_SUPPORT:
             problem = field_problem(key, key, value)
@@ -180,22 +133,17 @@ def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
             problems.append(unknown_field(key, key))
 
 
-def is_relevant(key: str, spec: RowSpec) -> bool:
-    """Whether field ``key`` can matter for a row (read it from a columnar file)."""
-    return (key in spec.known() or key in spec.keep_columns
-            or key in ("custom_id", "method", "url", "body") or sampling_like(key))
-
-
 def _parse_input(fields: dict, prefix: str, spec: RowSpec,
                  problems: list[str]) -> tuple[str | None, list[dict] | None]:
-    pc, mc = prefix + spec.prompt_column, prefix + spec.messages_column
-    prompt, messages = fields.get(spec.prompt_column), fields.get(spec.messages_column)
+    o = spec.options
+    pc, mc = prefix + o.prompt_column, prefix + o.messages_column
+    prompt, messages = fields.get(o.prompt_column), fields.get(o.messages_column)
     if prompt is not None and messages is not None:
         problems.append(f'give field "{pc}" or field "{mc}", not both')
         return None, None
     if prompt is None and messages is None:
-        if spec.prompt_column in fields or spec.messages_column in fields:
-            null = pc if spec.prompt_column in fields else mc
+        if o.prompt_column in fields or o.messages_column in fields:
+            null = pc if o.prompt_column in fields else mc
             problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
         else:
             problems.append(f'missing field "{pc}" (or "{mc}")')
@@ -259,8 +207,3 @@ def json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     return "a number"
-
-
-def where(source: str, line: int | None, unit: str) -> str:
-    """``source``, or ``source line N`` / ``source row N``."""
-    return source if line is None else f"{source} {unit} {line}"

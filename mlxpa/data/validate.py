@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
+from mlxpa.data.inputs import InputError, where
 from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
 from mlxpa.data.resume import Existing, id_key
-from mlxpa.data.rows import InputError, Row, where
+from mlxpa.data.rows import Row
 
 MAX_PROBLEMS = 20
 

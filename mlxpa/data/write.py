@@ -13,16 +13,14 @@ they fill, one file renamed over the target at the end.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxpa.data.read import CORE_COLUMNS, PARQUET_EXTENSIONS, STDIN
+from mlxpa.data.jsonl import JsonlSink
+from mlxpa.data.read import PARQUET_EXTENSIONS, STDIN
 
-__all__ = ["CORE_COLUMNS", "ResultWriter", "json_default", "output_format"]
+__all__ = ["ResultWriter", "output_format"]
 
 
 class ResultWriter:
@@ -60,7 +58,7 @@ class ResultWriter:
         self._closed = False
         self._sink: Any
         if self.fmt == "jsonl":
-            self._sink = _JsonlSink(self.path, append)
+            self._sink = JsonlSink(self.path, append)
         else:
             from mlxpa.data.parquet import ParquetSink
 
@@ -148,49 +146,3 @@ def output_format(path: str, fmt: str | None = None) -> str:
             raise ValueError(f"unknown format {fmt!r}; expected jsonl or parquet")
         return fmt
     return "parquet" if os.path.splitext(path)[1].lower() in PARQUET_EXTENSIONS else "jsonl"
-
-
-def json_default(value: Any) -> Any:
-    """``json.dumps`` fallback that never fails (a result that cannot be written is lost):
-    numpy values become lists or numbers, anything else its ``str``."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
-
-
-def json_line(record: dict) -> str:
-    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
-    hold, is written as null)."""
-    try:
-        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-class _JsonlSink:
-    def __init__(self, path: str, append: bool) -> None:
-        self._own = path != STDIN
-        mode = "a" if append else "w"
-        self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else sys.stdout
-
-    def write(self, groups: list[list[dict]]) -> None:
-        # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
-        # never inside write(), so Ctrl-C cannot leave half a line behind.
-        self._f.write("".join(json_line(r) + "\n" for g in groups for r in g))
-        self._f.flush()
-
-    def close(self) -> None:
-        if self._own:
-            self._f.close()
-        else:
-            self._f.flush()

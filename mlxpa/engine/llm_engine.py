@@ -152,7 +152,8 @@ class LLMEngine:
         used = self.kv_cache_manager.num_active_blocks
         c.peak_kv_blocks = max(c.peak_kv_blocks, used)
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
-        c.kv_slots_in_use += sum(len(r.block_table) for r in sched.running) * sched.kv.block_size
+        c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
+                              * self.kv_cache_manager.block_size)
         finished = []
         for req in updated:
             detok = self._detok[req]

@@ -79,7 +79,10 @@ class Stats:
         return asdict(self)
 
 
-def _pct(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of ``values`` with linear interpolation between the
+    closest ranks (``numpy.percentile``'s default, as vLLM's benchmarks report); None for no
+    values. The one definition behind every published ``*_p50_s`` / ``*_p99_s``."""
     return float(np.percentile(values, q)) if values else None
 
 
@@ -98,6 +101,6 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         peak_kv_blocks=c.peak_kv_blocks,
         kv_utilization=c.kv_tokens_held / c.kv_slots_in_use if c.kv_slots_in_use else 0.0,
         num_preemptions=c.num_preemptions, evicted_blocks=c.evicted_blocks,
-        ttft_p50_s=_pct(c.ttft_s, 50), ttft_p99_s=_pct(c.ttft_s, 99),
-        itl_p50_s=_pct(c.itl_s, 50), itl_p99_s=_pct(c.itl_s, 99),
+        ttft_p50_s=percentile(c.ttft_s, 50), ttft_p99_s=percentile(c.ttft_s, 99),
+        itl_p50_s=percentile(c.itl_s, 50), itl_p99_s=percentile(c.itl_s, 99),
         failed_rows=c.failed_rows)

@@ -27,9 +27,9 @@ import warnings
 
 import mlx.core as mx
 
+from mlxpa.config import KERNELS
 from mlxpa.kernels import _common, reference
 
-KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
             "cuda": "mlxpa.kernels.cuda_paged_attention",
             "cpu": "mlxpa.kernels.cpu_paged_attention"}

@@ -29,6 +29,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from mlxpa.core.block_pool import cdiv
+
 PARTITION_SIZE = 512      # tokens per v2 partition
 V1_SIMDGROUPS = 32        # v1 threadgroup: 32 simdgroups = 1024 threads
 V2_SIMDGROUPS = 8         # v2 threadgroup: 256 threads, each lane holding G * D / 32 accumulators
@@ -212,7 +214,7 @@ def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_he
     rng = np.random.default_rng(seed)
     starts = [max(0, n - window) // block_size * block_size if trim and window else 0
               for n in lens]
-    counts = [-(-(n - s) // block_size) if n > s else 0 for n, s in zip(lens, starts)]
+    counts = [cdiv(n - s, block_size) if n > s else 0 for n, s in zip(lens, starts)]
     num_blocks = 1 + sum(counts) + 2
     perm = rng.permutation(np.arange(1, num_blocks)).tolist()
     table = np.zeros((len(lens), max(counts + [1]) + pad_blocks), np.int32)

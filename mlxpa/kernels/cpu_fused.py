@@ -6,8 +6,8 @@ x86 machine, while ``mul``/``add`` run at memory speed and ``mx.compile`` fuses 
 into one pass. In Gemma 3 270M's prefill (2,048 tokens per layer) ``nn.gelu_approx`` over the
 ``[tokens, 2048]`` gate costs 215 ms, 8x the gate projection, and ``mx.fast.rope`` (cos/sin
 per element, per layer) costs 42 ms, more than the q/k/v projections together. So on the CPU
-the model runner swaps, for the length of its forward pass only (mlx-lm's own calls are
-untouched):
+the model runner swaps (:func:`mlxpa.worker.patches.fused_cpu_ops`), for the length of its
+forward pass only (mlx-lm's own calls are untouched):
 
 - ``nn.gelu_approx`` / ``nn.silu`` / ``swiglu`` for versions built on a rational ``tanh``
   (only ``mul``, ``add``, ``div`` and ``clip``, fused by ``mx.compile``): 30 ms instead of
@@ -25,10 +25,7 @@ Metal and CUDA have fast native ops, so nothing is swapped there.
 from __future__ import annotations
 
 import math
-import sys
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from functools import partial
 
 import mlx.core as mx
@@ -95,7 +92,7 @@ class _FastNN(types.ModuleType):
         return getattr(nn, name)
 
 
-_FAST_NN = _FastNN("mlx.nn")
+FAST_NN = _FastNN("mlx.nn")
 
 
 class TableRoPE(nn.Module):
@@ -152,49 +149,10 @@ def _apply_rope(x: mx.array, cos: mx.array, sin: mx.array, dims: int,
     return out if rest is None else mx.concatenate([out, rest], axis=-1)
 
 
-def _mlx_lm_swiglu():
+def mlx_lm_swiglu():
+    """mlx-lm's own ``swiglu`` (what :func:`swiglu` replaces), or None in versions without it."""
     try:
         from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
     except ImportError:
         return None
     return mlx_lm_swiglu
-
-
-def active() -> bool:
-    """Whether the fused CPU kernels apply: the default device is the CPU."""
-    return mx.default_device() == mx.cpu
-
-
-@contextmanager
-def fused_cpu_ops(model: nn.Module) -> Iterator[None]:
-    """While open, the model's modules see :data:`_FAST_NN` for ``nn`` and the fused
-    ``swiglu``, and its plain ``nn.RoPE`` children are :class:`TableRoPE`; everything is
-    restored on exit. Subclasses of ``nn.RoPE`` (scaled variants) are left alone."""
-    names = {type(model).__module__} | {type(m).__module__ for _, m in model.named_modules()}
-    swapped: list[tuple[object, str, object]] = []
-    for name in sorted(names):
-        module = sys.modules.get(name)
-        if module is None:
-            continue
-        if getattr(module, "nn", None) is nn:
-            swapped.append((module, "nn", nn))
-            module.nn = _FAST_NN
-        original = getattr(module, "swiglu", None)
-        if original is not None and original is _mlx_lm_swiglu():
-            swapped.append((module, "swiglu", original))
-            module.swiglu = swiglu
-    tables: dict = {}
-    ropes = []
-    for _, parent in model.named_modules():
-        for key, child in list(parent.items()):
-            if type(child) is nn.RoPE:
-                ropes.append((parent, key, child))
-                parent[key] = TableRoPE(child, tables)
-    try:
-        yield
-    finally:
-        for module, attr, original in swapped:
-            setattr(module, attr, original)
-        for parent, key, child in ropes:
-            with suppress(Exception):
-                parent[key] = child

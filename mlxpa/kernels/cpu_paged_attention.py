@@ -23,6 +23,7 @@ import math
 
 import mlx.core as mx
 
+from mlxpa.kernels.device import on_cpu
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
 _LOG2E = 1 / math.log(2)
@@ -31,7 +32,7 @@ _MASKED = -1e30
 
 def is_available() -> bool:
     """Whether the default device is the CPU."""
-    return mx.default_device() == mx.cpu
+    return on_cpu()
 
 
 def softmax_exp2(s: mx.array, mask: mx.array) -> mx.array:

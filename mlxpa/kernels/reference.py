@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxpa.kernels.device import on_cpu
+
 
 def gather_kv(cache: mx.array, block_tables: mx.array) -> mx.array:
     """Gather blocks of one layer's K or V pool into contiguous per-sequence tensors.
@@ -79,7 +81,7 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     mask = attention_mask(query_start, q.shape[2], context_lens, k.shape[2], key_start,
                           sliding_window)
     dtype = q.dtype
-    if mx.default_device() == mx.cpu and dtype != mx.float32:
+    if on_cpu() and dtype != mx.float32:
         q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     return out.astype(dtype)

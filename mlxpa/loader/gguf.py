@@ -1,7 +1,7 @@
 """GGUF → MLX model folder: dequantized weights, ``config.json`` and a ``tokenizer.json``.
 
 :func:`convert_gguf` writes a folder that ``mlx_lm.load`` reads. Architectures: ``gemma3``
-(mlx-lm ``gemma3_text``) and ``llama`` (mlx-lm ``llama``). Facts it relies on (DESIGN.md):
+(mlx-lm ``gemma3_text``) and ``llama`` (mlx-lm ``llama``). Facts it relies on:
 
 - GGUF lists dims innermost-first; reversed, a 2-D weight is ``(out_features, in_features)``,
   ``nn.Linear``'s layout, so nothing is transposed.

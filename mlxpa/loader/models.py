@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -97,12 +98,14 @@ def load_model(
     import mlx.core as mx
     from mlx_lm.utils import load
 
+    from mlxpa.kernels.device import on_cpu
+
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = resolve_model(spec)
     start = time.perf_counter()
     model, tokenizer = load(str(folder))
-    if dtype is None and mx.default_device() == mx.cpu:
+    if dtype is None and on_cpu():
         dtype = "float32"
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
@@ -123,17 +126,14 @@ def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` can render ``messages`` rows.
+def model_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype the model computes in: its embedding's (a quantized model's packed ``uint32``
+    weights are never it), float32 for a model without ``model.embed_tokens``."""
+    import mlx.core as mx
 
-    Args:
-        tokenizer: A ``TokenizerWrapper`` (its ``has_chat_template`` also counts mlx-lm's own
-            template functions) or a Hugging Face tokenizer.
-    """
-    flag = getattr(tokenizer, "has_chat_template", None)
-    if isinstance(flag, bool):
-        return flag
-    return bool(getattr(tokenizer, "chat_template", None))
+    if hasattr(model, "model") and hasattr(model.model, "embed_tokens"):
+        return model.model.embed_tokens.weight.dtype
+    return mx.float32
 
 
 def _default_model() -> Path:

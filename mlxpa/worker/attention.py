@@ -3,19 +3,16 @@
 mlx-lm attention modules read ``cache.offset`` (RoPE), call ``cache.update_and_fetch(k, v)``
 and then ``scaled_dot_product_attention(q, k, v, cache=cache, ...)``, a name bound in the
 model's own module. mlxpa passes one :class:`PagedLayerCache` per layer: ``offset`` is an
-``mx.array`` of per-row positions, ``update_and_fetch`` writes the new K/V into the pool at
+``mx.array`` of per-request positions, ``update_and_fetch`` writes the new K/V into the pool at
 the slot mapping, ``make_mask`` returns None (the paged path builds its own masks), and
-:func:`patch_model` swaps the module's ``scaled_dot_product_attention`` for a dispatcher that
-routes paged caches to :func:`mlxpa.kernels.paged_attention`. Projections, norms and RoPE stay
-mlx-lm's, so no per-model code is needed (the vllm-metal design, without its per-model
-branches).
+:func:`mlxpa.worker.patches.paged_attention` swaps the module's
+``scaled_dot_product_attention`` for a dispatcher that routes paged caches to
+:func:`mlxpa.kernels.paged_attention`. Projections, norms and RoPE stay mlx-lm's, so no
+per-model code is needed (the vllm-metal design, without its per-model branches).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -29,7 +26,7 @@ class WindowTables:
     """Block tables trimmed to a sliding window: only blocks a query can still see."""
 
     block_tables: mx.array  # [B, max_window_blocks] int32
-    key_start: mx.array     # [B] int32 position of each row's first gathered key
+    key_start: mx.array     # [B] int32 position of each request's first gathered key
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +36,12 @@ class AttentionMetadata:
     Attributes:
         slot_blocks: ``[B * L]`` int32 block id of each scheduled token (padding: 0).
         slot_offsets: ``[B * L]`` int32 offset of each token inside its block.
-        block_tables: ``[B, max_blocks]`` int32 block ids per row.
+        block_tables: ``[B, max_blocks]`` int32 block ids per request.
         context_lens: ``[B]`` int32 tokens with K/V after this step's write.
-        query_start: ``[B]`` int32 position of each row's first scheduled token.
+        offsets: ``[B]`` int32 position of each request's first scheduled token (its
+            ``num_computed_tokens``; mlx-lm's per-row cache ``offset``). Not vLLM's
+            ``query_start_loc``, which is cumulative over the flattened batch; the kernels
+            take it as their ``query_start`` argument (the name in the pinned Metal sources).
         window_tables: Per sliding-window size, tables trimmed to that window.
         kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
     """
@@ -50,7 +50,7 @@ class AttentionMetadata:
     slot_offsets: mx.array
     block_tables: mx.array
     context_lens: mx.array
-    query_start: mx.array
+    offsets: mx.array
     window_tables: dict[int, WindowTables]
     kernel: str = "auto"
 
@@ -74,8 +74,8 @@ class PagedLayerCache:
 
     @property
     def offset(self) -> mx.array:
-        """``[B]`` int32 positions of each row's first new token (RoPE offsets)."""
-        return self.metadata.query_start
+        """``[B]`` int32 positions of each request's first new token (RoPE offsets)."""
+        return self.metadata.offsets
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``[B, kv_heads, L, D]`` keys/values into the pool; return them unchanged
@@ -97,52 +97,5 @@ class PagedLayerCache:
         return paged_attention(
             queries, self.kv_cache.key_caches[self.layer_idx],
             self.kv_cache.value_caches[self.layer_idx], tables, m.context_lens,
-            m.query_start, scale=scale, sliding_window=self.sliding_window,
+            m.offsets, scale=scale, sliding_window=self.sliding_window,
             key_start=key_start, kernel=m.kernel)
-
-
-def _make_dispatch(original):
-    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None,
-                                     **kwargs):
-        if isinstance(cache, PagedLayerCache):
-            if sinks is not None:
-                raise ValueError("paged attention does not support attention sinks")
-            return cache.attend(queries, scale)
-        return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
-                        sinks=sinks, **kwargs)
-
-    scaled_dot_product_attention.mlxpa_original = original
-    return scaled_dot_product_attention
-
-
-@contextmanager
-def patch_model(model) -> Iterator[None]:
-    """Swap ``scaled_dot_product_attention`` in the modules that define the model's layers
-    (``sys.modules[type(m).__module__]`` for every submodule; a name bound by ``from .base
-    import`` is not affected by patching ``base``) for the paged dispatcher while the context
-    is open; restore the originals on exit.
-
-    Raises:
-        ValueError: No module of the model binds ``scaled_dot_product_attention`` (an
-            architecture whose attention cannot be paged this way), naming the model type.
-    """
-    names = {type(model).__module__} | {type(m).__module__ for _, m in model.named_modules()}
-    patched = []
-    for name in sorted(names):
-        module = sys.modules.get(name)
-        original = getattr(module, "scaled_dot_product_attention", None)
-        if original is None or hasattr(original, "mlxpa_original"):
-            continue
-        module.scaled_dot_product_attention = _make_dispatch(original)
-        patched.append((module, original))
-    already = any(hasattr(getattr(sys.modules.get(n), "scaled_dot_product_attention", None),
-                          "mlxpa_original") for n in names)
-    if not patched and not already:
-        raise ValueError(
-            f"model type {getattr(model, 'model_type', type(model).__name__)!r} does not use "
-            "mlx-lm's scaled_dot_product_attention; paged attention cannot be applied to it")
-    try:
-        yield
-    finally:
-        for module, original in patched:
-            module.scaled_dot_product_attention = original

@@ -1,50 +1,49 @@
-"""Model runner: KV pool sizing, step inputs, one forward pass per row group, sampling.
+"""Model runner: KV pool sizing, step inputs, one forward pass per group of requests, sampling.
 
 The runner reads a :class:`SchedulerOutput` and returns sampled token ids; it never mutates
 requests, blocks or the scheduler. Per step it:
 
 1. applies copy-on-write block copies;
-2. splits the scheduled rows into a decode group (one token each) and prefill groups of
-   similar chunk length (rows of one group are right-padded to the group's longest chunk;
-   padding a decode row to a prefill chunk would cost the chunk's FLOPs);
+2. splits the scheduled requests into a decode group (one token each) and prefill groups of
+   similar chunk length (requests of one group are right-padded to the group's longest chunk;
+   padding a decode to a prefill chunk would cost the chunk's FLOPs);
 3. builds per-group metadata with numpy (slot mapping, block tables, context lengths,
    positions, sliding-window tables) and converts it once;
 4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
-   of each row's last token and applies the LM head only to rows that sample (Gemma 3's head
+   of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
 5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``.
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 from contextlib import nullcontext
 
 import mlx.core as mx
 import numpy as np
 
+from mlxpa.blas import host_memory_bytes
 from mlxpa.config import EngineConfig
+from mlxpa.core.block_pool import cdiv
 from mlxpa.core.scheduler import SchedulerOutput
-from mlxpa.kernels.cpu_fused import active as cpu_fused_active
-from mlxpa.kernels.cpu_fused import fused_cpu_ops
+from mlxpa.kernels.device import on_cpu
+from mlxpa.loader.models import model_dtype
 from mlxpa.request import Request
-from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables, patch_model
+from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
+from mlxpa.worker.patches import fused_cpu_ops, paged_attention
 from mlxpa.worker.sampling import sample
 
 # Body/head split is known for these (``model.model`` body, tied embedding or ``lm_head``).
 _SPLIT_MODEL_TYPES = {"llama", "gemma3_text", "qwen2", "qwen3", "mistral"}
-# A prefill row joins a group while its padding stays within this many tokens.
+# A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
 
 
 def default_kv_bytes() -> int:
     """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 * 2**30
+    total = host_memory_bytes() or 8 * 2**30
     return int(min(4 * 2**30, 0.15 * total))
 
 
@@ -86,9 +85,10 @@ def token_slice(req: Request, start: int, end: int) -> list[int]:
     return p[start:] + req.output_token_ids[:end - n]
 
 
-def group_rows(num_tokens: list[int]) -> list[list[int]]:
-    """Split row indices into groups run as one padded batch: decodes together, prefill
-    chunks by similar length (sorted, longest first)."""
+def group_by_length(num_tokens: list[int]) -> list[list[int]]:
+    """Split the indices of the scheduled requests into groups run as one padded batch:
+    decodes together, prefill chunks by similar length (sorted, longest first; a chunk joins
+    a group while its padding stays within ``_MAX_PAD_TOKENS``)."""
     decode = [i for i, n in enumerate(num_tokens) if n == 1]
     prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
     groups = [decode] if decode else []
@@ -107,7 +107,7 @@ class ModelRunner:
     Args:
         model: An mlx-lm model (weights already in the compute dtype).
         config: Engine configuration (block size, pool budget, seed).
-        eos_token_ids: The model's EOS ids (masked for rows below ``min_tokens``).
+        eos_token_ids: The model's EOS ids (masked for requests below ``min_tokens``).
 
     Attributes:
         num_blocks: Blocks per pool, null block included.
@@ -123,8 +123,7 @@ class ModelRunner:
         self.config = config
         self.block_size = config.block_size
         num_layers, kv_heads, head_dim = kv_shape(model)
-        self.dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else (
-            mx.float32)
+        self.dtype = model_dtype(model)
         self.block_bytes = block_bytes(num_layers, self.block_size, kv_heads, head_dim,
                                        self.dtype)
         budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
@@ -164,43 +163,43 @@ class ModelRunner:
         slots = np.zeros((b, width), np.int64)
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
         ctx = starts + np.array(counts, np.int32)
-        nblocks = -(-ctx // bs)
+        nblocks = cdiv(ctx, bs)
         tables = np.zeros((b, int(nblocks.max())), np.int32)
-        for row, (req, n) in enumerate(zip(reqs, counts)):
-            s = int(starts[row])
-            tokens[row, :n] = token_slice(req, s, s + n)
+        for i, (req, n) in enumerate(zip(reqs, counts)):
+            s = int(starts[i])
+            tokens[i, :n] = token_slice(req, s, s + n)
             bt = self._block_table(req)
             pos = np.arange(s, s + n)
-            slots[row, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
-            tables[row, :len(bt)] = bt
+            slots[i, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
+            tables[i, :len(bt)] = bt
         window_tables = {}
         for w in {w for w in self.windows if w is not None}:
             first = np.maximum(starts - w + 1, 0) // bs
             wt = np.zeros((b, int((nblocks - first).max())), np.int32)
-            for row in range(b):
-                wt[row, :nblocks[row] - first[row]] = tables[row, first[row]:nblocks[row]]
+            for i in range(b):
+                wt[i, :nblocks[i] - first[i]] = tables[i, first[i]:nblocks[i]]
             window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
         slots = slots.reshape(-1)
         meta = AttentionMetadata(
             slot_blocks=mx.array((slots // bs).astype(np.int32)),
             slot_offsets=mx.array((slots % bs).astype(np.int32)),
             block_tables=mx.array(tables), context_lens=mx.array(ctx),
-            query_start=mx.array(starts), window_tables=window_tables,
+            offsets=mx.array(starts), window_tables=window_tables,
             kernel=self.config.kernel)
         return mx.array(tokens), meta
 
-    def _forward(self, tokens: mx.array, meta: AttentionMetadata, rows: list[int],
+    def _forward(self, tokens: mx.array, meta: AttentionMetadata, sampled: list[int],
                  cols: list[int]) -> mx.array | None:
-        """Run one padded group; return ``[len(rows), vocab]`` logits at ``(rows, cols)``
-        (None when no row samples: only the K/V writes matter, evaluated with the pools)."""
+        """Run one padded group; return ``[len(sampled), vocab]`` logits at ``(sampled, cols)``
+        (None when no request samples: only the K/V writes matter, evaluated with the pools)."""
         caches = [PagedLayerCache(self.kv_cache, i, meta, w) for i, w in enumerate(self.windows)]
         if not self._split:
             out = self.model(tokens, cache=caches)
-            return out[mx.array(rows), mx.array(cols)] if rows else None
+            return out[mx.array(sampled), mx.array(cols)] if sampled else None
         hidden = self.model.model(tokens, cache=caches)
-        if not rows:
+        if not sampled:
             return None
-        hidden = hidden[mx.array(rows), mx.array(cols)]
+        hidden = hidden[mx.array(sampled), mx.array(cols)]
         if "lm_head" in self.model:
             return self.model.lm_head(hidden)
         return self.model.model.embed_tokens.as_linear(hidden)
@@ -216,15 +215,15 @@ class ModelRunner:
         return zlib.crc32(repr(key).encode())
 
     def _mask_early_stops(self, logits: mx.array, reqs: list[Request]) -> mx.array:
-        """EOS and stop token ids get -inf logits in rows that have not yet generated
-        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). A row whose banned ids would
+        """EOS and stop token ids get -inf logits for requests that have not yet generated
+        ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). A request whose banned ids would
         cover the whole vocabulary is left as it is (there would be nothing to sample).
 
         Raises:
             IndexError: A banned id is not a column of ``logits`` (the engine refuses such
-                requests; a scatter out of range would write another row or crash).
+                requests; a scatter out of range would write another request's row or crash).
         """
-        rows, cols = [], []
+        masked, cols = [], []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             if r.num_output_tokens < sp.min_tokens:
@@ -233,10 +232,10 @@ class ModelRunner:
                     raise IndexError(f"token ids {banned} outside the logits' "
                                      f"{logits.shape[-1]} columns")
                 if len(banned) < logits.shape[-1]:
-                    rows.extend([i] * len(banned))
+                    masked.extend([i] * len(banned))
                     cols.extend(banned)
-        if rows:
-            logits[mx.array(rows), mx.array(cols)] = -float("inf")
+        if masked:
+            logits[mx.array(masked), mx.array(cols)] = -float("inf")
         return logits
 
     def execute(self, out: SchedulerOutput) -> list[int]:
@@ -251,17 +250,17 @@ class ModelRunner:
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
         order, logits = [], []
-        fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and cpu_fused_active()
+        fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and on_cpu()
                  else nullcontext())
-        with patch_model(self.model), fused:
-            for group in group_rows(out.num_scheduled_tokens):
+        with paged_attention(self.model), fused:
+            for group in group_by_length(out.num_scheduled_tokens):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
-                rows = [k for k, i in enumerate(group) if sampling[i]]
-                result = self._forward(tokens, meta, rows, [counts[k] - 1 for k in rows])
+                sampled = [k for k, i in enumerate(group) if sampling[i]]
+                result = self._forward(tokens, meta, sampled, [counts[k] - 1 for k in sampled])
                 if result is not None:
-                    order.extend(group[k] for k in rows)
+                    order.extend(group[k] for k in sampled)
                     logits.append(result)
         pools = (self.kv_cache.key_caches, self.kv_cache.value_caches)
         if not order:
@@ -272,5 +271,5 @@ class ModelRunner:
         toks = sample(logits, [r.sampling_params for r in reqs],
                       [self.seed_for(r) for r in reqs], [r.num_output_tokens for r in reqs])
         mx.eval(toks, *pools)
-        by_row = dict(zip(order, toks.tolist()))
-        return [by_row[i] for i in range(len(out.requests)) if sampling[i]]
+        by_index = dict(zip(order, toks.tolist()))
+        return [by_index[i] for i in range(len(out.requests)) if sampling[i]]

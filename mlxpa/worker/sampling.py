@@ -1,10 +1,10 @@
-"""Batched per-row sampling: greedy rows by one argmax, the others with mlx-lm's filters.
+"""Batched per-request sampling: greedy requests by one argmax, the others with mlx-lm's filters.
 
-Greedy rows (temperature 0) need only an argmax over the vocabulary, so a step whose rows
-are all greedy costs one ``argmax``; log-probabilities are computed only for rows that sample.
-Sampling rows apply mlx-lm's ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k`` (in
-mlx-lm's order) and draw with ``mx.random.categorical`` under a per-row key derived from the
-row's seed and its output position, so a seeded request gets the same text whatever else is
+Greedy requests (temperature 0) need only an argmax over the vocabulary, so a step whose
+requests are all greedy costs one ``argmax``; log-probabilities are computed only for requests
+that sample. Those apply mlx-lm's ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k`` (in
+mlx-lm's order) and draw with ``mx.random.categorical`` under a per-request key derived from
+the request's seed and its output position, so a seeded request gets the same text whatever else is
 in the batch, and after preemption and recompute.
 """
 
@@ -22,7 +22,7 @@ _MASK64 = (1 << 64) - 1
 _MIN_TOP_P = 1e-30
 
 
-def row_key(seed: int, position: int) -> mx.array:
+def request_key(seed: int, position: int) -> mx.array:
     """PRNG key for the token at output ``position`` of a request seeded with ``seed``
     (a splitmix64 mix of both, so nearby seeds and positions give unrelated keys)."""
     z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
@@ -31,7 +31,7 @@ def row_key(seed: int, position: int) -> mx.array:
     return mx.random.key((z ^ (z >> 31)) & _MASK64)
 
 
-def sample_row(logits: mx.array, params: SamplingParams, seed: int, position: int) -> mx.array:
+def sample_one(logits: mx.array, params: SamplingParams, seed: int, position: int) -> mx.array:
     """Sample one token from ``[1, vocab]`` logits with temperature/top-p/top-k/min-p.
 
     Tokens the filters remove stay at ``-inf`` whatever the temperature, and every kept token's
@@ -51,18 +51,18 @@ def sample_row(logits: mx.array, params: SamplingParams, seed: int, position: in
     # to 0 in float32 and -inf * 0 is NaN, so removed tokens are kept at -inf explicitly
     # (kept ones are finite: temperatures below SAMPLING_EPS never get here).
     scaled = mx.where(logprobs == -mx.inf, logprobs, logprobs * (1 / params.temperature))
-    return mx.random.categorical(scaled, key=row_key(seed, position))
+    return mx.random.categorical(scaled, key=request_key(seed, position))
 
 
 def sample(logits: mx.array, params: list[SamplingParams], seeds: list[int],
            positions: list[int]) -> mx.array:
-    """Sample one token per row.
+    """Sample one token per request.
 
     Args:
-        logits: ``[S, vocab]`` logits of the rows being sampled (any float dtype).
-        params: Per-row sampling parameters.
-        seeds: Per-row seeds (the request's seed, or one the engine derived for it).
-        positions: Per-row output position of the token being sampled (0 for the first).
+        logits: ``[S, vocab]`` logits of the requests being sampled (any float dtype).
+        params: Per-request sampling parameters.
+        seeds: Per-request seeds (the request's seed, or one the engine derived for it).
+        positions: Per-request output position of the token being sampled (0 for the first).
 
     Returns:
         ``[S]`` uint32 token ids (lazy; the caller evaluates).
@@ -72,8 +72,8 @@ def sample(logits: mx.array, params: list[SamplingParams], seeds: list[int],
     if not sampled:
         return greedy
     logits = logits.astype(mx.float32)
-    rows = [greedy[i:i + 1] for i in range(len(params))]
+    tokens = [greedy[i:i + 1] for i in range(len(params))]
     for i in sampled:
-        rows[i] = sample_row(logits[i:i + 1], params[i], seeds[i], positions[i]).astype(
+        tokens[i] = sample_one(logits[i:i + 1], params[i], seeds[i], positions[i]).astype(
             greedy.dtype)
-    return mx.concatenate(rows)
+    return mx.concatenate(tokens)

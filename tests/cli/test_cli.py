@@ -148,3 +148,24 @@ def test_output_over_input_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["run", src, "-o", src])
     assert r.exit_code == 2 and "destroy the input" in r.output
     assert json.loads(open(src).read()) == {"prompt": "hi"}
+
+
+def test_plan_takes_run_s_input_options(tiny, tmp_path):
+    """`plan --system` predicts what `run --system` feeds the engine: the same plan as a file
+    with the system text written before every prompt (and more sharing than without it)."""
+    folder, _ = tiny
+    rows = [{"q": "abcdefgh"}, {"q": "qrstuvwx"}, {"q": "ijklmnop"}]
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    written = write_jsonl(tmp_path / "w.jsonl",
+                          [{"q": "Answer briefly.\n\n" + r["q"]} for r in rows])
+
+    def plan(path, *extra):
+        r = CliRunner().invoke(app, ["plan", path, "--model", folder, "--block-size", "8",
+                                     "--prompt-column", "q", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    with_system = plan(src, "--system", "Answer briefly.")
+    assert with_system == plan(written)
+    assert with_system["computed_prompt_tokens"] < with_system["prompt_tokens"]
+    assert plan(src)["predicted_hit_rate"] == 0

@@ -18,7 +18,7 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputOptions
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
-from mlxpa.run import run_file
+from mlxpa.run import RunOptions, run_file
 from tests.tiny_models import save_tiny_model
 
 PROMPT = "the cat sat on the mat"
@@ -219,8 +219,8 @@ def test_unordered_and_windowed_prefix_order(tmp_path, tiny):
                      ("unordered", dict(ordered=False))]:
         out = tmp_path / f"{name}.jsonl"
         engine = LLMEngine(EngineConfig(num_blocks=64, block_size=4), model, mtok)
-        run_file(src, str(out), EngineConfig(), SamplingParams(max_tokens=4), engine=engine,
-                 inputs=InputOptions(), show_progress=False, **kw)
+        run_file(src, str(out), EngineConfig(), SamplingParams(max_tokens=4),
+                 RunOptions(show_progress=False, **kw), inputs=InputOptions(), engine=engine)
         got = read_jsonl(out)
         texts[name] = {row["id"]: row["text"] for row in got}
         if name != "unordered":

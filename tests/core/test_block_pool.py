@@ -12,10 +12,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mlxpa.core.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError
+from mlxpa.core.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError, cdiv
 from tests.core.pool_helpers import BS, NB, USABLE, make_pool, ref_cnts, snapshot
 
 # ----------------------------------------------------------------------------- BlockPool basics
+
+
+def test_cdiv():
+    assert [cdiv(n, BS) for n in range(10)] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
 
 
 @pytest.mark.parametrize(("num_blocks", "block_size"), [(1, 4), (0, 4), (2, 0), (11, -1)])

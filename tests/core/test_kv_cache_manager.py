@@ -6,20 +6,17 @@ Setup: the tiny pool of :mod:`tests.core.pool_helpers`; ``check_invariants()`` a
 
 from __future__ import annotations
 
-from mlxpa.core.kv_cache_manager import ComputedBlocks, KVCacheManager, cdiv
+from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.radix_cache import PrefixMatch
 from tests.core.pool_helpers import BS, USABLE, make_pool, make_request, ref_cnts, snapshot
-
-
-def test_cdiv():
-    assert [cdiv(n, BS) for n in range(10)] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
 
 
 def test_manager_capacity_and_usage():
     kv = KVCacheManager(make_pool(), enable_prefix_caching=False)
     assert kv.block_size == BS
     assert kv.capacity_tokens == USABLE * BS == 40
-    assert kv.num_used_blocks == 0 and kv.usage == 0.0
-    assert kv.get_computed_blocks(make_request("a", 9)) == ComputedBlocks([], 0)
+    assert kv.num_used_blocks == 0 and kv.pool.usage == 0.0
+    assert kv.get_computed_blocks(make_request("a", 9)) == PrefixMatch([], 0)
 
 
 def test_allocate_slots_exact_ids_prefill_then_decode():
@@ -205,7 +202,7 @@ def test_manager_allocate_with_computed_prefix_forks_it():
     donor = make_request("d", 8)
     kv.allocate_slots(donor, 8)  # [1, 2]
     a = make_request("a", 10)
-    hit = ComputedBlocks([1, 2], 8)
+    hit = PrefixMatch([1, 2], 8)
     assert kv.allocate_slots(a, 2, hit) == [3]
     assert a.block_table == [1, 2, 3]
     assert ref_cnts(kv.pool)[:4] == [0, 2, 2, 1]

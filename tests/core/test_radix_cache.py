@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mlxpa.core.block_pool import BlockPool
+from mlxpa.core.block_pool import BlockPool, cdiv
 from mlxpa.core.radix_cache import RadixCache, RadixNode
 
 BS = 4
@@ -219,10 +219,6 @@ class Holder:
     table: list[int]  # one pool reference per block
     node: RadixNode  # locked
     num_cached: int  # blocks of ``table`` that are the tree's (the locked path)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class RadixMachine(RuleBasedStateMachine):

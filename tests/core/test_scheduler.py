@@ -1,7 +1,7 @@
 """Tests for mlxpa.core.scheduler: continuous batching, chunked prefill, budgets, LIFO preemption by
 recompute, finishing, clamping; driven by hand with fake sampled token ids.
 
-Setup (STYLE.md §19): a pool of ``num_blocks=11`` blocks of 4 tokens (40 usable token slots),
+Setup: a pool of ``num_blocks=11`` blocks of 4 tokens (40 usable token slots),
 exact scheduled requests and token counts per step, ``check_invariants()`` after every step.
 ``EngineConfig`` only allows block sizes 8..128, but the scheduler reads the block size from
 the :class:`KVCacheManager`, so the config keeps its default block size.
@@ -14,8 +14,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.core.block_pool import BlockPool
-from mlxpa.core.kv_cache_manager import KVCacheManager, cdiv
+from mlxpa.core.block_pool import BlockPool, cdiv
+from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.request import Request, RequestStatus
 
@@ -51,7 +51,7 @@ def add(sched: Scheduler, *reqs: Request) -> None:
 def check(sched: Scheduler) -> None:
     """Pool and request bookkeeping agree (run between steps)."""
     live = sched.running + list(sched.waiting)
-    sched.kv.check_invariants(live)
+    sched.kv_cache_manager.check_invariants(live)
     assert len(sched.running) <= sched.max_num_seqs
     for r in sched.running:
         assert r.status == RequestStatus.RUNNING
@@ -61,7 +61,7 @@ def check(sched: Scheduler) -> None:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         assert r.num_computed_tokens == 0 and r.block_table == []
     held = sum(len(r.block_table) for r in live)
-    assert sched.kv.num_used_blocks == held
+    assert sched.kv_cache_manager.num_used_blocks == held
 
 
 def step(sched: Scheduler, tokens: dict[object, int] | None = None,
@@ -73,7 +73,7 @@ def step(sched: Scheduler, tokens: dict[object, int] | None = None,
     tokens = tokens or {}
     out = sched.schedule()
     # Right after scheduling, each scheduled request holds blocks for its chunk.
-    sched.kv.check_invariants(sched.running + list(sched.waiting))
+    sched.kv_cache_manager.check_invariants(sched.running + list(sched.waiting))
     for r, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
         assert r.status == RequestStatus.RUNNING
         assert 1 <= n <= r.num_tokens - r.num_computed_tokens
@@ -97,15 +97,15 @@ def run_to_completion(sched: Scheduler, max_steps: int = 200) -> list[list]:
     while sched.has_unfinished_requests():
         assert len(steps) < max_steps, "scheduler did not terminate"
         steps.append(step(sched)[1])
-    assert sched.kv.num_used_blocks == 0
-    assert sched.kv.pool.num_free_blocks == USABLE
-    sched.kv.pool.check_invariants([])
+    assert sched.kv_cache_manager.num_used_blocks == 0
+    assert sched.kv_cache_manager.pool.num_free_blocks == USABLE
+    sched.kv_cache_manager.pool.check_invariants([])
     return steps
 
 
 def next_ids(sched: Scheduler, n: int) -> list[int]:
     """The next ``n`` block ids the pool would hand out (free-queue order)."""
-    return list(sched.kv.pool._free)[:n]
+    return list(sched.kv_cache_manager.pool._free)[:n]
 
 
 # ----------------------------------------------------------------------------- basics
@@ -277,7 +277,7 @@ def test_preemption_is_lifo_and_recomputes_prompt_and_output():
     assert step(sched)[1] == [("a", 16, True), ("b", 16, True), ("c", 8, True)]
     assert (a.block_table, b.block_table, c.block_table) == (
         [1, 2, 3, 4], [5, 6, 7, 8], [9, 10])
-    assert sched.kv.pool.num_free_blocks == 0
+    assert sched.kv_cache_manager.pool.num_free_blocks == 0
     c.output_token_ids[-1] = 42  # remember c's generated token
     # a needs a fifth block: c, the most recently admitted, is preempted; a gets c's tail
     # block 10, then b gets 9.
@@ -313,7 +313,7 @@ def test_last_running_request_preempts_itself():
     b = make_request("b", 8, max_tokens=2)   # 2 blocks, full
     add(sched, a, b)
     assert step(sched)[1] == [("a", 31, True), ("b", 8, True)]
-    assert sched.kv.pool.num_free_blocks == 0
+    assert sched.kv_cache_manager.pool.num_free_blocks == 0
     out, s = step(sched)
     # b's decode needs a third block; b is the last admitted, so b preempts itself.
     assert s == [("a", 1, True)]
@@ -461,8 +461,8 @@ def test_finish_request_aborts_waiting_running_and_preempted():
     check(sched)
     sched.finish_request(b, RequestStatus.FINISHED_ABORTED)
     assert not sched.has_unfinished_requests()
-    assert sched.kv.num_used_blocks == 0
-    sched.kv.pool.check_invariants([])
+    assert sched.kv_cache_manager.num_used_blocks == 0
+    sched.kv_cache_manager.pool.check_invariants([])
 
 
 # ----------------------------------------------------------------------------- add_request
@@ -579,7 +579,7 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
         # The sampled token encodes its position, so a token sampled at a wrong position
         # (double sampling after a recompute, a skipped token) shows in the outputs.
         out = sched.schedule()
-        sched.kv.check_invariants(sched.running + list(sched.waiting))
+        sched.kv_cache_manager.check_invariants(sched.running + list(sched.waiting))
         assert out.total_num_scheduled_tokens <= budget
         assert len(out.requests) <= max_num_seqs
         assert len(set(map(id, out.requests))) == len(out.requests)
@@ -595,7 +595,7 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
         p = r.num_prompt_tokens
         assert r.output_token_ids == [1000 + p + k for k in range(r.max_tokens)]
         assert r.block_table == []
-    assert sched.kv.num_used_blocks == 0
-    sched.kv.pool.check_invariants([])
-    assert sorted(sched.kv.pool._free) == list(range(1, num_blocks))
+    assert sched.kv_cache_manager.num_used_blocks == 0
+    sched.kv_cache_manager.pool.check_invariants([])
+    assert sorted(sched.kv_cache_manager.pool._free) == list(range(1, num_blocks))
     event(f"preempted: {sched.num_preemptions > 0}")

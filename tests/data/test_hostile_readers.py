@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mlxpa.data import InputOptions
+from mlxpa.data import read_rows
 
 BIG = 137_589  # the document cell
 MB = 1 << 20
@@ -43,7 +43,7 @@ def _write(path, fmt: str, rows: list[dict]) -> str:
 def test_every_format_reads_long_cells(tmp_path, fmt, size):
     rows = [{"id": "short", "prompt": "Hi"}, {"id": "long", "prompt": _doc(size)}]
     src = _write(tmp_path / f"in.{fmt}", fmt, rows)
-    got = list(InputOptions().read(src))
+    got = list(read_rows(src))
     assert [(r.id, r.prompt, r.error) for r in got] == [(d["id"], d["prompt"], None)
                                                          for d in rows]
 
@@ -51,7 +51,7 @@ def test_every_format_reads_long_cells(tmp_path, fmt, size):
 def _peak(src: str) -> tuple[int, int]:
     tracemalloc.start()
     try:
-        n = sum(1 for r in InputOptions().read(src) if r.error is None)
+        n = sum(1 for r in read_rows(src) if r.error is None)
         return n, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -78,13 +78,13 @@ def test_deep_nesting_and_huge_integers_are_row_errors(tmp_path):
     src.write_text('{"prompt": "a", "x": ' + "[" * 200_000 + "]" * 200_000 + "}\n"
                    '{"prompt": "b", "seed": ' + "9" * 5000 + "}\n"
                    '{"prompt": "c"}\n')
-    a, b, c = InputOptions().read(str(src))
+    a, b, c = read_rows(str(src))
     assert a.error == f"{src} line 1: unreadable JSON (nested too deeply)"
     assert b.error.startswith(f"{src} line 2: unreadable JSON (Exceeds the limit")
     assert c.error is None
     csv_src = tmp_path / "in.csv"
     csv_src.write_text('prompt,stop_token_ids\nx,"' + "[" * 100_000 + '"\n')
-    (row,) = InputOptions().read(str(csv_src))
+    (row,) = read_rows(str(csv_src))
     assert row.error.startswith(f'{csv_src} line 2: field "stop_token_ids" must be a token id')
 
 
@@ -98,7 +98,7 @@ def _body(**body) -> dict:
 def _one(tmp_path, obj):
     src = tmp_path / "b.jsonl"
     src.write_text(json.dumps(obj) + "\n")
-    (row,) = InputOptions().read(str(src))
+    (row,) = read_rows(str(src))
     return row
 
 
@@ -177,7 +177,7 @@ def test_n_is_bounded(tmp_path):
 
 
 def test_jsonl_output_is_strict_json():
-    from mlxpa.data.write import json_line
+    from mlxpa.data.jsonl import json_line
 
     line = json_line({"id": 1, "extra": [float("nan"), {"x": float("-inf")}], "y": 2**70})
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c)) == {

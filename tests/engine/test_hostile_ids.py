@@ -15,12 +15,14 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data import InputError, InputOptions
+from mlxpa.data import InputError, read_rows
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.run import run_file
-from mlxpa.worker.sampling import sample_row
+from mlxpa.run import RunOptions, run_file
+from mlxpa.worker.sampling import sample_one as sample_row
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
+QUIET = RunOptions(show_progress=False)
+SKIP = RunOptions(show_progress=False, skip_invalid=True)
 A_PROMPT, B_PROMPT = "Here is a short list of fruits: apple, banana,", "One, two, three,"
 
 
@@ -83,15 +85,15 @@ def test_run_names_file_line_field_and_vocabulary_size(tmp_path, tiny):
              "stop_token_ids": [3, 1099511627776]}]
     src, out = _write(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     with pytest.raises(InputError) as e:
-        run_file(src, str(out), EngineConfig(), SamplingParams(), engine=_engine(model, tok),
-                 show_progress=False)
+        run_file(src, str(out), EngineConfig(), SamplingParams(), QUIET,
+                 engine=_engine(model, tok))
     msg = str(e.value)
     assert (f'{src} line 1: field "stop_token_ids": token id {VOCAB + ref_b[0]} is outside '
             f"the model's vocabulary (256 ids, 0..255)") in msg
     assert f'{src} line 3: field "stop_token_ids": token id 1099511627776 is outside' in msg
     assert not out.exists()
-    run_file(src, str(out), EngineConfig(), SamplingParams(), engine=_engine(model, tok),
-             show_progress=False, skip_invalid=True)
+    run_file(src, str(out), EngineConfig(), SamplingParams(), SKIP,
+             engine=_engine(model, tok))
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["finish_reason"] for g in got] == ["error", "length", "error"]
     assert got[1]["text"] == tok.decode(ref_b)
@@ -103,8 +105,8 @@ def test_openai_body_ids_are_named_with_body_prefix(tmp_path, tiny):
             "body": {"prompt": "x", "stop_token_ids": [VOCAB]}}
     src = _write(tmp_path / "b.jsonl", [line])
     with pytest.raises(InputError, match=r'line 1: field "body.stop_token_ids": token id 256'):
-        run_file(src, str(tmp_path / "o.jsonl"), EngineConfig(), SamplingParams(),
-                 engine=_engine(model, tok), show_progress=False)
+        run_file(src, str(tmp_path / "o.jsonl"), EngineConfig(), SamplingParams(), QUIET,
+                 engine=_engine(model, tok))
 
 
 @pytest.mark.parametrize("temperature", [1e-39, 1e-30, 9.99e-6, 5e-324])
@@ -141,7 +143,7 @@ def test_huge_temperature_keeps_filtered_tokens_out():
 def test_nan_and_infinity_are_validation_errors(tmp_path, text, field):
     src = tmp_path / "in.jsonl"
     src.write_text(text + "\n")
-    (row,) = InputOptions().read(str(src))
+    (row,) = read_rows(str(src))
     assert row.error.startswith(f'{src} line 1: field "{field}" must be ')
     assert row.error.endswith(("got NaN", "got Infinity", "got -Infinity", "got [NaN]"))
 
@@ -163,10 +165,8 @@ def test_issue_example_on_the_default_model(tmp_path, default_model):
     engine = LLMEngine(EngineConfig(num_blocks=64), model, tok)
     msg = rf'line 1: field "stop_token_ids": token id {vocab + four} is outside the model'
     with pytest.raises(InputError, match=msg + r"'s vocabulary \(262144 ids"):
-        run_file(src, str(out), EngineConfig(), SamplingParams(), engine=engine,
-                 show_progress=False)
-    run_file(src, str(out), EngineConfig(), SamplingParams(), engine=engine,
-             show_progress=False, skip_invalid=True)
+        run_file(src, str(out), EngineConfig(), SamplingParams(), QUIET, engine=engine)
+    run_file(src, str(out), EngineConfig(), SamplingParams(), SKIP, engine=engine)
     got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     ref = [int(t) for t, _ in generate_step(mx.array(tok.encode(B_PROMPT)), model, max_tokens=4)]
     assert got["B"]["text"] == tok.decode(ref) == " four, five,"

@@ -40,7 +40,7 @@ def test_greedy_matches_mlx_lm_generate(default_model):
 def test_cli_on_examples_subset(default_model, tmp_path):
     """``run_file`` on example rows (shared instruction prefix, per-row stop and max_tokens)
     gives mlx-lm's greedy text cut at the first stop string."""
-    from mlxpa.run import run_file
+    from mlxpa.run import RunOptions, run_file
 
     model, tok, _ = default_model
     rows = [json.loads(line) for line in open("examples/prompts.jsonl")][::6]
@@ -48,8 +48,8 @@ def test_cli_on_examples_subset(default_model, tmp_path):
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
     engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
-    run_file(str(src), str(out), EngineConfig(), SamplingParams(), engine=engine,
-             show_progress=False)
+    run_file(str(src), str(out), EngineConfig(), SamplingParams(),
+             RunOptions(show_progress=False), engine=engine)
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["id"] for g in got] == [r["id"] for r in rows]
     for r, g in zip(rows, got):

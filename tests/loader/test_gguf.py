@@ -20,7 +20,7 @@ from mlx_lm.models import gemma3_text, llama
 from mlx_lm.utils import load
 
 from mlxpa.loader.gguf import convert_gguf, read_gguf, unpermute_qk
-from mlxpa.loader.models import MARKER, has_chat_template, load_model, resolve_model
+from mlxpa.loader.models import MARKER, load_model, resolve_model
 
 H, V_EXTRA = 64, ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "\u2581c", "ca"]
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
@@ -243,7 +243,7 @@ def test_gemma_config_and_tokenizer(gguf_gemma, tmp_path):
     assert config["eos_token_id"] == [1, 5] and config["rms_norm_eps"] == 1e-6
     assert config["query_pre_attn_scalar"] == 32 and config["rope_local_base_freq"] == 10000.0
     _, tok = load(str(folder))
-    assert tok.eos_token_ids == {1, 5} and has_chat_template(tok)
+    assert tok.eos_token_ids == {1, 5} and tok.has_chat_template
     for text in ["ab a", "  ab\n\n c", "abc   ca", "é ☃ x"]:
         ids = tok.encode(text)
         assert ids[0] == 2 and 2 not in ids[1:]

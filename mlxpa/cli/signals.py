@@ -1,5 +1,4 @@
-"""Ctrl-C and SIGTERM during ``mlxpa run``: the first asks the run to stop between engine
-steps (every finished row is written); a second quits at once."""
+"""Ctrl-C and SIGTERM during ``mlxpa run``: stop admitting rows, keep every finished one."""
 
 from __future__ import annotations
 

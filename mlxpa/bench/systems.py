@@ -1,0 +1,207 @@
+"""``mlxpa bench``: our engine against mlx-lm and static allocation, same prompts, one run.
+
+Systems (each warmed up, then timed; the order rotates between repeats so none always runs
+first; figures are medians over repeats):
+
+- ``mlxpa``: this engine (paged KV cache, continuous batching, prefix caching);
+- ``mlxpa-noprefix``: the same with prefix caching off;
+- ``mlx-lm``: ``mlx_lm.batch_generate`` on the same token ids and model object, its default
+  batch sizes;
+- ``static``: one contiguous KV cache per request, requests one after another with
+  ``mlx_lm.stream_generate`` (static allocation).
+
+Every system generates exactly ``output_len`` tokens per request (EOS ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from mlxpa.bench.workloads import Workload
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.engine.metrics import percentile
+
+
+@dataclass
+class SystemResult:
+    """One timed run of one system (seconds, tokens, bytes)."""
+
+    elapsed_s: float
+    prompt_tokens: int
+    generation_tokens: int
+    num_requests: int
+    peak_memory_bytes: int
+    kv_bytes: int | None = None
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    kv_blocks_over_time: list[tuple[float, int]] = field(default_factory=list)
+
+    def figures(self) -> dict:
+        """Derived figures: rates per second, latency percentiles (as ``--metrics-json``),
+        memory."""
+        pct = percentile
+        e = self.elapsed_s
+        return {
+            "requests_per_s": self.num_requests / e,
+            "total_tokens_per_s": (self.prompt_tokens + self.generation_tokens) / e,
+            "output_tokens_per_s": self.generation_tokens / e,
+            "elapsed_s": e, "generation_tokens": self.generation_tokens,
+            "ttft_p50_s": pct(self.ttft_s, 50), "ttft_p99_s": pct(self.ttft_s, 99),
+            "itl_p50_s": pct(self.itl_s, 50), "itl_p99_s": pct(self.itl_s, 99),
+            "peak_memory_bytes": self.peak_memory_bytes, "kv_bytes": self.kv_bytes,
+            **self.extra,
+        }
+
+
+def _no_eos(tokenizer):
+    """Context: the tokenizer reports no EOS ids (mlx-lm's generators then never stop early)."""
+    class _Ctx:
+        def __enter__(self):
+            self.saved = set(tokenizer.eos_token_ids)
+            tokenizer.eos_token_ids = set()
+
+        def __exit__(self, *exc):
+            tokenizer.eos_token_ids = self.saved
+    return _Ctx()
+
+
+def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
+    """Our engine on the workload, admitted in prefix order as ``mlxpa run`` does (when
+    prefix caching is on); records KV blocks in use after every step."""
+    from mlxpa.core.prefix_order import prefix_order
+    from mlxpa.engine import LLMEngine
+    from mlxpa.engine.metrics import summarize
+
+    engine = LLMEngine(config, model, tokenizer)
+    t0 = time.perf_counter()
+    engine.counters.start_time = t0
+    order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching
+             else range(len(wl.prompts)))
+    for i in order:
+        engine.add_request(i, wl.prompts[i],
+                           SamplingParams(max_tokens=wl.output_lens[i], ignore_eos=True))
+    series = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        series.append((time.perf_counter() - t0, engine.kv_cache_manager.num_active_blocks))
+    elapsed = time.perf_counter() - t0
+    c, s = engine.counters, summarize(engine.counters)
+    return SystemResult(
+        elapsed, c.prompt_tokens, c.generation_tokens, c.requests, mx.get_peak_memory(),
+        kv_bytes=c.peak_kv_blocks * engine.runner.block_bytes, ttft_s=list(c.ttft_s),
+        itl_s=list(c.itl_s), kv_blocks_over_time=series,
+        extra={"prefix_cache_hit_rate": s.prefix_cache_hit_rate,
+               "cached_prompt_tokens": c.cached_prompt_tokens,
+               "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
+               "num_preemptions": c.num_preemptions})
+
+
+def run_mlx_lm(model, tokenizer, wl: Workload) -> SystemResult:
+    """``mlx_lm.batch_generate`` with its default batch sizes."""
+    from mlx_lm import batch_generate
+
+    with _no_eos(tokenizer):
+        t0 = time.perf_counter()
+        resp = batch_generate(model, tokenizer, wl.prompts, max_tokens=wl.output_lens,
+                              return_token_ids=True)
+        elapsed = time.perf_counter() - t0
+    generated = sum(map(len, resp.token_ids))
+    return SystemResult(elapsed, wl.num_prompt_tokens, generated, len(wl.prompts),
+                        mx.get_peak_memory())
+
+
+def run_static(model, tokenizer, wl: Workload) -> SystemResult:
+    """One request at a time, each with its own contiguous KV cache (static allocation)."""
+    from mlx_lm import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ttft, itl, generated, kv = [], [], 0, 0
+    with _no_eos(tokenizer):
+        t0 = time.perf_counter()
+        for ids, n in zip(wl.prompts, wl.output_lens):
+            cache = make_prompt_cache(model)
+            start = last = time.perf_counter()
+            for k, _ in enumerate(stream_generate(model, tokenizer, mx.array(ids), max_tokens=n,
+                                                  prompt_cache=cache)):
+                now = time.perf_counter()
+                (ttft.append(now - start) if k == 0 else itl.append(now - last))
+                last = now
+                generated += 1
+            kv = max(kv, sum(c.nbytes for c in cache))
+        elapsed = time.perf_counter() - t0
+    return SystemResult(elapsed, wl.num_prompt_tokens, generated, len(wl.prompts),
+                        mx.get_peak_memory(), kv_bytes=kv, ttft_s=ttft, itl_s=itl)
+
+
+def run_system(name: str, model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
+    """Run one system on ``wl`` with the peak-memory counter reset first.
+
+    Raises:
+        ValueError: Unknown system name.
+    """
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    mx.synchronize()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    return SYSTEMS[name](model, tokenizer, wl, config)
+
+
+def _run_mlxpa_noprefix(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
+    return run_mlxpa(model, tokenizer, wl, dataclasses.replace(config, enable_prefix_caching=False))
+
+
+# Every system by name, in report order: ``(model, tokenizer, workload, config)`` to a result.
+SYSTEMS: dict[str, Callable[..., SystemResult]] = {
+    "mlxpa": run_mlxpa,
+    "mlxpa-noprefix": _run_mlxpa_noprefix,
+    "mlx-lm": lambda model, tokenizer, wl, config: run_mlx_lm(model, tokenizer, wl),
+    "static": lambda model, tokenizer, wl, config: run_static(model, tokenizer, wl),
+}
+
+
+def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
+              systems: tuple[str, ...] = tuple(SYSTEMS), repeats: int = 1,
+              warmup: bool = True) -> tuple[dict[str, dict], dict[str, SystemResult]]:
+    """Warm up and time every system ``repeats`` times in rotating order.
+
+    Returns:
+        ``(figures, last)``: per system the median of each figure over repeats, plus
+        ``ratio_to_<baseline>`` of the throughput figures to every other system; and the last
+        raw result per system (for plots).
+    """
+    if warmup:
+        small = Workload(wl.name, wl.prompts[:2], [min(4, n) for n in wl.output_lens[:2]], {})
+        for name in systems:
+            run_system(name, model, tokenizer, small, config)
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    last: dict[str, SystemResult] = {}
+    for r in range(repeats):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for name in order:
+            last[name] = run_system(name, model, tokenizer, wl, config)
+            runs[name].append(last[name].figures())
+    figures = {s: _median(runs[s]) for s in systems}
+    for s in systems:
+        for b in systems:
+            if b == s:
+                continue
+            for key in ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s"):
+                figures[s][f"{key}_ratio_to_{b}"] = figures[s][key] / figures[b][key]
+    return figures, last
+
+
+def _median(runs: list[dict]) -> dict:
+    out = {}
+    for key in runs[0]:
+        vals = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(vals) if vals else None
+    out["repeats"] = len(runs)
+    return out

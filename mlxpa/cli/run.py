@@ -1,0 +1,194 @@
+"""``mlxpa run``: every row of an input file through the engine, results in input order."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from mlxpa.cli.options import (
+    BlasOpt,
+    BlockSizeOpt,
+    IdColumnOpt,
+    InputFormat,
+    InputFormatOpt,
+    Kernel,
+    KernelOpt,
+    KVMemoryOpt,
+    MaxBatchedOpt,
+    MaxModelLenOpt,
+    MaxNumSeqsOpt,
+    MessagesColumnOpt,
+    ModelOpt,
+    Order,
+    OutputFormat,
+    PromptColumnOpt,
+    SplitSpecialOpt,
+    SystemOpt,
+    engine_config,
+    fail,
+    input_options,
+)
+from mlxpa.config import SamplingParams
+
+RUN_EXAMPLES = """
+Examples:
+
+  mlxpa run examples/prompts.jsonl -o out.jsonl
+
+  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 --temperature 0.7 --seed 1
+
+  mlxpa run batch_input.jsonl -o batch_output.jsonl   # OpenAI Batch lines in and out
+
+  mlxpa run data.csv -o out.jsonl --prompt-column question --keep-columns category
+
+  mlxpa run prompts.jsonl -o out.jsonl --resume       # after a crash or Ctrl-C
+
+  cat x.jsonl | mlxpa run - | jq -r .text
+"""
+
+InputArg = Annotated[str, typer.Argument(
+    help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")]
+OutputOpt = Annotated[str, typer.Option(
+    "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL).")]
+MaxTokensOpt = Annotated[int, typer.Option(
+    help="Default completion length cap (clamped to the context).")]
+TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")]
+TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
+TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 = off).")]
+MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
+SeedOpt = Annotated[int, typer.Option(
+    help="Engine seed: a row without a seed field samples with a seed derived from this and "
+    "its row index (vLLM's LLM(seed=...)).")]
+NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
+StopOpt = Annotated[list[str] | None, typer.Option(
+    help="Default stop string (repeatable; the earliest match ends the text).")]
+StopTokenIdOpt = Annotated[list[int] | None, typer.Option(
+    help="Default token id that ends the completion like EOS (repeatable).")]
+MinTokensOpt = Annotated[int, typer.Option(
+    help="Default tokens to generate before EOS or a stop may end the completion.")]
+IgnoreEosOpt = Annotated[bool, typer.Option(
+    "--ignore-eos", help="Default: generate past EOS up to max tokens.")]
+IncludeStopStrOpt = Annotated[bool, typer.Option(
+    "--include-stop-str", help="Default: keep the matched stop string in the text.")]
+OutputFormatOpt = Annotated[OutputFormat, typer.Option(
+    help="mlxpa (a row per sample) or openai (Batch API output lines; the default for auto "
+    "when every input line is an OpenAI Batch request and the output is JSONL).")]
+KeepColumnsOpt = Annotated[list[str] | None, typer.Option(
+    help="Input fields to copy into every output row (repeatable or comma-separated).")]
+SkipInvalidOpt = Annotated[bool, typer.Option(
+    "--skip-invalid", help="Write an error row for each invalid row and run the rest "
+    "(default: list the first 20 problems and stop before loading the model).")]
+UnorderedOpt = Annotated[bool, typer.Option(
+    "--unordered", help="Write rows as they finish, not in input order.")]
+ResumeOpt = Annotated[bool, typer.Option(
+    "--resume", help="Keep the rows already in the output, skip their ids, append the rest "
+    "(a torn last line is cut off).")]
+OrderOpt = Annotated[Order, typer.Option(
+    help="Admission order: prefix (each window of 4096 rows read is ordered so rows sharing a "
+    "prefix run together) or input. Output order is not affected.")]
+PrefixCachingOpt = Annotated[bool, typer.Option(
+    "--prefix-caching/--no-prefix-caching",
+    help="Share cached prompt prefixes across rows (radix tree).")]
+MetricsJsonOpt = Annotated[str | None, typer.Option(
+    help="Write the final statistics as JSON here.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
+
+
+def run(
+    input: InputArg,
+    output: OutputOpt = "-",
+    model: ModelOpt = None,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    seed: SeedOpt = 0,
+    n: NOpt = 1,
+    stop: StopOpt = None,
+    stop_token_id: StopTokenIdOpt = None,
+    min_tokens: MinTokensOpt = 0,
+    ignore_eos: IgnoreEosOpt = False,
+    include_stop_str: IncludeStopStrOpt = False,
+    system: SystemOpt = None,
+    split_special_tokens: SplitSpecialOpt = False,
+    input_format: InputFormatOpt = InputFormat.auto,
+    output_format: OutputFormatOpt = OutputFormat.auto,
+    prompt_column: PromptColumnOpt = "prompt",
+    messages_column: MessagesColumnOpt = "messages",
+    id_column: IdColumnOpt = "id",
+    keep_columns: KeepColumnsOpt = None,
+    skip_invalid: SkipInvalidOpt = False,
+    unordered: UnorderedOpt = False,
+    resume: ResumeOpt = False,
+    block_size: BlockSizeOpt = 16,
+    kv_memory: KVMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 128,
+    max_num_batched_tokens: MaxBatchedOpt = 2048,
+    max_model_len: MaxModelLenOpt = None,
+    kernel: KernelOpt = Kernel.auto,
+    order: OrderOpt = Order.prefix,
+    prefix_caching: PrefixCachingOpt = True,
+    metrics_json: MetricsJsonOpt = None,
+    quiet: QuietOpt = False,
+    blas: BlasOpt = "auto",
+) -> None:
+    """Generate a completion for every row of INPUT; one result row per input row, in order.
+
+    Ctrl-C stops admitting rows, writes every finished row, prints the command that resumes
+    the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays valid)."""
+    from mlxpa.run import RunOptions
+
+    try:
+        config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
+                               kernel, max_model_len=max_model_len,
+                               enable_prefix_caching=prefix_caching, seed=seed)
+        defaults = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, n=n, stop=tuple(stop or ()), stop_token_ids=tuple(stop_token_id or ()),
+            ignore_eos=ignore_eos, include_stop_str_in_output=include_stop_str,
+            min_tokens=min_tokens)
+        inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
+                               keep_columns, split_special_tokens)
+        options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
+                             resume, metrics_json, show_progress=not quiet)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _run_command(input, output, config, defaults, inputs, options)
+
+
+def _run_command(input, output, config, defaults, inputs, options) -> None:
+    """Run the file; map failures to exit statuses (2: bad input or option, 1: other errors,
+    130: interrupted, with the command that resumes)."""
+    from rich.console import Console
+
+    from mlxpa.cli.signals import catch_sigint
+    from mlxpa.data import InputError
+    from mlxpa.data.resume import resume_hint
+    from mlxpa.run import OptionError, run_file
+
+    console = Console(stderr=True)
+    if options.show_progress:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    with catch_sigint() as interrupted:
+        try:
+            run_file(input, output, config, defaults, options, inputs=inputs, console=console,
+                     should_stop=interrupted.is_set)
+        except OptionError as e:
+            raise typer.BadParameter(str(e)) from None
+        except InputError as e:
+            fail(console, e, 2)
+        except BrokenPipeError:
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+        except (OSError, ValueError) as e:
+            fail(console, e, 1)
+        except KeyboardInterrupt:
+            interrupted.set()
+    if interrupted.is_set():
+        console.print(resume_hint(input, output, sys.argv), markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130)

@@ -1,0 +1,136 @@
+"""What an input is and how to read it: :class:`InputOptions` (the reader settings, defined once),
+:class:`RowSpec` (those settings for one source), :class:`InputError`, and the column checks
+every columnar reader (Parquet, CSV, ``datasets``) runs."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from mlxpa.data.fields import unsupported_fields
+from mlxpa.data.params import SAMPLING_FIELDS
+from mlxpa.data.schema import OUTPUT_FIELDS
+
+FORMATS = ("jsonl", "parquet", "csv", "hf")
+
+
+class InputError(ValueError):
+    """A problem with the input as a whole (the run cannot read it).
+
+    ``str(error)`` is the full message, e.g. ``data.parquet: not a readable Parquet file``.
+
+    Attributes:
+        source: The file name as given, or ``"<stdin>"``.
+        line: 1-based line (JSONL, CSV) or 0-based row (Parquet, ``datasets``); None when the
+            problem is with the whole file.
+    """
+
+    def __init__(self, detail: str, *, source: str, line: int | None = None,
+                 unit: str = "line") -> None:
+        super().__init__(f"{where(source, line, unit)}: {detail}")
+        self.source = source
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class InputOptions:
+    """How to read the input: the settings ``mlxpa run``, ``mlxpa plan`` and ``read_rows`` share.
+
+    Attributes:
+        fmt: ``jsonl``, ``parquet``, ``csv``, ``hf``, or None (by extension).
+        prompt_column: Field of the text prompt.
+        messages_column: Field of the chat messages.
+        id_column: Field of the row id.
+        system: A system message put before every row's prompt (see
+            :func:`~mlxpa.data.rows.parse_row`).
+        keep_columns: Input fields copied to every output record (``Row.keep``).
+        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
+            (chat ``messages`` always are); see :func:`mlxpa.prompts.prompt_token_ids`.
+
+    Raises:
+        ValueError: An unknown format, or a kept column named like an output field.
+    """
+
+    fmt: str | None = None
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    id_column: str = "id"
+    system: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    split_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fmt is not None:
+            check_format(self.fmt)
+        object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        clash = set(self.keep_columns) & OUTPUT_FIELDS
+        if clash:
+            raise ValueError(f"keep columns {', '.join(sorted(clash))}: an output field has "
+                             "that name")
+
+    def known(self) -> frozenset[str]:
+        """Fields with a meaning for mlxpa (everything else passes through)."""
+        return frozenset((self.prompt_column, self.messages_column, self.id_column,
+                          *SAMPLING_FIELDS, "max_completion_tokens"))
+
+
+class RowSpec(NamedTuple):
+    """How to read the rows of one source.
+
+    Attributes:
+        source: Display name of the source (a path or ``"<stdin>"``).
+        unit: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, ``datasets``).
+        options: The reader settings.
+    """
+
+    source: str
+    unit: str = "line"
+    options: InputOptions = InputOptions()
+
+
+def check_format(fmt: str) -> str:
+    """``fmt``, when it is one of :data:`FORMATS`.
+
+    Raises:
+        ValueError: It is not.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def check_columns(names: list[str], spec: RowSpec) -> list[str]:
+    """The columns of ``names`` the reader uses (a column no row can use is not read).
+
+    Raises:
+        InputError: There is no prompt or messages column (nor an OpenAI ``body``).
+    """
+    o = spec.options
+    if o.prompt_column not in names and o.messages_column not in names and not (
+            "custom_id" in names and "body" in names):
+        raise InputError(f'no column "{o.prompt_column}" or "{o.messages_column}" '
+                         f"(columns: {', '.join(names)})", source=spec.source)
+    return [n for n in names if is_relevant(n, o)]
+
+
+def is_relevant(key: str, options: InputOptions) -> bool:
+    """Whether field ``key`` can matter for a row (read it from a columnar file)."""
+    return (key in options.known() or key in options.keep_columns
+            or key in ("custom_id", "method", "url", "body") or sampling_like(key))
+
+
+_UNSUPPORTED = unsupported_fields()
+
+
+@functools.lru_cache(maxsize=4096)
+def sampling_like(key: str) -> bool:
+    """An unsupported sampling field, or a near miss of a supported one."""
+    return key in _UNSUPPORTED or bool(
+        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
+
+
+def where(source: str, line: int | None, unit: str) -> str:
+    """``source``, or ``source line N`` / ``source row N``."""
+    return source if line is None else f"{source} {unit} {line}"

@@ -1,0 +1,65 @@
+"""JSONL output: the sink behind :class:`~mlxpa.data.write.ResultWriter`, and the JSON fallback
+both output formats use for values JSON cannot hold."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from mlxpa.data.read import STDIN
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps`` fallback that never fails (a result that cannot be written is lost):
+    numpy values become lists or numbers, anything else its ``str``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def json_line(record: dict) -> str:
+    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
+    hold, is written as null)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+class JsonlSink:
+    """Append or write JSON lines to ``path`` (``"-"``: stdout), one flush per release.
+
+    Raises:
+        OSError: The file cannot be opened.
+    """
+
+    def __init__(self, path: str, append: bool) -> None:
+        self._own = path != STDIN
+        mode = "a" if append else "w"
+        self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else sys.stdout
+
+    def write(self, groups: list[list[dict]]) -> None:
+        """Write every record of ``groups`` as one line each, then flush."""
+        # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
+        # never inside write(), so Ctrl-C cannot leave half a line behind.
+        self._f.write("".join(json_line(r) + "\n" for g in groups for r in g))
+        self._f.flush()
+
+    def close(self) -> None:
+        """Close the file (stdout is only flushed)."""
+        if self._own:
+            self._f.close()
+        else:
+            self._f.flush()

@@ -1,0 +1,22 @@
+"""The output schema, defined once: the core columns of a result record and their types.
+
+Every mlxpa result record starts with these columns (JSONL keys, Parquet columns in this order);
+extra keys (``sample_index``, ``--keep-columns`` fields) follow. ``id`` is an int or a string
+(Parquet: ``int64`` until a string id appears, then ``string``), so its type is None here.
+"""
+
+from __future__ import annotations
+
+CORE_TYPES: dict[str, type | None] = {
+    "id": None,
+    "text": str,
+    "finish_reason": str,
+    "prompt_tokens": int,
+    "completion_tokens": int,
+    "cached_tokens": int,
+    "error": str,
+}
+CORE_COLUMNS = tuple(CORE_TYPES)
+# Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
+# column may not take one of these names.
+OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
