@@ -147,10 +147,9 @@ def run(
                                kernel, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching, seed=seed)
         defaults = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, n=n, stop=tuple(stop or ()), stop_token_ids=tuple(stop_token_id or ()),
-            ignore_eos=ignore_eos, include_stop_str_in_output=include_stop_str,
-            min_tokens=min_tokens)
+            max_tokens, temperature, top_p, top_k, min_p, n=n, stop=tuple(stop or ()),
+            stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
+            include_stop_str_in_output=include_stop_str, min_tokens=min_tokens)
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
                                keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
