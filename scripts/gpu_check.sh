@@ -18,7 +18,7 @@ status=0
 if "$PY" -c "import mlx.core as mx, sys; sys.exit(0 if mx.cuda.is_available() else 1)" \
     2>/dev/null; then
   echo "== MLX with CUDA: kernel tests"
-  "$PY" -m pytest -q tests/test_kernels_cuda.py tests/test_kernels_dispatch.py || status=1
+  "$PY" -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_dispatch.py || status=1
 fi
 echo "== CuPy: scripts/gpu_check.py $*"
 "$PY" scripts/gpu_check.py "$@" || status=1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,7 +31,11 @@ from mlxpa.cli.options import (
     fail,
     input_options,
 )
-from mlxpa.config import SamplingParams
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.data.inputs import InputOptions
+
+if TYPE_CHECKING:
+    from mlxpa.run import RunOptions
 
 RUN_EXAMPLES = """
 Examples:
@@ -159,7 +163,8 @@ def run(
     _run_command(input, output, config, defaults, inputs, options)
 
 
-def _run_command(input, output, config, defaults, inputs, options) -> None:
+def _run_command(input: str, output: str, config: EngineConfig, defaults: SamplingParams,
+                 inputs: InputOptions, options: RunOptions) -> None:
     """Run the file; map failures to exit statuses (2: bad input or option, 1: other errors,
     130: interrupted, with the command that resumes)."""
     from rich.console import Console

@@ -1,5 +1,5 @@
 """The Metal paged-attention kernels on an Apple GPU against the reference (skipped elsewhere;
-on Linux the same bodies run in ``test_kernels_emu.py``)."""
+on Linux the same bodies run in ``test_emu.py``)."""
 
 from __future__ import annotations
 

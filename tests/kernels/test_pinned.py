@@ -1,11 +1,11 @@
 """The exact Metal source MLX generates for the paged-attention kernels is pinned per template
-instance (``tests/kernels_data/pinned/*.metal``), so an unintended change to a kernel body, to
-the launch plan or to MLX's code generation shows up in review.
+instance (``tests/kernels/kernels_data/pinned/*.metal``), so an unintended change to a kernel
+body, to the launch plan or to MLX's code generation shows up in review.
 
 The source is captured by tracing the call inside ``mx.export_function`` with verbose=True
 (no Metal needed). Inputs are a batch of 8 rows, so per-row inputs take the ``device``
 address space (MLX puts inputs under 8 elements in ``constant``). After an intended change:
-``MLXPA_UPDATE_PINNED=1 pytest tests/test_kernels_pinned.py`` and review the diff.
+``MLXPA_UPDATE_PINNED=1 pytest tests/kernels/test_pinned.py`` and review the diff.
 """
 
 from __future__ import annotations
