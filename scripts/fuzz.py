@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     args = parser.parse_args()
     outcomes: collections.Counter = collections.Counter()
+    start = time.time()
 
     @seed(args.seed)
     @settings(max_examples=args.examples, deadline=None, database=None,
@@ -41,8 +42,10 @@ def main() -> int:
         outcomes[f"{case.fmt} {result.split(' ')[0]} {result.split(' ')[1]}"] += 1
         outcomes["rows ran"] += int(result.split("ran=")[1].split()[0]) if "ran=" in result else 0
         outcomes["rows failed"] += int(result.split("failed=")[1]) if "failed=" in result else 0
+        done = sum(v for k, v in outcomes.items() if not k.startswith("rows"))
+        if done % 500 == 0:
+            print(f"{done} examples, {time.time() - start:.0f} s: {dict(outcomes)}", flush=True)
 
-    start = time.time()
     try:
         prop()
         status = 0
