@@ -165,7 +165,7 @@ def _write_csv(case: Case, rows: list, path) -> list[int]:
     cols = _columns(case)
     buf = io.StringIO()
     csv.writer(buf).writerow(cols)
-    out, locations, line = [buf.getvalue()], [], 2
+    out, locations, line = [buf.getvalue()], [], 1 + _lines(buf.getvalue())
     for i, r in enumerate(rows):
         b = io.StringIO()
         full = case.rows[i] if isinstance(case.rows[i], dict) else {}
