@@ -193,22 +193,25 @@ def _serialize(cells: list[str]) -> str:
 
 
 def _write_parquet(case: Case, rows: list, path) -> list[int]:
+    """Column types come from all of ``case.rows`` (so a file with other rows blanked out
+    holds the same values as the full one); a column Arrow cannot type is JSON text."""
     cols = _columns(case)
-    data = {c: [] for c in cols}
-    for r in rows:
-        for c in cols:
-            data[c].append(r.get(c) if isinstance(r, dict) else None)
+    full = {c: [r.get(c) if isinstance(r, dict) else None for r in case.rows] for c in cols}
     arrays = {}
-    for c, vals in data.items():
+    for c in cols:
+        vals = [r.get(c) if isinstance(r, dict) else None for r in rows]
         try:
-            arrays[c] = pa.array(vals)
+            typ = pa.array(full[c]).type
+            arrays[c] = pa.array(vals, typ)
         except (pa.ArrowException, OverflowError, ValueError, TypeError):
             arrays[c] = pa.array([None if v is None else _cell(v) for v in vals], pa.string())
     try:
         pq.write_table(pa.table(arrays), path)
     except pa.ArrowException:  # a type Parquet cannot store (an empty struct): as JSON text
-        pq.write_table(pa.table({c: pa.array([None if v is None else _cell(v) for v in vals],
-                                             pa.string()) for c, vals in data.items()}), path)
+        pq.write_table(pa.table({c: pa.array([None if isinstance(r, str) or r is None
+                                              else _cell(r.get(c)) if r.get(c) is not None
+                                              else None for r in rows], pa.string())
+                                 for c in cols}), path)
     return list(range(len(rows)))
 
 
