@@ -139,7 +139,8 @@ def _jsonl_line(case: Case, i: int, r) -> str:
     if r is None:
         return "x"
     if isinstance(r, str):
-        return r.removeprefix("\x00raw").replace("\n", " ").replace("\r", " ") or "[]"
+        raw = r.removeprefix("\x00raw").replace("\n", " ").replace("\r", " ")
+        return raw if raw.strip() else "[]"  # a blank line is skipped (not a row)
     if case.fmt == "openai":
         url = "/v1/chat/completions" if "messages" in r else "/v1/completions"
         r = {"custom_id": f"c{i}", "method": "POST", "url": url, "body": r}
