@@ -11,10 +11,10 @@ from transformers import PreTrainedTokenizerFast
 VOCAB = 256
 
 
-def tiny_llama(seed: int = 0, vocab: int = VOCAB, tie: bool = False):
+def tiny_llama(seed: int = 0, vocab: int = VOCAB, tie: bool = False, hidden: int = 64):
     mx.random.seed(seed)
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2,
-                           intermediate_size=128, num_attention_heads=4, rms_norm_eps=1e-5,
+    args = llama.ModelArgs(model_type="llama", hidden_size=hidden, num_hidden_layers=2,
+                           intermediate_size=2 * hidden, num_attention_heads=4, rms_norm_eps=1e-5,
                            vocab_size=vocab, num_key_value_heads=2,
                            max_position_embeddings=4096, tie_word_embeddings=tie)
     model = llama.Model(args)

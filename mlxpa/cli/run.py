@@ -35,6 +35,7 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import InputOptions
 
 if TYPE_CHECKING:
+    from mlxpa.ray.run import RayOptions
     from mlxpa.run import RunOptions
 
 RUN_EXAMPLES = """
@@ -139,6 +140,14 @@ def run(
     metrics_json: MetricsJsonOpt = None,
     quiet: QuietOpt = False,
     blas: BlasOpt = "auto",
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run on Ray Data engine replicas (pip install 'mlxpa[ray]'); "
+        "rows sharing a prefix go to the same replica.")] = False,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray cluster to join (auto: the one `ray start --head` started); implies --ray. "
+        "Default: a local Ray instance.")] = None,
+    num_replicas: Annotated[int, typer.Option(
+        help="Engine replicas with --ray (each loads the model once).")] = 1,
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
@@ -158,13 +167,19 @@ def run(
                                keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
+        ray_options = None
+        if ray or ray_address:
+            from mlxpa.ray.run import RayOptions
+
+            ray_options = RayOptions(ray_address, num_replicas)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    _run_command(input, output, config, defaults, inputs, options)
+    _run_command(input, output, config, defaults, inputs, options, ray_options)
 
 
 def _run_command(input: str, output: str, config: EngineConfig, defaults: SamplingParams,
-                 inputs: InputOptions, options: RunOptions) -> None:
+                 inputs: InputOptions, options: RunOptions,
+                 ray_options: RayOptions | None = None) -> None:
     """Run the file; map failures to exit statuses (2: bad input or option, 1: other errors,
     130: interrupted, with the command that resumes)."""
     from rich.console import Console
@@ -179,8 +194,14 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     with catch_sigint() as interrupted:
         try:
-            run_file(input, output, config, defaults, options, inputs=inputs, console=console,
-                     should_stop=interrupted.is_set)
+            if ray_options is not None:
+                from mlxpa.ray.run import run_file_ray
+
+                run_file_ray(input, output, config, defaults, options, ray_options,
+                             inputs=inputs, console=console, should_stop=interrupted.is_set)
+            else:
+                run_file(input, output, config, defaults, options, inputs=inputs,
+                         console=console, should_stop=interrupted.is_set)
         except OptionError as e:
             raise typer.BadParameter(str(e)) from None
         except InputError as e:

@@ -100,9 +100,12 @@ def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, wi
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None, kernel: str = "auto") -> mx.array:
+                    key_start: mx.array | None = None, kernel: str = "auto",
+                    sinks: mx.array | None = None) -> mx.array:
     """Paged attention through the chosen back end; arguments, shapes and the result as
-    ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM).
+    ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM). With ``sinks``
+    (per-head sink logits) the CPU kernel or the reference runs; the native kernels have no
+    sink term.
 
     Args:
         kernel: ``auto``, ``reference``, ``cpu``, ``metal`` or ``cuda`` (see the module
@@ -115,8 +118,9 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     if backend == "cpu":
         return _load_backend("cpu").paged_attention(
             q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
-            sliding_window=sliding_window, key_start=key_start)
-    if backend != "reference" and _common.supported(q, key_cache, value_cache):
+            sliding_window=sliding_window, key_start=key_start, sinks=sinks)
+    if backend != "reference" and sinks is None and _common.supported(q, key_cache,
+                                                                       value_cache):
         window = sliding_window or 0
         cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
                key_cache.shape[1])
@@ -135,7 +139,7 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                 scale=scale, sliding_window=sliding_window, key_start=key_start)
     return reference.paged_attention(q, key_cache, value_cache, block_tables, context_lens,
                                      query_start, scale=scale, sliding_window=sliding_window,
-                                     key_start=key_start)
+                                     key_start=key_start, sinks=sinks)
 
 
 __all__ = ["KERNELS", "paged_attention", "resolve_backend", "self_check"]

@@ -35,51 +35,74 @@ def is_available() -> bool:
     return on_cpu()
 
 
-def softmax_exp2(s: mx.array, mask: mx.array) -> mx.array:
+def softmax_exp2(s: mx.array, mask: mx.array, sink: mx.array | None = None) -> mx.array:
     """``softmax`` over the last axis of base-2 logits ``s`` where ``mask`` is True; masked
     entries get probability 0, fully masked rows finite garbage (``s``, ``mask``: broadcast
-    together, float32 / bool)."""
+    together, float32 / bool). ``sink``: base-2 sink logits broadcastable to ``s[..., :1]``,
+    one more term in the denominator (attention sinks, as gpt-oss), or None."""
     s = mx.where(mask, s, _MASKED)
-    p = mx.power(2.0, s - s.max(axis=-1, keepdims=True))
-    return p / p.sum(axis=-1, keepdims=True)
+    top = s.max(axis=-1, keepdims=True)
+    if sink is not None:
+        top = mx.maximum(top, sink)
+    p = mx.power(2.0, s - top)
+    total = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + mx.power(2.0, sink - top)
+    return p / total
 
 
-def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
+def _sink(sinks: mx.array | None, kv_heads: int, g: int, extra: int) -> mx.array | None:
+    """``[q_heads]`` natural-log sink logits as base-2 logits of shape ``[kv_heads, g]``
+    followed by ``extra`` unit axes, to broadcast against grouped scores."""
+    if sinks is None:
+        return None
+    return (sinks.astype(mx.float32) * _LOG2E).reshape(kv_heads, g, *([1] * extra))
+
+
+def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+              sinks: mx.array | None = None) -> mx.array:
     """Masked grouped-query attention over contiguous K/V with the base-2 softmax.
 
     Args:
         q: ``[B, q_heads, L, D]`` float32.
-        k, v: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
+        k: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
+        v: ``[B, kv_heads, S, Dv]`` float32 (``Dv`` may differ from ``D``).
         mask: Boolean, broadcastable to ``[B, 1, L, S]``; True where a query sees a key.
         scale: Softmax scale.
+        sinks: ``[q_heads]`` per-head sink logits, or None.
 
     Returns:
-        ``[B, q_heads, L, D]`` float32.
+        ``[B, q_heads, L, Dv]`` float32.
     """
     b, heads, length, d = q.shape
     kv_heads = k.shape[1]
     g = heads // kv_heads
     qg = (q * (scale * _LOG2E)).reshape(b, kv_heads, g * length, d)
     s = (qg @ k.swapaxes(-1, -2)).reshape(b, kv_heads, g, length, -1)
-    p = softmax_exp2(s, mask[:, :, None]).reshape(b, kv_heads, g * length, -1)
-    return (p @ v).reshape(b, heads, length, d)
+    p = softmax_exp2(s, mask[:, :, None], _sink(sinks, kv_heads, g, 2))
+    p = p.reshape(b, kv_heads, g * length, -1)
+    return (p @ v).reshape(b, heads, length, v.shape[-1])
 
 
 def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                     block_tables: mx.array, mask: mx.array, scale: float) -> mx.array:
+                     block_tables: mx.array, mask: mx.array, scale: float,
+                     sinks: mx.array | None = None) -> mx.array:
     """Attention of ``[B, q_heads, 1, D]`` float32 queries over pool blocks read in place.
 
     Args:
         q: ``[B, q_heads, 1, D]`` float32.
-        key_cache, value_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pools.
+        key_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pool.
+        value_cache: ``[num_blocks, kv_heads, block_size, Dv]`` float32 pool.
         block_tables: ``[B, nb]`` int32 pool block ids (padding entries any valid id).
         mask: Boolean ``[B, 1, 1, nb * block_size]``; True where the query sees the key.
         scale: Softmax scale.
+        sinks: ``[q_heads]`` per-head sink logits, or None.
 
     Returns:
-        ``[B, q_heads, 1, D]`` float32.
+        ``[B, q_heads, 1, Dv]`` float32.
     """
     b, heads, _, d = q.shape
+    dv = value_cache.shape[3]
     num_blocks, kv_heads, bs, _ = key_cache.shape
     g = heads // kv_heads
     nb = block_tables.shape[1]
@@ -94,17 +117,18 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     s = mx.gather_mm(qg, keys, lhs, rhs)                                     # [B*kvh*nb, g, bs]
     s = s.reshape(b, kv_heads, nb, g, bs).transpose(0, 1, 3, 2, 4).reshape(b, kv_heads, g,
                                                                            nb * bs)
-    p = softmax_exp2(s, mask)                                                # [B, kvh, g, S]
+    p = softmax_exp2(s, mask, _sink(sinks, kv_heads, g, 1))                  # [B, kvh, g, S]
     p = p.reshape(b, kv_heads, g, nb, bs).transpose(0, 1, 3, 2, 4).reshape(-1, g, bs)
-    values = value_cache.reshape(num_blocks * kv_heads, bs, d)
-    out = mx.gather_mm(p, values, None, rhs).reshape(b, kv_heads, nb, g, d).sum(axis=2)
-    return out.reshape(b, heads, 1, d)
+    values = value_cache.reshape(num_blocks * kv_heads, bs, dv)
+    out = mx.gather_mm(p, values, None, rhs).reshape(b, kv_heads, nb, g, dv).sum(axis=2)
+    return out.reshape(b, heads, 1, dv)
 
 
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None) -> mx.array:
+                    key_start: mx.array | None = None,
+                    sinks: mx.array | None = None) -> mx.array:
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
     place (:func:`decode_attention`) when the pool is float32; prefill chunks and
@@ -117,9 +141,10 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     dtype = q.dtype
     f32 = (lambda a: a) if dtype == mx.float32 else (lambda a: a.astype(mx.float32))
     if length == 1 and key_cache.dtype == mx.float32:
-        out = decode_attention(f32(q), key_cache, value_cache, block_tables, mask, scale)
+        out = decode_attention(f32(q), key_cache, value_cache, block_tables, mask, scale,
+                               sinks)
     else:
         k = f32(gather_kv(key_cache, block_tables))
         v = f32(gather_kv(value_cache, block_tables))
-        out = sdpa_exp2(f32(q), k, v, mask, scale)
+        out = sdpa_exp2(f32(q), k, v, mask, scale, sinks)
     return out.astype(dtype)

@@ -54,7 +54,8 @@ def attention_mask(query_start: mx.array, num_queries: int, context_lens: mx.arr
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None) -> mx.array:
+                    key_start: mx.array | None = None,
+                    sinks: mx.array | None = None) -> mx.array:
     """Attention of new queries over K/V held in a paged pool (prefill chunks and decode).
 
     The new tokens' K/V must already be written to the pool (the caller writes, then reads).
@@ -63,7 +64,8 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
         q: ``[B, q_heads, L, head_dim]`` queries (RoPE applied); rows shorter than ``L`` are
             right-padded and their padded outputs are garbage but finite.
         key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer.
-        value_cache: Same shape as ``key_cache``.
+        value_cache: ``[num_blocks, kv_heads, block_size, v_dim]`` V pool (``v_dim`` may
+            differ from ``head_dim``).
         block_tables: ``[B, max_blocks]`` int32; row ``b`` lists the blocks holding its keys
             from position ``key_start[b]`` on.
         context_lens: ``[B]`` int32 tokens with K/V in the pool (computed + this step's).
@@ -72,9 +74,11 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
         sliding_window: Keys older than this many positions are masked (Gemma 3 local layers).
         key_start: ``[B]`` int32 position of the first key in ``block_tables`` (a multiple of
             the block size); None means 0. Lets window layers gather only recent blocks.
+        sinks: ``[q_heads]`` per-head sink logits (attention sinks, as in gpt-oss: an extra
+            term ``exp(sink)`` in each softmax denominator, attending to nothing), or None.
 
     Returns:
-        ``[B, q_heads, L, head_dim]`` in ``q.dtype``.
+        ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
     k = gather_kv(key_cache, block_tables)
     v = gather_kv(value_cache, block_tables)
@@ -83,5 +87,7 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     dtype = q.dtype
     if on_cpu() and dtype != mx.float32:
         q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    if sinks is not None:
+        sinks = sinks.astype(q.dtype)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     return out.astype(dtype)

@@ -1,1 +1,2 @@
-"""``--model`` to a local MLX folder and a loaded model: resolution, GGUF conversion."""
+"""``--model`` to a local MLX folder and a loaded model: resolution, GGUF conversion, the
+model geometry probe and load-time refusals."""

@@ -127,12 +127,16 @@ def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
 
 
 def model_dtype(model: nn.Module) -> mx.Dtype:
-    """The dtype the model computes in: its embedding's (a quantized model's packed ``uint32``
-    weights are never it), float32 for a model without ``model.embed_tokens``."""
+    """The dtype of the model's first floating-point parameter (norms, biases, quantization
+    scales; never a packed ``uint32`` weight), float32 when it has none. A label for reports;
+    the engine takes the compute dtype from the keys the model writes
+    (:func:`mlxpa.worker.model_probe.probe_model`)."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
-    if hasattr(model, "model") and hasattr(model.model, "embed_tokens"):
-        return model.model.embed_tokens.weight.dtype
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
     return mx.float32
 
 

@@ -87,8 +87,10 @@ class PagedLayerCache:
     def make_mask(self, *args, **kwargs) -> None:
         return None
 
-    def attend(self, queries: mx.array, scale: float) -> mx.array:
-        """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool."""
+    def attend(self, queries: mx.array, scale: float,
+               sinks: mx.array | None = None) -> mx.array:
+        """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool
+        (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss)."""
         m = self.metadata
         tables, key_start = m.block_tables, None
         if self.sliding_window is not None and self.sliding_window in m.window_tables:
@@ -98,4 +100,4 @@ class PagedLayerCache:
             queries, self.kv_cache.key_caches[self.layer_idx],
             self.kv_cache.value_caches[self.layer_idx], tables, m.context_lens,
             m.offsets, scale=scale, sliding_window=self.sliding_window,
-            key_start=key_start, kernel=m.kernel)
+            key_start=key_start, kernel=m.kernel, sinks=sinks)

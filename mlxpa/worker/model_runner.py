@@ -18,25 +18,20 @@ requests, blocks or the scheduler. Per step it:
 from __future__ import annotations
 
 import zlib
-from contextlib import nullcontext
 
 import mlx.core as mx
 import numpy as np
 
 from mlxpa.blas import host_memory_bytes
 from mlxpa.config import EngineConfig
-from mlxpa.core.block_pool import cdiv
 from mlxpa.core.scheduler import SchedulerOutput
-from mlxpa.kernels.device import on_cpu
-from mlxpa.loader.models import model_dtype
 from mlxpa.request import Request
-from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
-from mlxpa.worker.patches import fused_cpu_ops, paged_attention
+from mlxpa.worker.load_check import check_paged_path
+from mlxpa.worker.model_probe import probe_model
+from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
 from mlxpa.worker.sampling import sample
 
-# Body/head split is known for these (``model.model`` body, tied embedding or ``lm_head``).
-_SPLIT_MODEL_TYPES = {"llama", "gemma3_text", "qwen2", "qwen3", "mistral"}
 # A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
 
@@ -45,24 +40,6 @@ def default_kv_bytes() -> int:
     """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
     total = host_memory_bytes() or 8 * 2**30
     return int(min(4 * 2**30, 0.15 * total))
-
-
-def kv_shape(model) -> tuple[int, int, int]:
-    """``(num_layers, kv_heads, head_dim)`` of an mlx-lm model."""
-    args = model.args
-    heads = args.num_attention_heads
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
-    return len(model.layers), kv_heads, head_dim
-
-
-def sliding_windows(model) -> list[int | None]:
-    """Per layer, the sliding window in tokens (from ``model.make_cache()``) or None."""
-    from mlx_lm.models.cache import RotatingKVCache
-
-    if not hasattr(model, "make_cache"):
-        return [None] * len(model.layers)
-    return [c.max_size if isinstance(c, RotatingKVCache) else None for c in model.make_cache()]
 
 
 def vocab_size(model) -> int:
@@ -104,8 +81,14 @@ def group_by_length(num_tokens: list[int]) -> list[list[int]]:
 class ModelRunner:
     """Owns the model and the KV pools; executes scheduled steps.
 
+    At construction the model is probed (:func:`mlxpa.worker.model_probe.probe_model`: per
+    cache entry K/V heads, K and V widths, window, and the compute dtype, from mlx-lm's own
+    caches) and checked (:func:`mlxpa.worker.load_check.check_paged_path`: two rows through
+    the paged path against mlx-lm), so an unsupported model is refused before any row runs.
+
     Args:
-        model: An mlx-lm model (weights already in the compute dtype).
+        model: An mlx-lm model (floating weights already in the compute dtype; quantized
+            layers of any mode ``nn.quantize`` supports).
         config: Engine configuration (block size, pool budget, seed).
         eos_token_ids: The model's EOS ids (masked for requests below ``min_tokens``).
 
@@ -114,6 +97,12 @@ class ModelRunner:
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
             model or used as a logits index is below it.
+        geometry: What the probe learned (:class:`ModelGeometry`).
+        dtype: The compute dtype, which the pools store.
+
+    Raises:
+        UnsupportedModelError: The model cannot run through the paged path (the reason is in
+            the message).
     """
 
     def __init__(self, model, config: EngineConfig,
@@ -122,20 +111,21 @@ class ModelRunner:
         self.eos_token_ids = sorted(eos_token_ids)
         self.config = config
         self.block_size = config.block_size
-        num_layers, kv_heads, head_dim = kv_shape(model)
-        self.dtype = model_dtype(model)
-        self.block_bytes = block_bytes(num_layers, self.block_size, kv_heads, head_dim,
-                                       self.dtype)
+        self.geometry = probe_model(model)
+        self.dtype = self.geometry.dtype
+        self.windows = self.geometry.windows
+        self._split = check_paged_path(model, self.geometry, self.block_size, config.kernel,
+                                       config.fused_cpu_ops)
+        shapes = [c.shape for c in self.geometry.caches]
+        self.block_bytes = max(1, block_bytes(shapes, self.block_size, self.dtype))
         budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
                   else default_kv_bytes())
         self.num_blocks = config.num_blocks or max(2, int(budget) // self.block_bytes + 1)
-        self.kv_cache = PagedKVCache(num_layers, self.num_blocks, self.block_size, kv_heads,
-                                     head_dim, self.dtype)
-        self.windows = sliding_windows(model)
-        ctx = getattr(model.args, "max_position_embeddings", None) or 1 << 20
+        self.kv_cache = PagedKVCache(shapes, self.num_blocks, self.block_size, self.dtype)
+        args = getattr(model, "args", None)
+        ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         self.vocab_size = vocab_size(model)
-        self._split = getattr(model, "model_type", None) in _SPLIT_MODEL_TYPES
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
 
     def _block_table(self, req: Request) -> np.ndarray:
@@ -156,53 +146,14 @@ class ModelRunner:
         self._tables[req] = (arr, len(table), req.num_preemptions)
         return arr[:len(table)]
 
-    def _metadata(self, reqs: list[Request], counts: list[int]) -> tuple[mx.array,
-                                                                          AttentionMetadata]:
-        bs, b, width = self.block_size, len(reqs), max(counts)
-        tokens = np.zeros((b, width), np.int32)
-        slots = np.zeros((b, width), np.int64)
+    def _metadata(self, reqs: list[Request], counts: list[int]) -> tuple[mx.array, object]:
+        tokens = np.zeros((len(reqs), max(counts)), np.int32)
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
-        ctx = starts + np.array(counts, np.int32)
-        nblocks = cdiv(ctx, bs)
-        tables = np.zeros((b, int(nblocks.max())), np.int32)
-        for i, (req, n) in enumerate(zip(reqs, counts)):
-            s = int(starts[i])
-            tokens[i, :n] = token_slice(req, s, s + n)
-            bt = self._block_table(req)
-            pos = np.arange(s, s + n)
-            slots[i, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
-            tables[i, :len(bt)] = bt
-        window_tables = {}
-        for w in {w for w in self.windows if w is not None}:
-            first = np.maximum(starts - w + 1, 0) // bs
-            wt = np.zeros((b, int((nblocks - first).max())), np.int32)
-            for i in range(b):
-                wt[i, :nblocks[i] - first[i]] = tables[i, first[i]:nblocks[i]]
-            window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
-        slots = slots.reshape(-1)
-        meta = AttentionMetadata(
-            slot_blocks=mx.array((slots // bs).astype(np.int32)),
-            slot_offsets=mx.array((slots % bs).astype(np.int32)),
-            block_tables=mx.array(tables), context_lens=mx.array(ctx),
-            offsets=mx.array(starts), window_tables=window_tables,
-            kernel=self.config.kernel)
-        return mx.array(tokens), meta
-
-    def _forward(self, tokens: mx.array, meta: AttentionMetadata, sampled: list[int],
-                 cols: list[int]) -> mx.array | None:
-        """Run one padded group; return ``[len(sampled), vocab]`` logits at ``(sampled, cols)``
-        (None when no request samples: only the K/V writes matter, evaluated with the pools)."""
-        caches = [PagedLayerCache(self.kv_cache, i, meta, w) for i, w in enumerate(self.windows)]
-        if not self._split:
-            out = self.model(tokens, cache=caches)
-            return out[mx.array(sampled), mx.array(cols)] if sampled else None
-        hidden = self.model.model(tokens, cache=caches)
-        if not sampled:
-            return None
-        hidden = hidden[mx.array(sampled), mx.array(cols)]
-        if "lm_head" in self.model:
-            return self.model.lm_head(hidden)
-        return self.model.model.embed_tokens.as_linear(hidden)
+        for row, (req, n) in enumerate(zip(reqs, counts)):
+            tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
+        tables = [self._block_table(r) for r in reqs]
+        return build_metadata(tokens, counts, starts, tables, self.block_size, self.windows,
+                              self.config.kernel)
 
     def seed_for(self, req: Request) -> int:
         """The request's seed (sample 0) or one derived from it and the sample index, or,
@@ -250,15 +201,14 @@ class ModelRunner:
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         sampling = out.sampling
         order, logits = [], []
-        fused = (fused_cpu_ops(self.model) if self.config.fused_cpu_ops and on_cpu()
-                 else nullcontext())
-        with paged_attention(self.model), fused:
+        with paged_context(self.model, self.config.fused_cpu_ops):
             for group in group_by_length(out.num_scheduled_tokens):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 tokens, meta = self._metadata(reqs, counts)
                 sampled = [k for k, i in enumerate(group) if sampling[i]]
-                result = self._forward(tokens, meta, sampled, [counts[k] - 1 for k in sampled])
+                result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
+                                 meta, sampled, [counts[k] - 1 for k in sampled])
                 if result is not None:
                     order.extend(group[k] for k in sampled)
                     logits.append(result)

@@ -65,9 +65,7 @@ def _dispatch(original: Any) -> Any:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None,
                                      **kwargs):
         if isinstance(cache, PagedLayerCache):
-            if sinks is not None:
-                raise ValueError("paged attention does not support attention sinks")
-            return cache.attend(queries, scale)
+            return cache.attend(queries, scale, sinks)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
                         sinks=sinks, **kwargs)
 

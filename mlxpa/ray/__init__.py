@@ -1,0 +1,17 @@
+"""Scale-out on Ray Data (``pip install 'mlxpa[ray]'``).
+
+* :func:`mlxpa.ray.run.run_file_ray`: ``mlxpa run INPUT -o OUTPUT --ray``: the rows of a file
+  on N engine replicas, written as a local run writes them;
+* :func:`build_processor`: a ``Dataset -> Dataset`` callable for users who already hold a Ray
+  Dataset (the shape of ``ray.data.llm.build_llm_processor``).
+
+Each replica is a Ray Data actor that owns one :class:`~mlxpa.engine.LLMEngine`, built once.
+This package is ``mlxpa.ray``; its modules import Ray as ``import ray`` (absolute imports), so
+it never shadows the ``ray`` package.
+"""
+
+from __future__ import annotations
+
+from mlxpa.ray.processor import build_processor
+
+__all__ = ["build_processor"]

@@ -1,0 +1,70 @@
+"""The replica of :func:`mlxpa.ray.build_processor`: Arrow batches of dataset rows in, the
+same rows with their results out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.data.inputs import RowSpec
+from mlxpa.data.rows import parse_row
+from mlxpa.ray.items import make_item
+from mlxpa.ray.replica import ReplicaEngine
+
+SOURCE = "<dataset>"
+RESULT_FIELDS = ("text", "finish_reason", "prompt_tokens", "completion_tokens",
+                 "cached_tokens", "sample_index", "error")
+
+
+class RowReplica(ReplicaEngine):
+    """Runs a batch of dataset rows (mlxpa input rows; see :func:`build_processor`).
+
+    Args:
+        config: Engine configuration (the model loads once per actor).
+        defaults: Sampling parameters for fields a row does not set.
+        drop: Columns removed from the output rows (the prefix sort key).
+    """
+
+    def __init__(self, config: EngineConfig, defaults: SamplingParams,
+                 drop: tuple[str, ...] = ()) -> None:
+        super().__init__(config)
+        self.defaults, self.drop = defaults, drop
+        self.spec = RowSpec(SOURCE, unit="row")
+
+    def __call__(self, batch: Any) -> Any:
+        """``batch``: a ``pyarrow.Table`` of rows; returns a table with one row per sample."""
+        import pyarrow as pa
+
+        records = batch.to_pylist()
+        items, failed = [], {}
+        for i, obj in enumerate(records):
+            row = parse_row({k: v for k, v in obj.items() if k not in self.drop}, i, None,
+                            self.spec)
+            item = row.error or make_item(row, self.defaults, self.engine.tokenizer,
+                                          f"{SOURCE} id {row.id!r}")
+            if isinstance(item, str):
+                failed[i] = item
+            else:
+                items.append(item)
+        outs, _ = self.run(items)
+        rows = []
+        for i, obj in enumerate(records):
+            base = {k: v for k, v in obj.items() if k not in self.drop}
+            if i in failed:
+                rows.append({**base, **_result(None, failed[i])})
+                continue
+            for out in outs[i]:
+                rows.append({**base, **_result(out, out.error)})
+        return pa.Table.from_pylist(rows)
+
+
+def _result(out: Any, error: str | None) -> dict[str, Any]:
+    if out is None or error is not None:
+        return {"text": None, "finish_reason": "error",
+                "prompt_tokens": out.num_prompt_tokens if out is not None else None,
+                "completion_tokens": 0, "cached_tokens": 0,
+                "sample_index": out.sample_index if out is not None else 0, "error": error}
+    return {"text": out.text, "finish_reason": out.finish_reason,
+            "prompt_tokens": out.num_prompt_tokens, "completion_tokens": len(out.token_ids),
+            "cached_tokens": out.num_cached_tokens, "sample_index": out.sample_index,
+            "error": None}

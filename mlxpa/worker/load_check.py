@@ -1,0 +1,113 @@
+"""At load time, run two short rows through the paged path and compare with mlx-lm.
+
+The check is the engine's guarantee that a model it accepts does not crash mid-run and does
+not silently differ from mlx-lm: two prompts of different lengths are prefilled together as
+one right-padded batch (per-row offsets, padding, block tables), then decoded together one
+token, exactly as :class:`mlxpa.worker.model_runner.ModelRunner` runs them; the log-probabilities at
+every sampled position must match mlx-lm's own forward (``make_prompt_cache``, one prompt at
+a time) within float tolerance. Anything else is an :class:`UnsupportedModelError` naming the
+failure. The body/LM-head split (see :func:`find_head_split`) is accepted only when it passes
+the same check; otherwise the full model runs.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxpa.loader.errors import UnsupportedModelError
+from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.model_probe import ModelGeometry, reference_logits
+from mlxpa.worker.paged_forward import (
+    HeadSplit,
+    build_metadata,
+    find_head_split,
+    forward,
+    paged_context,
+)
+
+PROMPTS = ((2, 7, 1, 8, 2, 8, 1, 8, 2), (3, 1, 4, 1, 5))
+DECODE_TOKEN = 6
+# Largest accepted |log-prob difference| (nats) per compute dtype: float32 reassociation and
+# the fused CPU ops stay below 1e-4 on the models tested; a dropped mask term or an attention
+# computed elsewhere gives 0.1 and more.
+TOLERANCE = {mx.float32: 1e-2, mx.float16: 0.25, mx.bfloat16: 0.25}
+
+
+def _log_softmax(x: mx.array) -> mx.array:
+    x = x.astype(mx.float32)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def _reference(model: nn.Module) -> list[mx.array]:
+    """Per prompt: mlx-lm's log-probs after the prompt, then after ``DECODE_TOKEN``."""
+    out = []
+    for prompt in PROMPTS:
+        logits, caches = reference_logits(model, list(prompt))
+        step = model(mx.array([[DECODE_TOKEN]]), cache=caches)[0, -1]
+        out.append(mx.stack([_log_softmax(logits[-1]), _log_softmax(step)]))
+    return out
+
+
+def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
+           block_size: int, kernel: str, fused: bool) -> list[mx.array]:
+    """The same two steps through the paged path, both prompts batched."""
+    lens = [len(p) for p in PROMPTS]
+    per_row = -(-(max(lens) + 1) // block_size)
+    pool = PagedKVCache([c.shape for c in geometry.caches], 1 + per_row * len(PROMPTS),
+                        block_size, geometry.dtype)
+    tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
+              for i in range(len(PROMPTS))]
+    tokens = np.zeros((len(PROMPTS), max(lens)), np.int32)
+    for i, p in enumerate(PROMPTS):
+        tokens[i, :len(p)] = p
+    rows = list(range(len(PROMPTS)))
+    steps = [(tokens, lens, np.zeros(len(PROMPTS), np.int32), [n - 1 for n in lens]),
+             (np.full((len(PROMPTS), 1), DECODE_TOKEN, np.int32), [1] * len(PROMPTS),
+              np.array(lens, np.int32), [0] * len(PROMPTS))]
+    results = []
+    with paged_context(model, fused):
+        for toks, counts, starts, cols in steps:
+            tok, meta = build_metadata(toks, counts, starts, tables, block_size,
+                                       geometry.windows, kernel)
+            logits = forward(model, split, pool, geometry.windows, tok, meta, rows, cols)
+            mx.eval(logits, pool.key_caches, pool.value_caches)
+            results.append(_log_softmax(logits))
+    return [mx.stack([results[0][i], results[1][i]]) for i in rows]
+
+
+def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str | None:
+    """Why the paged path fails the check (None when it passes)."""
+    try:
+        got = _paged(model, geometry, split, block_size, kernel, fused)
+    except Exception as e:  # noqa: BLE001 - any failure of the paged path is the answer
+        return f"the paged forward pass fails: {type(e).__name__}: {e}"
+    worst = max(mx.abs(g - r).max().item() for g, r in zip(got, ref))
+    if not worst <= TOLERANCE.get(geometry.dtype, 0.25):
+        extra = (" (the model passes its own mask or score terms to the attention, e.g. "
+                 "latent attention)" if geometry.array_mask else "")
+        return (f"the paged path differs from mlx-lm on the load check by {worst:.3g} nats "
+                f"of log-probability{extra}")
+    return None
+
+
+def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
+                     kernel: str = "auto", fused: bool = True) -> HeadSplit | None:
+    """Verify the paged path against mlx-lm (see the module docstring).
+
+    Returns:
+        The body/LM-head split to use, or None to run the full model.
+
+    Raises:
+        UnsupportedModelError: The paged path fails or differs, with and without the split.
+    """
+    ref = _reference(model)
+    split = find_head_split(model)
+    if split is not None and _difference(model, geometry, split, block_size, kernel, fused,
+                                         ref) is None:
+        return split
+    why = _difference(model, geometry, None, block_size, kernel, fused, ref)
+    if why:
+        raise UnsupportedModelError(geometry.model_type, why)
+    return None

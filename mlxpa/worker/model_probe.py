@@ -1,0 +1,191 @@
+"""Model geometry from mlx-lm's own cache objects and one probe forward step.
+
+mlxpa never reads K/V shapes from config attribute names (``num_attention_heads``,
+``n_head``, ``attn_config.kv_n_heads``, ... differ between architectures and multimodal
+wrappers keep them in ``text_config``). Instead :func:`probe_model` builds the caches mlx-lm
+itself would use (``mlx_lm.models.cache.make_prompt_cache``), runs one forward pass of a few
+tokens through them with ``scaled_dot_product_attention`` instrumented, and reads per cache:
+the K and V widths and head count of what was written, the kind (full or sliding window, from
+``RotatingKVCache.max_size``) and the dtype the model computes in (the dtype of the keys it
+wrote; a quantized model's packed ``uint32`` weights never decide it). Cache kinds the paged
+path cannot hold and layers that write K/V without attending through
+``scaled_dot_product_attention`` are refused here with an :class:`UnsupportedModelError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from mlxpa.loader.errors import UnsupportedModelError, model_type_of
+from mlxpa.worker.patches import model_modules
+
+# Token ids of the probe forward (small ids exist in every vocabulary).
+PROBE_TOKENS = (2, 7, 1, 8, 2, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheGeometry:
+    """One mlx-lm cache entry (one attention layer, or one loop of it).
+
+    Attributes:
+        kv_heads: K/V heads written per token (0: the entry is never written).
+        k_dim: Width of one key head.
+        v_dim: Width of one value head (may differ from ``k_dim``, e.g. MLA).
+        window: Sliding window in tokens, or None for full attention.
+    """
+
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+    window: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.kv_heads, self.k_dim, self.v_dim
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGeometry:
+    """What :func:`probe_model` learned.
+
+    Attributes:
+        model_type: Architecture name.
+        caches: One entry per cache mlx-lm makes for the model, in the model's order.
+        dtype: The compute dtype (of the keys the model writes).
+        array_mask: Whether a layer passed an ``mx.array`` as the attention mask on the
+            probe (the paged path builds its own masks; the load check decides).
+    """
+
+    model_type: str
+    caches: list[CacheGeometry]
+    dtype: mx.Dtype
+    array_mask: bool = False
+
+    @property
+    def windows(self) -> list[int | None]:
+        return [c.window for c in self.caches]
+
+
+@dataclass
+class _Calls:
+    attended: set[int] = field(default_factory=set)
+    derived: set[int] = field(default_factory=set)
+    array_mask: bool = False
+
+
+@contextmanager
+def _instrumented(model, calls: _Calls) -> Iterator[bool]:
+    """Wrap each model module's ``scaled_dot_product_attention`` to record which caches
+    attend through it; yields whether any module binds it."""
+    swapped = []
+    for module in model_modules(model):
+        original = getattr(module, "scaled_dot_product_attention", None)
+        if original is None:
+            continue
+
+        def recording(queries, keys, values, cache=None, *args, _orig=original, **kwargs):
+            calls.attended.add(id(cache))
+            stored = getattr(cache, "keys", None)
+            if isinstance(stored, mx.array) and (stored.shape[1], stored.shape[3]) != (
+                    keys.shape[1], keys.shape[3]):
+                calls.derived.add(id(cache))
+            calls.array_mask |= isinstance(kwargs.get("mask"), mx.array)
+            return _orig(queries, keys, values, cache, *args, **kwargs)
+
+        swapped.append((module, original))
+        module.scaled_dot_product_attention = recording
+    try:
+        yield bool(swapped)
+    finally:
+        for module, original in swapped:
+            module.scaled_dot_product_attention = original
+
+
+def _cache_kind(cache, index: int) -> int | None:
+    """The window of a supported cache (None: full attention); raises the refusal reason
+    as ``ValueError`` for any other kind."""
+    from mlx_lm.models import cache as c
+
+    if isinstance(cache, c.RotatingKVCache):
+        if cache.keep:
+            raise ValueError(f"cache {index} keeps {cache.keep} sink tokens in its window "
+                             "(RotatingKVCache keep > 0)")
+        return cache.max_size
+    if type(cache) is c.KVCache:
+        return None
+    why = {c.ArraysCache: "a recurrent-state layer (SSM / convolution / linear attention, "
+                          "ArraysCache) needs a recurrent-state store",
+           c.CacheList: "a layer keeps several caches (CacheList: sparse-attention indexer, "
+                        "two attention blocks or state plus K/V)",
+           c.ChunkedKVCache: "chunked attention (ChunkedKVCache)",
+           c.QuantizedKVCache: "a quantized KV cache (QuantizedKVCache)"}
+    for kind, reason in why.items():
+        if isinstance(cache, kind):
+            raise ValueError(f"cache {index}: {reason}")
+    raise ValueError(f"cache {index} is a {type(cache).__name__}, not a KVCache or "
+                     "RotatingKVCache")
+
+
+def reference_logits(model, tokens: list[int]) -> tuple[mx.array, list]:
+    """mlx-lm's own forward of one prompt with fresh caches: ``[len(tokens), vocab]``
+    float32 logits and the caches (for a following decode step)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    caches = make_prompt_cache(model)
+    out = model(mx.array([tokens]), cache=caches)
+    return out[0].astype(mx.float32), caches
+
+
+def probe_model(model) -> ModelGeometry:
+    """Learn the model's cache geometry and compute dtype from one forward pass of
+    :data:`PROBE_TOKENS` through mlx-lm's own caches.
+
+    Raises:
+        UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
+            mlx-lm's own forward failing, no module binding ``scaled_dot_product_attention``,
+            a layer that writes K/V but attends outside
+            ``scaled_dot_product_attention`` or over K/V other than those it cached (absorbed
+            MLA), or no layer writing K/V at all.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    name = model_type_of(model)
+    try:
+        caches = make_prompt_cache(model)
+        windows = [_cache_kind(c, i) for i, c in enumerate(caches)]
+    except (ValueError, AttributeError, TypeError) as e:
+        raise UnsupportedModelError(name, str(e)) from None
+    calls = _Calls()
+    with _instrumented(model, calls) as binds:
+        if not binds:
+            raise UnsupportedModelError(name, "its attention does not go through mlx-lm's "
+                                        "scaled_dot_product_attention")
+        try:
+            mx.eval(model(mx.array([PROBE_TOKENS]), cache=caches))
+        except Exception as e:  # noqa: BLE001 - any failure of the probe is a refusal
+            raise UnsupportedModelError(
+                name, f"mlx-lm's own forward pass fails: {type(e).__name__}: {e}") from None
+    geometry, dtype = [], None
+    for i, (cache, window) in enumerate(zip(caches, windows)):
+        keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+        if keys is None:
+            geometry.append(CacheGeometry(0, 0, 0, window))
+            continue
+        if id(cache) not in calls.attended:
+            raise UnsupportedModelError(
+                name, f"cache {i} is written but its layer computes attention outside "
+                "scaled_dot_product_attention (the paged path would silently differ)")
+        if id(cache) in calls.derived:
+            raise UnsupportedModelError(name, f"cache {i}: the layer attends with K/V of "
+                                        "another shape than it caches (absorbed latent "
+                                        "attention, MLA, or K/V heads repeated in the "
+                                        "model): the paged path attends over what is cached")
+        geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window))
+        dtype = dtype or keys.dtype
+    if dtype is None:
+        raise UnsupportedModelError(name, "no layer writes K/V (an attention-free model)")
+    return ModelGeometry(name, geometry, dtype, calls.array_mask)

@@ -1,0 +1,125 @@
+"""One forward pass of an mlx-lm model over the paged KV cache, and the inputs it needs.
+
+Shared by the model runner (every step) and the load check (the probe steps), so the check
+runs exactly the code path the engine runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxpa.kernels.device import on_cpu
+from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
+from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.patches import fused_cpu_ops, paged_attention
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSplit:
+    """The model's body (token ids + caches → ``[B, L, hidden]``) and LM head
+    (``[N, hidden]`` → ``[N, vocab]``), so the head runs only on rows that sample."""
+
+    body: nn.Module
+    head: Callable[[mx.array], mx.array]
+
+
+def find_head_split(model: nn.Module) -> HeadSplit | None:
+    """A body/LM-head split candidate, found without assuming attribute names beyond
+    mlx-lm's conventions: the text model (``language_model`` of a multimodal wrapper, else
+    the model), its ``model`` body, and its ``lm_head`` or, with tied embeddings, the body's
+    (possibly quantized) embedding as a linear layer. None when there is no candidate. The
+    caller must verify the candidate against the full model (the load check does), since a
+    model may scale or cap logits after its head."""
+    text = model["language_model"] if "language_model" in model else model
+    body = text["model"] if "model" in text else None
+    if not isinstance(body, nn.Module):
+        return None
+    if "lm_head" in text and isinstance(text["lm_head"], nn.Module):
+        return HeadSplit(body, text["lm_head"])
+    embeddings = [m for m in body.children().values()
+                  if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))]
+    if len(embeddings) != 1:
+        return None
+    return HeadSplit(body, embeddings[0].as_linear)
+
+
+@contextmanager
+def paged_context(model: nn.Module, fused: bool) -> Iterator[None]:
+    """Paged attention dispatch (and, on the CPU when ``fused``, the fused element-wise
+    ops) for the model's modules while open."""
+    ops = fused_cpu_ops(model) if fused and on_cpu() else nullcontext()
+    with paged_attention(model), ops:
+        yield
+
+
+def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
+            windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
+            rows: list[int], cols: list[int]) -> mx.array | None:
+    """Run one padded group (inside :func:`paged_context`).
+
+    Args:
+        tokens: ``[B, L]`` int32 token ids.
+        rows, cols: Positions whose logits are wanted.
+
+    Returns:
+        ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
+        (only the K/V writes matter, evaluated with the pools).
+    """
+    caches = [PagedLayerCache(kv_cache, i, meta, w) for i, w in enumerate(windows)]
+    if split is None:
+        out = model(tokens, cache=caches)
+        return out[mx.array(rows), mx.array(cols)] if rows else None
+    hidden = split.body(tokens, cache=caches)
+    if not rows:
+        return None
+    return split.head(hidden[mx.array(rows), mx.array(cols)])
+
+
+def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
+                   block_tables: list[np.ndarray], block_size: int,
+                   windows: list[int | None], kernel: str) -> tuple[mx.array,
+                                                                    AttentionMetadata]:
+    """Step inputs for ``B`` rows: slot mapping, block tables, context lengths and
+    per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``).
+
+    Args:
+        tokens: ``[B, L]`` int32 token ids, right-padded.
+        counts: Scheduled tokens per row.
+        starts: ``[B]`` int32 ``num_computed_tokens`` per row.
+        block_tables: Per row, int32 pool block ids covering the context after this step.
+        block_size: Tokens per block.
+        windows: Per cache entry, its sliding window or None.
+        kernel: Paged-attention back end name.
+
+    Returns:
+        ``(tokens as mx.array, AttentionMetadata)``.
+    """
+    bs, b, width = block_size, len(counts), tokens.shape[1]
+    slots = np.zeros((b, width), np.int64)
+    ctx = starts + np.array(counts, np.int32)
+    nblocks = -(-ctx // bs)
+    tables = np.zeros((b, int(nblocks.max())), np.int32)
+    for row, (bt, n) in enumerate(zip(block_tables, counts)):
+        pos = np.arange(int(starts[row]), int(starts[row]) + n)
+        slots[row, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
+        tables[row, :len(bt)] = bt
+    window_tables = {}
+    for w in {w for w in windows if w is not None}:
+        first = np.maximum(starts - w + 1, 0) // bs
+        wt = np.zeros((b, int((nblocks - first).max())), np.int32)
+        for row in range(b):
+            wt[row, :nblocks[row] - first[row]] = tables[row, first[row]:nblocks[row]]
+        window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
+    slots = slots.reshape(-1)
+    meta = AttentionMetadata(
+        slot_blocks=mx.array((slots // bs).astype(np.int32)),
+        slot_offsets=mx.array((slots % bs).astype(np.int32)),
+        block_tables=mx.array(tables), context_lens=mx.array(ctx),
+        offsets=mx.array(starts), window_tables=window_tables, kernel=kernel)
+    return mx.array(tokens), meta

@@ -1,0 +1,176 @@
+"""``mlxpa run --ray`` and ``mlxpa.ray.build_processor`` on a local Ray cluster (2 CPU workers)
+with a tiny model; the oracle is a local run of the same rows (itself checked against mlx-lm's
+generation in tests/cli and tests/engine): same bytes on disk, same ids and error rows, same
+greedy texts. One test kills a replica's worker process (SIGKILL) in the middle of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from mlxpa.cli import app  # noqa: E402
+from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
+from mlxpa.ray import build_processor  # noqa: E402
+from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
+from mlxpa.run import RunOptions, run_file  # noqa: E402
+from tests.tiny_models import save_tiny_model  # noqa: E402
+
+SYSTEMS = ["You are a terse assistant; answer in one word. " * 2,
+           "Translate the following sentence into French. " * 2,
+           "Summarize this text for a child of five years. " * 2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+def prompts(num: int = 18) -> list[dict]:
+    """``num`` rows in three prefix groups, interleaved, so prefix sharding must reorder."""
+    return [{"id": f"q{i}", "prompt": SYSTEMS[i % 3] + f"Item {i}: {'xyz' * (i % 4)}?",
+             "max_tokens": 6 + i % 5} for i in range(num)]
+
+
+def write_rows(path, rows, extra: str = "") -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + extra)
+    return str(path)
+
+
+def run_cli(args) -> None:
+    r = CliRunner().invoke(app, ["run", *args, "--kv-memory", "0.01", "-q"])
+    assert r.exit_code == 0, r.output
+
+
+def test_ray_run_writes_what_a_local_run_writes(tmp_path, model, cluster):
+    rows = prompts()
+    rows[4]["n"] = 2
+    rows.append({"id": "chat", "messages": [{"role": "user", "content": "hi"}]})  # no template
+    src = write_rows(tmp_path / "in.jsonl", rows, '{"id": "bad", "prompt": ""}\nnot json\n')
+    common = [src, "--model", model, "--skip-invalid"]
+    run_cli([*common, "-o", str(tmp_path / "local.jsonl"), "--metrics-json",
+             str(tmp_path / "local.json")])
+    run_cli([*common, "-o", str(tmp_path / "ray.jsonl"), "--metrics-json",
+             str(tmp_path / "ray.json"), "--ray", "--num-replicas", "2"])
+    local = (tmp_path / "local.jsonl").read_text()
+    assert (tmp_path / "ray.jsonl").read_text() == local
+    out = [json.loads(line) for line in local.splitlines()]
+    assert [o["id"] for o in out] == [f"q{i}" for i in range(5)] + ["q4"] + [
+        f"q{i}" for i in range(5, 18)] + ["chat", "bad", None]
+    assert [o["finish_reason"] for o in out[-3:]] == ["error"] * 3
+    lm = json.loads((tmp_path / "local.json").read_text())
+    rm = json.loads((tmp_path / "ray.json").read_text())
+    for key in ("requests", "prompt_tokens", "generation_tokens", "failed_rows"):
+        assert rm[key] == lm[key], key
+    assert lm["failed_rows"] == 3 and rm["num_replicas"] == 2
+    assert isinstance(rm["peak_kv_blocks"], list) and len(rm["peak_kv_blocks"]) == 2
+    assert rm["prefix_cache_hit_rate"] >= 0.95 * lm["prefix_cache_hit_rate"] > 0.5
+
+
+def test_ray_resume_appends_the_missing_rows(tmp_path, model, cluster):
+    src = write_rows(tmp_path / "in.jsonl", prompts(10))
+    full = tmp_path / "full.jsonl"
+    run_cli([src, "--model", model, "-o", str(full)])
+    lines = full.read_text().splitlines(keepends=True)
+    for name in ("local.jsonl", "ray.jsonl"):  # four rows and a torn line
+        (tmp_path / name).write_text("".join(lines[:4]) + lines[4][:15])
+    run_cli([src, "--model", model, "-o", str(tmp_path / "local.jsonl"), "--resume"])
+    run_cli([src, "--model", model, "-o", str(tmp_path / "ray.jsonl"), "--ray",
+             "--num-replicas", "2", "--resume"])
+    local = (tmp_path / "local.jsonl").read_text()
+    assert (tmp_path / "ray.jsonl").read_text() == local
+    # cached_tokens depend on which rows ran together; everything else is the full run's
+    strip = [{k: v for k, v in json.loads(line).items() if k != "cached_tokens"}
+             for line in local.splitlines()]
+    assert strip == [{k: v for k, v in json.loads(line).items() if k != "cached_tokens"}
+                     for line in lines]
+
+
+def test_build_processor_matches_a_local_run(tmp_path, model, cluster):
+    rows = prompts(12)
+    run_file(write_rows(tmp_path / "in.jsonl", rows), str(tmp_path / "local.jsonl"),
+             EngineConfig(model=model, kv_memory_gib=0.01), SamplingParams(),
+             RunOptions(show_progress=False))
+    want = {o["id"]: o["text"] for o in map(json.loads, open(tmp_path / "local.jsonl"))}
+    items = [{"key": r["id"], "question": r["prompt"], "limit": r["max_tokens"]} for r in rows]
+    items.append({"key": "neg", "question": "x", "limit": -1})
+    processor = build_processor(
+        EngineConfig(model=model, kv_memory_gib=0.01),
+        preprocess=lambda r: {"id": r["key"], "prompt": r["question"],
+                              "max_tokens": r["limit"]},
+        postprocess=lambda r: {"key": r["id"], "answer": r["text"], "error": r["error"]},
+        num_replicas=2, batch_size=4, cpus_per_replica=0.5)  # a CPU left for the sort
+    got = processor(ray.data.from_items(items)).take_all()
+    assert sorted(g["key"] for g in got) == sorted(r["key"] for r in items)
+    assert {g["key"]: g["answer"] for g in got if g["key"] != "neg"} == want
+    bad = next(g for g in got if g["key"] == "neg")
+    assert bad["answer"] is None and 'field "max_tokens"' in bad["error"]
+
+
+def without_cached(path) -> list[dict]:
+    with open(path) as f:
+        return [{k: v for k, v in json.loads(line).items() if k != "cached_tokens"}
+                for line in f]
+
+
+def replica_pids() -> dict[int, str]:
+    """Ray worker processes running a ShardReplica, by pid: their process titles."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("ray::MapWorker(MapBatches(ShardReplica))"):
+            found[int(pid)] = title.strip()
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds Ray workers through /proc")
+def test_a_killed_replica_loses_and_duplicates_no_row(tmp_path, model, cluster):
+    src = write_rows(tmp_path / "in.jsonl", prompts(16))
+    defaults = SamplingParams(max_tokens=120, ignore_eos=True)
+    config = EngineConfig(model=model, kv_memory_gib=0.01)
+    quiet = RunOptions(show_progress=False)
+    run_file(src, str(tmp_path / "local.jsonl"), config, defaults, quiet)
+    killed: list[int] = []
+    seen: set[int] = set()  # replica processes alive when one was killed
+
+    def kill_a_busy_replica() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            busy = [p for p, t in replica_pids().items() if t.endswith(".submit")]
+            if busy:
+                seen.update(replica_pids())
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_a_busy_replica)
+    killer.start()
+    metrics = run_file_ray(src, str(tmp_path / "ray.jsonl"), config, defaults, quiet,
+                           RayOptions(num_replicas=2, shard_rows=2))
+    killer.join()
+    assert killed, "no replica was seen running a shard"
+    got, want = (without_cached(tmp_path / n) for n in ("ray.jsonl", "local.jsonl"))
+    # cached_tokens: the restarted replica starts with an empty prefix cache
+    assert len(got) == 16 and got == want
+    pids = {int(p.rsplit(":", 1)[1]) for p in metrics["replica_processes"]}
+    assert pids - seen, "no restarted replica process ran a shard"
+    assert metrics["requests"] == 16
