@@ -79,7 +79,7 @@ row = st.one_of(valid_row(), valid_row(), valid_row(), valid_row(), hostile_row,
                           value),
                 st.builds(lambda r, k, v: {**r, k: v}, valid_row(), st.sampled_from(KNOWN), edge))
 engine_options = st.fixed_dictionaries({
-    "block_size": st.sampled_from([1, 2, 4, 8, 16]), "num_blocks": st.integers(2, 40),
+    "block_size": st.sampled_from([2, 4, 8, 16]), "num_blocks": st.integers(2, 40),
     "max_num_seqs": st.integers(1, 6), "max_num_batched_tokens": st.integers(1, 48),
     "enable_prefix_caching": st.booleans(), "max_model_len": st.integers(4, 64)})
 defaults = st.builds(
