@@ -31,6 +31,7 @@ class Job:
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
+    split_special_tokens: bool = False  # control-token text in prompts is ordinary text
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
@@ -75,7 +76,8 @@ class Job:
             if error is None:
                 try:
                     params = dataclasses.replace(self.defaults, **row.params)
-                    ids = prompt_token_ids(row, self.engine.tokenizer)
+                    ids = prompt_token_ids(row, self.engine.tokenizer,
+                                           self.split_special_tokens)
                 except ValueError as e:
                     error = f"{self.place(row)}: {e}"
             if error is not None:

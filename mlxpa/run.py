@@ -135,8 +135,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     path = spool_stdin(fmt) if spooled else source
     try:
         src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
+        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
-                                      console)
+                                      console, vocab)
         if v.num_rows == v.num_done:  # nothing to run: no model load
             return _empty_run(output, src.name, options, console)
         engine = engine or build_engine(config, src.rows(), v, defaults, console,
@@ -209,16 +210,17 @@ def _read_existing(output: str, file_fmt: str, resume: bool, console: Console) -
 
 
 def _validation_pass(src: _Source, existing: Existing, defaults: SamplingParams, output: str,
-                     file_fmt: str, options: RunOptions,
-                     console: Console) -> tuple[Validation, str]:
-    """Pass 1, before the model loads: every row checked (unless ``skip_invalid``, the first
-    problems raise :class:`InputError`), the output format resolved, then a resumed output's
-    partial last row cut. Returns the validation and the output format."""
+                     file_fmt: str, options: RunOptions, console: Console,
+                     vocab_size: int | None) -> tuple[Validation, str]:
+    """Pass 1, before the model loads: every row checked (token ids against ``vocab_size``;
+    unless ``skip_invalid``, the first problems raise :class:`InputError`), the output format
+    resolved, then a resumed output's partial last row cut. Returns the validation and the
+    output format."""
     if options.show_progress:
         console.print(f"Reading {src.name}: checking every row before the model loads ...",
                       markup=False, highlight=False, soft_wrap=True)
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
-                 default_n=defaults.n, defaults=defaults)
+                 default_n=defaults.n, defaults=defaults, vocab_size=vocab_size)
     if not options.skip_invalid:
         check(v, src.name)
     if options.show_progress:
@@ -254,7 +256,7 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
                      output == STDIN) as progress, \
             ResultWriter(output, ordered=options.ordered, append=options.resume) as writer:
         job = Job(engine, v, defaults, out_fmt, lambda row: where(src.name, row.line, src.unit),
-                  writer, progress)
+                  writer, progress, src.inputs.split_special_tokens)
         job.run(src.rows(), options.order, options.window, should_stop)
     _report_written(engine, writer.num_written, output, should_stop(), options, console)
 
@@ -274,6 +276,13 @@ def _report_written(engine: LLMEngine, written: int, output: str, interrupted: b
                           "finished rows", markup=False, highlight=False)
     if options.show_progress and output != STDIN:
         console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)
+
+
+def _peek_vocab(spec: str | None) -> int | None:
+    """The model's vocabulary size from its ``config.json`` (None if it cannot be read)."""
+    from mlxpa.loader.models import peek_vocab_size
+
+    return peek_vocab_size(spec)
 
 
 def _finish(stats: Stats, runner, console: Console, options: RunOptions) -> Stats:

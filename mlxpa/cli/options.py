@@ -53,13 +53,17 @@ PromptColumnOpt = Annotated[str, typer.Option(help="Field with the text prompt."
 MessagesColumnOpt = Annotated[str, typer.Option(help="Field with chat messages.")]
 IdColumnOpt = Annotated[str, typer.Option(help="Field with the row id.")]
 SystemOpt = Annotated[str | None, typer.Option(
-    help="System message put first: a system turn before chat messages (unless they start "
-    "with one), or text and a blank line before a text prompt.")]
+    help="System message: a system turn before chat messages (unless they start with one), "
+    "or text before a text prompt.")]
+SplitSpecialOpt = Annotated[bool, typer.Option(
+    "--split-special-tokens", help="Control-token text (<eos>, ...) in prompts is plain text, "
+    "as in chat messages.")]
 
 
 def input_options(input_format: enum.Enum, prompt_column: str, messages_column: str,
                   id_column: str, system: str | None,
-                  keep_columns: list[str] | None = None) -> InputOptions:
+                  keep_columns: list[str] | None = None,
+                  split_special_tokens: bool = False) -> InputOptions:
     """The reader settings of the input options (``--keep-columns`` repeatable or
     comma-separated).
 
@@ -68,7 +72,8 @@ def input_options(input_format: enum.Enum, prompt_column: str, messages_column: 
     """
     keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
     fmt = None if input_format.value == "auto" else input_format.value
-    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep)
+    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep,
+                        split_special_tokens)
 
 
 def engine_config(model: str | None, block_size: int, kv_memory: float | None,

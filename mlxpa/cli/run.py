@@ -25,6 +25,7 @@ from mlxpa.cli.options import (
     Order,
     OutputFormat,
     PromptColumnOpt,
+    SplitSpecialOpt,
     SystemOpt,
     engine_config,
     fail,
@@ -107,6 +108,15 @@ RegexOpt = Annotated[str | None, typer.Option(
 GrammarOpt = Annotated[str | None, typer.Option(
     metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
 
+RayOpt = Annotated[bool, typer.Option(
+    "--ray", help="Run on Ray Data replicas (pip install 'mlxpa[ray]'); rows sharing a prefix "
+    "go to the same replica.")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    help="Ray cluster to join (auto: the one `ray start --head` started; default: a local "
+    "Ray); implies --ray.")]
+NumReplicasOpt = Annotated[int, typer.Option(
+    help="Engine replicas with --ray (each loads the model once).")]
+
 
 def run(
     input: InputArg,
@@ -129,6 +139,7 @@ def run(
     regex: RegexOpt = None,
     grammar: GrammarOpt = None,
     system: SystemOpt = None,
+    split_special_tokens: SplitSpecialOpt = False,
     input_format: InputFormatOpt = InputFormat.auto,
     output_format: OutputFormatOpt = OutputFormat.auto,
     prompt_column: PromptColumnOpt = "prompt",
@@ -150,14 +161,9 @@ def run(
     metrics_json: MetricsJsonOpt = None,
     quiet: QuietOpt = False,
     blas: BlasOpt = "auto",
-    ray: Annotated[bool, typer.Option(
-        "--ray", help="Run on Ray Data engine replicas (pip install 'mlxpa[ray]'); "
-        "rows sharing a prefix go to the same replica.")] = False,
-    ray_address: Annotated[str | None, typer.Option(
-        help="Ray cluster to join (auto: the one `ray start --head` started); implies --ray. "
-        "Default: a local Ray instance.")] = None,
-    num_replicas: Annotated[int, typer.Option(
-        help="Engine replicas with --ray (each loads the model once).")] = 1,
+    ray: RayOpt = False,
+    ray_address: RayAddressOpt = None,
+    num_replicas: NumReplicasOpt = 1,
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
@@ -169,12 +175,12 @@ def run(
                                kernel, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching, seed=seed)
         defaults = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, n=n, stop=tuple(stop or ()), stop_token_ids=tuple(stop_token_id or ()),
-            ignore_eos=ignore_eos, include_stop_str_in_output=include_stop_str,
-            min_tokens=min_tokens, structured=cli_constraint(choice, json_schema, regex, grammar))
+            max_tokens, temperature, top_p, top_k, min_p, n=n, stop=tuple(stop or ()),
+            stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
+            include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
+            structured=cli_constraint(choice, json_schema, regex, grammar))
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
-                               keep_columns)
+                               keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
         _check_overwrite(input, output, allowed=resume or overwrite)

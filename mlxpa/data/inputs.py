@@ -9,7 +9,8 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mlxpa.data.params import SAMPLING_FIELDS, STRUCTURED_FIELDS, UNSUPPORTED_FIELDS
+from mlxpa.data.fields import unsupported_fields
+from mlxpa.data.params import SAMPLING_FIELDS, STRUCTURED_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
 
 FORMATS = ("jsonl", "parquet", "csv", "txt", "hf")
@@ -45,6 +46,8 @@ class InputOptions:
         system: A system message put before every row's prompt (see
             :func:`~mlxpa.data.rows.parse_row`).
         keep_columns: Input fields copied to every output record (``Row.keep``).
+        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
+            (chat ``messages`` always are); see :func:`mlxpa.prompts.prompt_token_ids`.
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.
@@ -56,6 +59,7 @@ class InputOptions:
     id_column: str = "id"
     system: str | None = None
     keep_columns: tuple[str, ...] = ()
+    split_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.fmt is not None:
@@ -118,10 +122,13 @@ def is_relevant(key: str, options: InputOptions) -> bool:
             or key in ("custom_id", "method", "url", "body") or sampling_like(key))
 
 
+_UNSUPPORTED = unsupported_fields()
+
+
 @functools.lru_cache(maxsize=4096)
 def sampling_like(key: str) -> bool:
     """An unsupported sampling field, or a near miss of a supported one."""
-    return key in UNSUPPORTED_FIELDS or bool(
+    return key in _UNSUPPORTED or bool(
         difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
 
 

@@ -4,6 +4,7 @@ both output formats use for values JSON cannot hold."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -16,6 +17,25 @@ def json_default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return str(value)
+
+
+def json_line(record: dict) -> str:
+    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
+    hold, is written as null)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 class JsonlSink:
@@ -41,8 +61,7 @@ class JsonlSink:
         # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
         # never inside write(), so Ctrl-C cannot leave half a line behind.
         out = self._out
-        out.write("".join(json.dumps(r, ensure_ascii=False, default=json_default) + "\n"
-                          for g in groups for r in g))
+        out.write("".join(json_line(r) + "\n" for g in groups for r in g))
         out.flush()
 
     def close(self) -> None:

@@ -17,8 +17,11 @@ Parquet and ``datasets`` rows are 0-based row numbers, called "row" in messages
 (``data.parquet row 0: ...``). A UTF-8 byte order mark is accepted; blank JSONL lines are
 skipped.
 
-Reading is lazy: JSONL and CSV line by line, Parquet one row group at a time, ``datasets``
-by batches of a memory-mapped table, so memory does not grow with the file.
+Reading is lazy: JSONL and CSV line by line, Parquet in batches of at most 1,024 rows (fewer
+when rows are large), ``datasets`` by batches of a memory-mapped table, so memory does not
+grow with the file. No format refuses a row another accepts: a CSV cell has no size limit
+(Python's ``csv.field_size_limit`` is raised from its 128 KiB default), and JSON nested too
+deeply or holding an integer of more than 4,300 digits is a row error, as invalid JSON is.
 """
 
 from __future__ import annotations
@@ -159,6 +162,19 @@ def _iter_jsonl(source: str, spec: RowSpec) -> Records:
             yield from _jsonl_lines(f, spec.source)
 
 
+def _starts_json_array(line: str) -> bool:
+    """Whether a file's first line opens a JSON array of rows: ``[`` that does not close on
+    the line (an array spread over lines), or a whole array of objects on one line. A line
+    holding another complete array (``[1, 2]``) is a row of JSON Lines, invalid on its own."""
+    if not line.lstrip().startswith("["):
+        return False
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return bool(value) and all(isinstance(v, dict) for v in value)
+
+
 def _jsonl_lines(lines: Any, name: str) -> Records:
     seen = False  # a non-blank line before this one
     for lineno, raw in enumerate(lines, 1):
@@ -172,7 +188,7 @@ def _jsonl_lines(lines: Any, name: str) -> Records:
             raw = raw.removeprefix("\ufeff")
         if not raw.strip():
             continue
-        if not seen and raw.lstrip().startswith("["):
+        if not seen and _starts_json_array(raw):
             raise InputError("the file is a JSON array ([...]), not JSON Lines (one object per "
                              "line); convert it with: jq -c '.[]' FILE > FILE.jsonl",
                              source=name)
@@ -181,6 +197,9 @@ def _jsonl_lines(lines: Any, name: str) -> Records:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             yield lineno, f"invalid JSON ({e.msg} at column {e.colno})"
+            continue
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
+            yield lineno, f"unreadable JSON ({_reason(e)})"
             continue
         if isinstance(obj, dict):
             yield lineno, obj
@@ -206,7 +225,24 @@ def _iter_text(source: str, spec: RowSpec) -> Records:
             f.close()
 
 
+def _reason(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
+def _raise_csv_field_limit() -> None:
+    """Python's csv module refuses cells over 128 KiB (``field_size_limit``); a JSONL line or a
+    Parquet string has no such limit, so neither has a CSV cell (the largest C long)."""
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:  # a C long narrower than Python's maxsize (Windows)
+            limit //= 2
+
+
 def _iter_csv(source: str, spec: RowSpec) -> Records:
+    _raise_csv_field_limit()
     delimiter = "\t" if source.lower().endswith(".tsv") else ","
     if source == STDIN:
         f = io.TextIOWrapper(_binary_stdin(), encoding="utf-8-sig", newline="")
@@ -249,7 +285,16 @@ def _iter_parquet(source: str, spec: RowSpec) -> Records:
         raise InputError(f"not a readable Parquet file ({e})", source=spec.source) from None
     columns = check_columns(pf.schema_arrow.names, spec)
     row = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=columns):
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf), columns=columns):
         for obj in batch.to_pylist():
             yield row, obj
             row += 1
+
+
+def _batch_rows(pf: Any, target_bytes: int = 8 << 20) -> int:
+    """Rows per decoded Parquet batch: 1,024, or fewer when rows are large (MBs of text each),
+    so that a batch's Python objects stay near ``target_bytes``."""
+    meta = pf.metadata
+    widest = max((meta.row_group(i).total_byte_size / max(1, meta.row_group(i).num_rows)
+                  for i in range(meta.num_row_groups)), default=0)
+    return int(max(1, min(1024, target_bytes // max(1, widest))))

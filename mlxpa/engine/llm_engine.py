@@ -85,6 +85,7 @@ class LLMEngine:
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter())
         try:
+            self._check_token_ids(req)
             self.scheduler.add_request(req)
         except ValueError as e:
             return [self._error(req, str(e), i) for i in range(params.n)]
@@ -99,14 +100,20 @@ class LLMEngine:
             self._pending_forks.append(req)
         return None
 
-    def _add_samples(self, req: Request) -> None:
-        """Samples 1..n-1 of ``req`` as requests of their own (each computes its own
-        prompt: a recurrent state cannot be forked mid-prompt)."""
-        for i in range(1, req.sampling_params.n):
-            child = Request(req.request_id, req.prompt_token_ids, req.sampling_params,
-                            arrival_time=req.arrival_time, sample_index=i)
-            self.scheduler.add_request(child)
-            self._detok[child] = self._detokenizer(req.sampling_params)
+    def _check_token_ids(self, req: Request) -> None:
+        """Every id the request gives indexes the model's vocabulary (an id out of range
+        would read another row of the embedding, or scatter into another request's logits).
+
+        Raises:
+            ValueError: Naming the field, the first bad id and the vocabulary size.
+        """
+        vocab = self.runner.vocab_size
+        for name, ids in (("prompt_token_ids", req.prompt_token_ids),
+                          ("stop_token_ids", req.sampling_params.stop_token_ids)):
+            bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+            if bad is not None:
+                raise ValueError(f'field "{name}": token id {bad} is outside the model\'s '
+                                 f"vocabulary ({vocab} ids, 0..{vocab - 1})")
 
     def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop,

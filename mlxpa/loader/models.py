@@ -123,6 +123,18 @@ def load_model(
     return model, tokenizer, folder
 
 
+def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
+    """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
+    or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
+    resolved or its config does not say (the load then reports the real problem)."""
+    try:
+        config = json.loads((resolve_model(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def model_dtype(model: nn.Module) -> mx.Dtype:
     """The dtype of the model's first floating-point parameter (norms, biases, quantization
     scales; never a packed ``uint32`` weight), float32 when it has none. A label for reports;

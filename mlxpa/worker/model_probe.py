@@ -69,6 +69,7 @@ class ModelGeometry:
         layout: mlx-lm's cache list in entry indices: an int per plain cache, a tuple of
             entries per ``CacheList`` (a layer keeping several caches: a convolution state
             plus K/V, two attention blocks); None when every position is one entry.
+        logits_width: Columns of the probe's logits (the vocabulary the head scores).
     """
 
     model_type: str
@@ -76,6 +77,7 @@ class ModelGeometry:
     dtype: mx.Dtype
     array_mask: bool = False
     layout: list[int | tuple[int, ...]] | None = None
+    logits_width: int = 0
 
     @property
     def windows(self) -> list[int | None]:
@@ -206,7 +208,8 @@ def probe_model(model) -> ModelGeometry:
             raise UnsupportedModelError(name, "its attention does not go through mlx-lm's "
                                         "scaled_dot_product_attention")
         try:
-            mx.eval(model(mx.array([PROBE_TOKENS]), cache=caches))
+            logits = model(mx.array([PROBE_TOKENS]), cache=caches)
+            mx.eval(logits)
         except Exception as e:  # noqa: BLE001 - any failure of the probe is a refusal
             raise UnsupportedModelError(
                 name, f"mlx-lm's own forward pass fails: {type(e).__name__}: {e}") from None
@@ -232,4 +235,4 @@ def probe_model(model) -> ModelGeometry:
                       if a is not None and mx.issubdtype(a.dtype, mx.floating)), None)
     if dtype is None:
         raise UnsupportedModelError(name, "no layer writes K/V or a recurrent state")
-    return ModelGeometry(name, geometry, dtype, calls.array_mask, layout)
+    return ModelGeometry(name, geometry, dtype, calls.array_mask, layout, logits.shape[-1])

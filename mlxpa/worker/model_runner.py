@@ -63,6 +63,16 @@ def model_block_bytes(model, block_size: int) -> int:
     return max(1, block_bytes([c.shape for c in g.caches], block_size, g.dtype))
 
 
+def vocab_size(model, logits_width: int) -> int:
+    """Token ids ``model`` takes and scores: the width of its logits (``logits_width``,
+    from the probe), or the rows of its token embedding when that is smaller."""
+    sizes = [logits_width]
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None and hasattr(embed, "weight"):
+        sizes.append(embed.weight.shape[0])
+    return int(min(s for s in sizes if s is not None))
+
+
 def token_slice(req: Request, start: int, end: int) -> list[int]:
     """``req.all_token_ids[start:end]`` without concatenating the whole context."""
     p, n = req.prompt_token_ids, len(req.prompt_token_ids)
@@ -127,6 +137,8 @@ class ModelRunner:
             ``min(budget_blocks, config.kv_blocks_needed)``.
         budget_blocks: Blocks the memory budget allows (:func:`kv_budget_blocks`).
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
+        vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
+            model or used as a logits index is below it.
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
         states: The per-request recurrent-state store of a hybrid or state-space model
@@ -159,6 +171,7 @@ class ModelRunner:
         args = getattr(model, "args", None)
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
+        self.vocab_size = vocab_size(model, self.geometry.logits_width)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
 

@@ -35,14 +35,25 @@ class Sampled(NamedTuple):
 
 def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[int]) -> mx.array:
     """EOS and stop token ids get -inf logits in rows that have not yet generated
-    ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). ``logits`` is ``[S, V]``, updated."""
+    ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). ``logits`` is ``[S, V]``, updated. A
+    row whose banned ids would cover the whole vocabulary is left as it is (there would be
+    nothing to sample).
+
+    Raises:
+        IndexError: A banned id is not a column of ``logits`` (the engine refuses such
+            requests; a scatter out of range would write another row or crash).
+    """
     rows, cols = [], []
+    width = logits.shape[-1]
     for i, r in enumerate(reqs):
         sp = r.sampling_params
         if r.num_output_tokens < sp.min_tokens:
-            banned = set(sp.stop_token_ids) | set(eos_token_ids)
-            rows.extend([i] * len(banned))
-            cols.extend(sorted(banned))
+            banned = sorted(set(sp.stop_token_ids) | set(eos_token_ids))
+            if banned and not 0 <= banned[0] <= banned[-1] < width:
+                raise IndexError(f"token ids {banned} outside the logits' {width} columns")
+            if len(banned) < width:
+                rows.extend([i] * len(banned))
+                cols.extend(banned)
     if rows:
         logits[mx.array(rows), mx.array(cols)] = -float("inf")
     return logits
