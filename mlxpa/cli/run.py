@@ -119,51 +119,31 @@ NumReplicasOpt = Annotated[int, typer.Option(
 
 
 def run(
-    input: InputArg,
-    output: OutputOpt = "-",
-    model: ModelOpt = None,
-    max_tokens: MaxTokensOpt = 256,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
-    seed: SeedOpt = 0,
-    n: NOpt = 1,
-    stop: StopOpt = None,
-    stop_token_id: StopTokenIdOpt = None,
-    min_tokens: MinTokensOpt = 0,
-    ignore_eos: IgnoreEosOpt = False,
-    include_stop_str: IncludeStopStrOpt = False,
-    choice: ChoiceOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    regex: RegexOpt = None,
+    input: InputArg, output: OutputOpt = "-", model: ModelOpt = None,
+    # sampling defaults (rows that set a field keep theirs)
+    max_tokens: MaxTokensOpt = 256, temperature: TemperatureOpt = 0.0, top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
+    stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
+    ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
+    # constraint defaults
+    choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
     grammar: GrammarOpt = None,
-    system: SystemOpt = None,
-    split_special_tokens: SplitSpecialOpt = False,
+    # input
+    system: SystemOpt = None, split_special_tokens: SplitSpecialOpt = False,
     input_format: InputFormatOpt = InputFormat.auto,
-    output_format: OutputFormatOpt = OutputFormat.auto,
-    prompt_column: PromptColumnOpt = "prompt",
-    messages_column: MessagesColumnOpt = "messages",
-    id_column: IdColumnOpt = "id",
-    keep_columns: KeepColumnsOpt = None,
+    prompt_column: PromptColumnOpt = "prompt", messages_column: MessagesColumnOpt = "messages",
+    id_column: IdColumnOpt = "id", keep_columns: KeepColumnsOpt = None,
     skip_invalid: SkipInvalidOpt = False,
-    unordered: UnorderedOpt = False,
-    resume: ResumeOpt = False,
-    overwrite: OverwriteOpt = False,
-    block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 128,
-    max_num_batched_tokens: MaxBatchedOpt = 2048,
-    max_model_len: MaxModelLenOpt = None,
-    kernel: KernelOpt = Kernel.auto,
-    order: OrderOpt = Order.prefix,
-    prefix_caching: PrefixCachingOpt = True,
-    metrics_json: MetricsJsonOpt = None,
-    quiet: QuietOpt = False,
-    blas: BlasOpt = "auto",
-    ray: RayOpt = False,
-    ray_address: RayAddressOpt = None,
-    num_replicas: NumReplicasOpt = 1,
+    # output
+    output_format: OutputFormatOpt = OutputFormat.auto, unordered: UnorderedOpt = False,
+    resume: ResumeOpt = False, overwrite: OverwriteOpt = False,
+    # engine
+    block_size: BlockSizeOpt = 16, kv_memory: KVMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 128, max_num_batched_tokens: MaxBatchedOpt = 2048,
+    max_model_len: MaxModelLenOpt = None, kernel: KernelOpt = Kernel.auto,
+    order: OrderOpt = Order.prefix, prefix_caching: PrefixCachingOpt = True,
+    metrics_json: MetricsJsonOpt = None, quiet: QuietOpt = False, blas: BlasOpt = "auto",
+    ray: RayOpt = False, ray_address: RayAddressOpt = None, num_replicas: NumReplicasOpt = 1,
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
@@ -184,14 +164,19 @@ def run(
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
         _check_overwrite(input, output, allowed=resume or overwrite)
-        ray_options = None
-        if ray or ray_address:
-            from mlxpa.ray.run import RayOptions
-
-            ray_options = RayOptions(ray_address, num_replicas)
+        ray_options = _ray_options(ray or ray_address is not None, ray_address, num_replicas)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_command(input, output, config, defaults, inputs, options, ray_options)
+
+
+def _ray_options(ray: bool, address: str | None, num_replicas: int):
+    """``RayOptions`` for ``--ray`` (None: a local run; Ray is imported only when asked)."""
+    if not ray:
+        return None
+    from mlxpa.ray.run import RayOptions
+
+    return RayOptions(address, num_replicas)
 
 
 def _check_overwrite(input: str, output: str, allowed: bool) -> None:
