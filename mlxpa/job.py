@@ -31,6 +31,7 @@ class Job:
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
+    split_special_tokens: bool = False  # control-token text in prompts is ordinary text
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
@@ -49,8 +50,8 @@ class Job:
                 if any(o.error for o in group):
                     self.engine.counters.failed_rows += 1
                 group.sort(key=lambda o: o.sample_index)
-                self.writer.add(row.index, result_records(row, group, self.out_fmt, model,
-                                                          self.place(row)))
+                self.writer.add(row.index, result_records(
+                    row, group, self.out_fmt, model, self.place(row), self.engine.tokenizer))
                 self._advance()
         self.progress.advance(self.unshown)
 
@@ -75,7 +76,8 @@ class Job:
             if error is None:
                 try:
                     params = dataclasses.replace(self.defaults, **row.params)
-                    ids = prompt_token_ids(row, self.engine.tokenizer)
+                    ids = prompt_token_ids(row, self.engine.tokenizer,
+                                           self.split_special_tokens)
                 except ValueError as e:
                     error = f"{self.place(row)}: {e}"
             if error is not None:

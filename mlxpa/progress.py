@@ -7,6 +7,8 @@ The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and nev
 
 from __future__ import annotations
 
+import os
+import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -19,23 +21,45 @@ if TYPE_CHECKING:
     from mlxpa.plan import Plan
 
 
+LINE_INTERVAL_S = 10.0  # line mode: seconds between progress lines
+
+
+def same_terminal(a: int = 1, b: int = 2) -> bool:
+    """True when file descriptors ``a`` and ``b`` are the same terminal device."""
+    try:
+        return os.isatty(a) and os.isatty(b) and os.fstat(a).st_rdev == os.fstat(b).st_rdev
+    except OSError:
+        return False
+
+
 class RunProgress:
-    """Progress bar over rows: done/total, output tokens per second, KV blocks in use.
+    """Progress over rows: done/total, output tokens per second, elapsed time.
+
+    Where results go to stdout, three cases keep them off the bar: stdout is the bar's
+    terminal (rich prints each result line above the bar); stdout is a pipe or file while
+    stderr is a terminal (``mlxpa run - | jq``: the consumer may print onto that terminal at
+    any time, so no bar is drawn in place; a plain line every 10 s instead); else a bar.
 
     Args:
         total: Rows expected (None when unknown).
         counters: The engine's counters, read on every update.
         console: Where to draw (stderr).
-        enabled: False draws nothing (``--quiet`` or a non-interactive stderr).
+        enabled: False draws nothing (``--quiet``).
+        stdout_results: Results are written to stdout.
     """
 
     def __init__(self, total: int | None, counters: Counters, console: Console,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, stdout_results: bool = False) -> None:
         self.counters = counters
+        self.console = console
+        shared = stdout_results and same_terminal()
+        self._lines = (enabled and stdout_results and not shared and console.is_terminal)
+        self._total, self._done, self._last_line = total, 0, time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]mlxpa"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-            console=console, disable=not enabled, transient=False)
+            console=console, disable=not enabled or self._lines, transient=False,
+            redirect_stdout=shared, redirect_stderr=False)
         self._task = self._progress.add_task("run", total=total, rate="")
 
     def __enter__(self) -> RunProgress:
@@ -46,13 +70,23 @@ class RunProgress:
         self._progress.stop()
 
     def advance(self, rows: int = 1) -> None:
+        """Count ``rows`` more rows done and redraw (line mode: a line every 10 s)."""
         s = summarize(self.counters)
-        self._progress.update(self._task, advance=rows,
-                              rate=f"{s.output_tokens_per_s:7.1f} out tok/s")
+        rate = f"{s.output_tokens_per_s:7.1f} out tok/s"
+        self._progress.update(self._task, advance=rows, rate=rate)
+        self._done += rows
+        now = time.monotonic()
+        if self._lines and (now - self._last_line >= LINE_INTERVAL_S
+                            or self._done == self._total):
+            self._last_line = now
+            self.console.print(f"mlxpa: {self._done}/{self._total} rows, {rate.strip()}, "
+                               f"{s.elapsed_s:.0f} s", markup=False, highlight=False)
 
 
-def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
-    """The final report as a two-column table."""
+def summary_table(stats: Stats, kv_blocks_total: int | None = None,
+                  kv_budget_blocks: int | None = None) -> Table:
+    """The final report as a two-column table (``kv_blocks_total``: the pool's blocks;
+    ``kv_budget_blocks``: what the memory budget allowed)."""
     t = Table(title="mlxpa run", show_header=False, box=None, pad_edge=False)
     rows = [
         ("requests", f"{stats.requests}"),
@@ -66,7 +100,8 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None) -> Table:
         ("total tokens/s", f"{stats.total_tokens_per_s:.1f}"),
         ("output tokens/s", f"{stats.output_tokens_per_s:.1f}"),
         ("peak KV blocks", f"{stats.peak_kv_blocks}"
-         + (f" of {kv_blocks_total}" if kv_blocks_total else "")),
+         + (f" of {kv_blocks_total}" if kv_blocks_total else "")
+         + (f" (budget {kv_budget_blocks})" if kv_budget_blocks else "")),
         ("KV utilisation", f"{stats.kv_utilization:.1%}"),
         ("preemptions", f"{stats.num_preemptions}"),
         ("evicted blocks", f"{stats.evicted_blocks}"),

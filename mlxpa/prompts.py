@@ -1,18 +1,31 @@
 """Rows to prompt token ids: text prompts tokenized, chat messages rendered by the model's
 chat template (mlx-lm's rule for BOS: a rendered template that already starts with the BOS
-text is encoded without adding special tokens, so exactly one BOS is present)."""
+text is encoded without adding special tokens, so exactly one BOS is present).
+
+Control tokens (the tokenizer's special tokens: ``<start_of_turn>``, ``<end_of_turn>``,
+``<eos>``, ``<bos>``, ``<|im_start|>`` ...) come only from the chat template: text in a
+message that spells one is tokenized as ordinary text (Hugging Face's
+``split_special_tokens``), so a row cannot forge a turn or end its own prompt. A text
+``prompt`` is tokenized as written, control tokens included (users pre-render templates
+there), unless ``split_special_tokens`` is set for the run.
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
 
 from mlxpa.data import Row
 
 
-def prompt_token_ids(row: Row, tokenizer) -> list[int]:
+def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) -> list[int]:
     """Token ids of ``row``'s prompt.
 
     Args:
         row: A valid row (``row.error`` is None).
         tokenizer: The model's mlx-lm ``TokenizerWrapper``.
+        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
+            too (BOS is still added by the tokenizer). Chat messages always are.
 
     Returns:
         Prompt token ids (BOS included when the tokenizer adds one).
@@ -22,16 +35,98 @@ def prompt_token_ids(row: Row, tokenizer) -> list[int]:
             rejects them (e.g. roles that do not alternate).
     """
     if row.messages is not None:
-        if not tokenizer.has_chat_template:
-            raise ValueError(
-                "field \"messages\": this model has no chat template; give a text \"prompt\"")
-        try:
-            text = tokenizer.apply_chat_template(row.messages, tokenize=False,
-                                                 add_generation_prompt=True)
-        except Exception as e:  # jinja2 TemplateError and friends: the row's fault
-            raise ValueError(f"field \"messages\": the chat template rejected them: {e}") from e
+        return _chat_token_ids(row.messages, tokenizer)
+    if split_special_tokens:
+        return _encode(tokenizer, row.prompt, True, split=True)
+    return _encode(tokenizer, row.prompt, _adds_bos(tokenizer, row.prompt))
+
+
+def control_tokens(tokenizer) -> list[str]:
+    """The tokenizer's special (control) token strings, longest first."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    names = {t.content for t in decoder.values() if getattr(t, "special", False)}
+    names.update(getattr(tokenizer, "all_special_tokens", None) or ())
+    return sorted((n for n in names if n), key=len, reverse=True)
+
+
+def _chat_token_ids(messages: list[dict], tokenizer) -> list[int]:
+    if not tokenizer.has_chat_template:
+        raise ValueError(
+            "field \"messages\": this model has no chat template; give a text \"prompt\"")
+    texts = [v for m in messages for v in m.values() if isinstance(v, str)]
+    find = _control_finder(tokenizer)
+    if not any(find(t) for t in texts):
+        text = _render(messages, tokenizer)  # nothing forged: the template's text as is
+        return _encode(tokenizer, text, _adds_bos(tokenizer, text))
+    # Each forged control string is swapped for a marker the template passes through, and
+    # tokenized as ordinary text where the marker lands in the rendered prompt.
+    mark = next(chr(c) for c in range(0xE000, 0xF900) if not any(chr(c) in t for t in texts))
+    forged: list[str] = []
+
+    def escape(text: str) -> str:
+        out, at = [], 0
+        for start, end in find(text):
+            forged.append(text[start:end])
+            out += [text[at:start], f"{mark}{len(forged) - 1}{mark}"]
+            at = end
+        return "".join(out) + text[at:]
+
+    escaped = [{k: escape(v) if isinstance(v, str) else v for k, v in m.items()}
+               for m in messages]
+    parts = re.split(f"{mark}(\\d+){mark}", _render(escaped, tokenizer))
+    ids = _encode(tokenizer, parts[0], _adds_bos(tokenizer, parts[0]))
+    for k, text in zip(parts[1::2], parts[2::2]):
+        ids += _encode(tokenizer, forged[int(k)], False, split=True)
+        ids += _encode(tokenizer, text, False) if text else []
+    return ids
+
+
+Finder = Callable[[str], list[tuple[int, int]]]
+_FINDERS: dict[int, tuple[object, Finder]] = {}
+
+
+def _control_finder(tokenizer) -> Finder:
+    """``find(text)``: the ``(start, end)`` character spans of control tokens in ``text``,
+    built once per tokenizer: the Rust tokenizer's own matching (Aho-Corasick over the added
+    tokens) and its offsets, or a regex for a tokenizer without one."""
+    held = _FINDERS.get(id(tokenizer))
+    if held is not None and held[0] is tokenizer:
+        return held[1]
+    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = {i for i, t in decoder.items() if getattr(t, "special", False)}
+    if backend is not None:
+        def find(text: str) -> list[tuple[int, int]]:
+            # NOTE: transformers leaves the backend's flag as its last encode call set it
+            # (True after split_special_tokens=True); matching needs it off.
+            backend.encode_special_tokens = False
+            enc = backend.encode(text, add_special_tokens=False)
+            return [(a, b) for i, (a, b) in zip(enc.ids, enc.offsets) if i in special]
     else:
-        text = row.prompt
+        controls = control_tokens(tokenizer)
+        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
+
+        def find(text: str) -> list[tuple[int, int]]:
+            return [m.span() for m in pattern.finditer(text)] if pattern else []
+    _FINDERS[id(tokenizer)] = (tokenizer, find)
+    return find
+
+
+def _render(messages: list[dict], tokenizer) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:  # jinja2 TemplateError and friends: the row's fault
+        raise ValueError(f"field \"messages\": the chat template rejected them: {e}") from e
+
+
+def _adds_bos(tokenizer, text: str) -> bool:
     bos = tokenizer.bos_token
-    add_special = not (bos and text.startswith(bos))
-    return tokenizer.encode(text, add_special_tokens=add_special)
+    return not (bos and text.startswith(bos))
+
+
+def _encode(tokenizer, text: str, add_special_tokens: bool, split: bool = False) -> list[int]:
+    if split:
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens,
+                                     split_special_tokens=True))
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mlxpa.config import SamplingParams
 
@@ -35,6 +36,21 @@ FINISH_REASONS = {
 }
 
 
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the model (log-softmax of the raw
+    logits, before the grammar mask, ``min_tokens`` and sampling filters).
+
+    Attributes:
+        token_id: The generated token.
+        logprob: Its log-probability (natural log).
+        top: The ``top_logprobs`` most likely ``(token_id, logprob)`` pairs, most likely first.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """One prompt being generated.
@@ -56,6 +72,12 @@ class Request:
         num_preemptions: Times this request was preempted (its blocks freed, recomputed later).
         token_times: ``perf_counter`` seconds of every sampled token (TTFT and ITL).
         stop_reason: The matched stop string or token id, when stopped by one.
+        num_scored_tokens: For a scoring request (``choice_logprobs``), how many tokens at
+            the end of the prompt are scored (teacher-forced); their logits are computed, so
+            a prefix-cache hit stops before them. 0 for a normal request.
+        logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
+        choice_first_tokens: For a ``choice`` row (sample 0), the first token of each choice:
+            their log-probabilities are read from the logits of its first sampled token.
     """
 
     request_id: object
@@ -72,6 +94,9 @@ class Request:
     num_preemptions: int = 0
     token_times: list[float] = field(default_factory=list)
     stop_reason: object = None
+    num_scored_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    choice_first_tokens: tuple[int, ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -113,6 +138,9 @@ class RequestOutput:
         ttft_s: Seconds from arrival to the first token (None when no token was generated).
         itl_s: Seconds between consecutive output tokens.
         error: Why the request could not run (finish reason ``abort``), else None.
+        logprobs: Per token of ``token_ids``, its :class:`TokenLogprob` (rows that ask).
+        choice_logprobs: For a ``choice`` row, each choice's total log-probability given
+            the prompt (see :mod:`mlxpa.engine.choice_scores`).
     """
 
     request_id: object
@@ -125,3 +153,5 @@ class RequestOutput:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    choice_logprobs: dict[str, float] | None = None

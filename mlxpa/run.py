@@ -38,11 +38,13 @@ from mlxpa.data import (
     spool_stdin,
 )
 from mlxpa.data.inputs import where
+from mlxpa.data.read import LINE_FORMATS
 from mlxpa.data.records import resolve_output_format
 from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
+from mlxpa.engine_setup import build_engine
 from mlxpa.job import Job
 from mlxpa.progress import RunProgress, summary_table
 
@@ -133,17 +135,19 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     path = spool_stdin(fmt) if spooled else source
     try:
         src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
+        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
-                                      console)
+                                      console, vocab)
         if v.num_rows == v.num_done:  # nothing to run: no model load
             return _empty_run(output, src.name, options, console)
-        engine = engine or LLMEngine(config)
+        engine = engine or build_engine(config, src.rows(), v, defaults, console,
+                                        options.show_progress)
         _generate(engine, src, v, defaults, out_fmt, output, options, console,
                   should_stop or (lambda: False))
     finally:
         if spooled:
             os.remove(path)
-    return _finish(summarize(engine.counters), engine.runner.num_blocks - 1, console, options)
+    return _finish(summarize(engine.counters), engine.runner, console, options)
 
 
 def check_targets(source: str, output: str, options: RunOptions) -> None:
@@ -186,7 +190,7 @@ class _Source:
 
     @property
     def unit(self) -> str:
-        return "line" if self.inputs.fmt in ("jsonl", "csv") else "row"
+        return "line" if self.inputs.fmt in LINE_FORMATS else "row"
 
     def rows(self) -> Iterator[Row]:
         return read_rows(self.path, self.inputs, name=self.name)
@@ -206,15 +210,21 @@ def _read_existing(output: str, file_fmt: str, resume: bool, console: Console) -
 
 
 def _validation_pass(src: _Source, existing: Existing, defaults: SamplingParams, output: str,
-                     file_fmt: str, options: RunOptions,
-                     console: Console) -> tuple[Validation, str]:
-    """Pass 1, before the model loads: every row checked (unless ``skip_invalid``, the first
-    problems raise :class:`InputError`), the output format resolved, then a resumed output's
-    partial last row cut. Returns the validation and the output format."""
+                     file_fmt: str, options: RunOptions, console: Console,
+                     vocab_size: int | None) -> tuple[Validation, str]:
+    """Pass 1, before the model loads: every row checked (token ids against ``vocab_size``;
+    unless ``skip_invalid``, the first problems raise :class:`InputError`), the output format
+    resolved, then a resumed output's partial last row cut. Returns the validation and the
+    output format."""
+    if options.show_progress:
+        console.print(f"Reading {src.name}: checking every row before the model loads ...",
+                      markup=False, highlight=False, soft_wrap=True)
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
-                 default_n=defaults.n, defaults=defaults)
+                 default_n=defaults.n, defaults=defaults, vocab_size=vocab_size)
     if not options.skip_invalid:
         check(v, src.name)
+    if options.show_progress:
+        console.print(f"{src.name}: {v.num_rows} rows checked", markup=False, highlight=False)
     out_fmt = resolve_output_format(options.output_fmt, file_fmt, existing.fmt, v.all_openai)
     if v.cut_at is not None:
         cut(output, v.cut_at)
@@ -241,19 +251,45 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
     if should_stop():  # asked before anything was written: leave the output alone
         raise KeyboardInterrupt
     engine.counters.start_time = time.perf_counter()
-    with ResultWriter(output, ordered=options.ordered, append=options.resume) as writer, \
-            RunProgress(v.num_rows - v.num_done, engine.counters, console,
-                        options.show_progress) as progress:
+    # The bar first: with stdout on its terminal, rich redirects stdout above the bar.
+    with RunProgress(v.num_rows - v.num_done, engine.counters, console, options.show_progress,
+                     output == STDIN) as progress, \
+            ResultWriter(output, ordered=options.ordered, append=options.resume) as writer:
         job = Job(engine, v, defaults, out_fmt, lambda row: where(src.name, row.line, src.unit),
-                  writer, progress)
+                  writer, progress, src.inputs.split_special_tokens)
         job.run(src.rows(), options.order, options.window, should_stop)
+    _report_written(engine, writer.num_written, output, should_stop(), options, console)
 
 
-def _finish(stats: Stats, num_blocks: int | None, console: Console,
-            options: RunOptions) -> Stats:
-    """The final report and ``--metrics-json``."""
-    if options.show_progress and num_blocks is not None:
-        console.print(summary_table(stats, num_blocks))
+def _report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
+                    options: RunOptions, console: Console) -> None:
+    """Say where the rows went; after an interrupt, take the requests in flight (dropped:
+    a resume runs them) out of the prompt-token count, so the report counts what was
+    written, and say what was dropped."""
+    if interrupted:
+        dropped = [*engine.scheduler.running, *engine.scheduler.waiting]
+        lost = sum(r.num_prompt_tokens for r in dropped if r.sample_index == 0)
+        engine.counters.prompt_tokens -= lost
+        if options.show_progress:
+            console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
+                          "prompt tokens; --resume runs them); the report counts the "
+                          "finished rows", markup=False, highlight=False)
+    if options.show_progress and output != STDIN:
+        console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)
+
+
+def _peek_vocab(spec: str | None) -> int | None:
+    """The model's vocabulary size from its ``config.json`` (None if it cannot be read)."""
+    from mlxpa.loader.models import peek_vocab_size
+
+    return peek_vocab_size(spec)
+
+
+def _finish(stats: Stats, runner, console: Console, options: RunOptions) -> Stats:
+    """The final report (``runner``: the pool's and the budget's blocks; None: nothing ran)
+    and ``--metrics-json``."""
+    if options.show_progress and runner is not None:
+        console.print(summary_table(stats, runner.num_blocks - 1, runner.budget_blocks - 1))
     if options.show_progress and stats.failed_rows:
         console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
                       "carry an error field", style="yellow", highlight=False, soft_wrap=True)

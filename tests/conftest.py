@@ -21,3 +21,21 @@ def default_model(default_model_dir):
     from mlxpa.loader.models import load_model
 
     return load_model(None)
+
+
+# --- one line that says why tests were skipped ---------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """After the run, one line: how many tests skipped, for which reasons (most first)."""
+    from collections import Counter
+
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_line(
+            f"skipped {sum(reasons.values())}: "
+            + "; ".join(f"{n} {reason}" for reason, n in reasons.most_common()))

@@ -63,31 +63,53 @@ def write_json(path: str, workload: dict, machine: dict, figures: dict[str, dict
 
 def write_plot(path: str, figures: dict[str, dict], last: dict[str, SystemResult],
                title: str) -> None:
-    """Throughput bars per system, and our KV blocks in use over time."""
+    """Total and output tokens/s per system (each on its own axis; every other system's bar
+    says how many times faster mlxpa is), and KV blocks in use over time from 0 s.
+
+    Args:
+        path: PNG path.
+        figures: ``run_bench`` figures per system.
+        last: The last raw result per system (KV blocks over time).
+        title: The workload, shown above the figure.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'mlxpa[bench]'``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     names = list(figures)
-    x = range(len(names))
-    a.bar([i - 0.2 for i in x], [figures[n]["total_tokens_per_s"] for n in names], 0.4,
-          label="total tok/s")
-    a.bar([i + 0.2 for i in x], [figures[n]["output_tokens_per_s"] for n in names], 0.4,
-          label="output tok/s")
-    a.set_xticks(list(x), names)
-    a.set_ylabel("tokens / s")
-    a.set_title(title)
-    a.legend()
+    for ax, key, label in ((axes[0], "total_tokens_per_s", "total tokens/s"),
+                           (axes[1], "output_tokens_per_s", "output tokens/s")):
+        values = [figures[n][key] for n in names]
+        bars = ax.bar(names, values, color=["C0" if n == "mlxpa" else "C7" for n in names])
+        ours = figures.get("mlxpa", {}).get(key)
+        for bar, name, v in zip(bars, names, values):
+            text = f"{v:.1f}"
+            if ours and name != "mlxpa" and v:
+                text += f"\nmlxpa {ours / v:.2f}x"
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, v), ha="center",
+                        va="bottom", fontsize=9)
+        ax.set_ylabel(label)
+        ax.set_ylim(0, max(values) * 1.3)
+        ax.set_title(label)
+        ax.tick_params(axis="x", labelrotation=15)
+    b = axes[2]
     for name in ("mlxpa", "mlxpa-noprefix"):
         if name in last and last[name].kv_blocks_over_time:
-            ts, blocks = zip(*last[name].kv_blocks_over_time)
+            ts, blocks = zip(*[(0.0, 0), *last[name].kv_blocks_over_time])
             b.plot(ts, blocks, label=name)
+    b.set_xlim(left=0)
+    b.set_ylim(bottom=0)
     b.set_xlabel("seconds")
     b.set_ylabel("KV blocks in use")
     b.set_title("KV blocks in use over time")
-    b.legend()
+    if b.get_legend_handles_labels()[0]:
+        b.legend()
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -16,6 +16,7 @@ Every system generates exactly ``output_len`` tokens per request (EOS ignored).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ import mlx.core as mx
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine.metrics import percentile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,8 +88,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
     order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching
              else range(len(wl.prompts)))
     for i in order:
-        engine.add_request(i, wl.prompts[i],
-                           SamplingParams(max_tokens=wl.output_lens[i], ignore_eos=True))
+        engine.add_request(i, wl.prompts[i], SamplingParams(
+            max_tokens=wl.output_lens[i], ignore_eos=True, structured=wl.structured))
     series = []
     while engine.has_unfinished_requests():
         engine.step()
@@ -100,7 +103,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
         extra={"prefix_cache_hit_rate": s.prefix_cache_hit_rate,
                "cached_prompt_tokens": c.cached_prompt_tokens,
                "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
-               "num_preemptions": c.num_preemptions})
+               "num_preemptions": c.num_preemptions, "mask_ms_per_step": s.mask_ms_per_step,
+               "scored_tokens": c.scored_tokens})
 
 
 def run_mlx_lm(model, tokenizer, wl: Workload) -> SystemResult:
@@ -178,16 +182,22 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
         raw result per system (for plots).
     """
     if warmup:
-        small = Workload(wl.name, wl.prompts[:2], [min(4, n) for n in wl.output_lens[:2]], {})
+        logger.info("warm-up: 2 prompts on each of %s", ", ".join(systems))
+        small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
+                            output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
         for name in systems:
             run_system(name, model, tokenizer, small, config)
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     last: dict[str, SystemResult] = {}
     for r in range(repeats):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for name in order:
+        for i, name in enumerate(order):
+            logger.info("[%d/%d] %s: %d prompts ...", r * len(systems) + i + 1,
+                        repeats * len(systems), name, len(wl.prompts))
             last[name] = run_system(name, model, tokenizer, wl, config)
             runs[name].append(last[name].figures())
+            logger.info("      %s: %.1f s, %.1f total tok/s", name, last[name].elapsed_s,
+                        runs[name][-1]["total_tokens_per_s"])
     figures = {s: _median(runs[s]) for s in systems}
     for s in systems:
         for b in systems:

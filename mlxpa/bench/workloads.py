@@ -2,8 +2,9 @@
 
 ``random`` follows vLLM's random dataset (lengths uniform in ``[len * (1 - r), len * (1 + r)]``,
 ids drawn from the vocabulary), ``shared-prefix`` follows SGLang's generated-shared-prefix
-dataset (groups sharing a system prompt, each prompt adding its own question), and ``file``
-takes any input ``mlxpa run`` accepts.
+dataset (groups sharing a system prompt, each prompt adding its own question), ``annotation``
+labels synthetic product reviews with a ``choice`` constraint (a shared few-shot chat prefix,
+as in ``examples/annotation.jsonl``), and ``file`` takes any input ``mlxpa run`` accepts.
 """
 
 from __future__ import annotations
@@ -12,14 +13,30 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mlxpa.structured_spec import StructuredOutput
+
+LABELS = ("positive", "negative", "neutral")
+_SHOTS = (("Awful, it stopped working on day two.", "negative"),
+          ("Exactly what I needed, very happy.", "positive"), ("It is a phone case.", "neutral"))
+_REVIEW_PARTS = (
+    ("The", "This", "My new", "Our"),
+    ("blender", "phone case", "desk lamp", "backpack", "kettle", "keyboard", "tent", "router"),
+    ("works great", "broke after a week", "arrived on time", "is too loud", "looks lovely",
+     "stopped charging", "is fine I guess", "smells odd", "exceeded my expectations"),
+    ("and support was helpful.", "and nobody answered my emails.", "and the box was brown.",
+     "so I returned it.", "so I bought another one.", "."),
+)
+
 
 class Workload(NamedTuple):
-    """Prompts (token ids) and the exact number of tokens each must generate."""
+    """Prompts (token ids) and the exact number of tokens each must generate (at most, for a
+    constrained workload: a row ends when its grammar completes)."""
 
     name: str
     prompts: list[list[int]]
     output_lens: list[int]
     params: dict
+    structured: StructuredOutput | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -96,7 +113,36 @@ def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
                     dict(path=path, output_len=output_len))
 
 
-WORKLOADS = ("random", "shared-prefix", "file")
+def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
+                        seed: int = 0) -> Workload:
+    """Sentiment labelling: a shared few-shot chat prefix (three labelled reviews), then one
+    synthetic review per row; the completion is constrained to one of :data:`LABELS`.
+
+    Raises:
+        ValueError: The tokenizer has no chat template.
+    """
+    from mlxpa.data.rows import Row
+    from mlxpa.prompts import prompt_token_ids
+
+    rng = np.random.default_rng(seed)
+    prefix: list[dict] = []
+    for k, (review, label) in enumerate(_SHOTS):
+        intro = "Label the sentiment of each product review: positive, negative or neutral.\n\n"
+        prefix += [{"role": "user", "content": (intro if k == 0 else "") + "Review: " + review},
+                   {"role": "assistant", "content": label}]
+    prompts = []
+    for i in range(num_prompts):
+        words = [str(rng.choice(part)) for part in _REVIEW_PARTS]
+        review = " ".join(words[:3]) + ("." if words[3] == "." else " " + words[3])
+        row = Row(i, i, None, [*prefix, {"role": "user", "content": "Review: " + review}], {})
+        prompts.append(prompt_token_ids(row, tokenizer))
+    return Workload("annotation", prompts, [output_len] * num_prompts,
+                    dict(num_prompts=num_prompts, output_len=output_len, seed=seed,
+                         choices=list(LABELS)),
+                    StructuredOutput.make("choice", list(LABELS)))
+
+
+WORKLOADS = ("random", "shared-prefix", "annotation", "file")
 
 
 def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts: int = 128,
@@ -114,6 +160,8 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
     if name == "shared-prefix":
         return shared_prefix_workload(tokenizer, num_groups, prompts_per_group,
                                       system_prompt_len, question_len, output_len, seed)
+    if name == "annotation":
+        return annotation_workload(tokenizer, num_prompts, min(output_len, 8), seed)
     if name == "file":
         if not input:
             raise ValueError("--workload file needs --input PATH")

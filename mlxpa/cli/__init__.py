@@ -13,10 +13,13 @@ from typing import Annotated
 import typer
 
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
+from mlxpa.cli.options import PlainUsageCommand
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+# Plain click help (no rich panels): it reads well at 80 columns, and flags get no metavar.
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="Offline batch LLM inference on MLX with a paged KV cache.")
 
 
@@ -35,9 +38,9 @@ def _root(version: Annotated[bool, typer.Option(
     """Offline batch LLM inference on MLX with a paged KV cache."""
 
 
-app.command(epilog=RUN_EXAMPLES)(run)
-app.command()(plan)
-app.command(epilog=BENCH_EXAMPLES)(bench)
+app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand)(run)
+app.command(cls=PlainUsageCommand)(plan)
+app.command(epilog=BENCH_EXAMPLES, cls=PlainUsageCommand)(bench)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

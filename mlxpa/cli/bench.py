@@ -23,15 +23,14 @@ from mlxpa.cli.options import (
     fail,
 )
 
-BENCH_EXAMPLES = """
+BENCH_EXAMPLES = """\b
 Examples:
-
-  mlxpa bench --workload shared-prefix --num-groups 8 --prompts-per-group 16 --json sp.json
-
-  mlxpa bench --workload random --num-prompts 128 --input-len 320 --range-ratio 0.6
-
-  mlxpa bench --workload file --input examples/prompts.jsonl --baselines mlxpa,mlx-lm
-
+  mlxpa bench --workload shared-prefix --num-groups 8 \\
+      --prompts-per-group 16 --json sp.json --plot sp.png
+  mlxpa bench --workload random --num-prompts 128 --input-len 320
+  mlxpa bench --workload file --input examples/prompts.jsonl \\
+      --baselines mlxpa,mlx-lm
+  mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
   mlxpa bench --workload limits
 """
 
@@ -44,7 +43,7 @@ def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: ModelOpt = None,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random: prompts.")] = 128,
+    num_prompts: Annotated[int, typer.Option(help="random, annotation: prompts.")] = 128,
     input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
     range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
     output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
@@ -81,6 +80,8 @@ def bench(
         bad = [s for s in systems if s not in SYSTEMS]
         if bad or not systems:
             raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+        if plot:  # before minutes of benchmark, not after
+            _need_matplotlib()
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
         mdl, tok, _ = load_model(model)
@@ -131,7 +132,17 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
     if json_path:
         report.write_json(json_path, workload_info, machine, figures)
     if plot:
-        report.write_plot(plot, figures, last, f"{wl.name} ({machine['blas']} BLAS)")
+        report.write_plot(plot, figures, last, f"mlxpa bench: {wl.name}, {len(wl.prompts)} "
+                          f"prompts, {wl.num_prompt_tokens} prompt + {wl.num_output_tokens} "
+                          f"output tokens (BLAS: {machine['blas']}, {dtype})")
+
+
+def _need_matplotlib() -> None:
+    """Raise ``ValueError`` naming the extra to install when matplotlib is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'mlxpa[bench]' (or drop --plot)")
 
 
 def _limits(console, model, tokenizer, config, repeats: int, json_path: str | None) -> None:

@@ -11,6 +11,7 @@ import enum
 from typing import Annotated, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 from mlxpa.config import KERNELS, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
@@ -29,11 +30,12 @@ InputFormat = choices("InputFormat", ("auto", *FORMATS))
 OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
 
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="MLX model folder, a Hugging Face repo id in the local cache, or a "
-    ".gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
+    "--model", "-m", metavar="MODEL", help="MLX model folder, a Hugging Face repo id in the "
+    "local cache, or a .gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
 BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
 KVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", help="KV pool size in GiB (default: 15% of memory, at most 4).")]
+    "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
+    "4); the pool takes only what the input can use.")]
 MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
 MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
@@ -51,13 +53,17 @@ PromptColumnOpt = Annotated[str, typer.Option(help="Field with the text prompt."
 MessagesColumnOpt = Annotated[str, typer.Option(help="Field with chat messages.")]
 IdColumnOpt = Annotated[str, typer.Option(help="Field with the row id.")]
 SystemOpt = Annotated[str | None, typer.Option(
-    help="System message put first: a system turn before chat messages (unless they start "
-    "with one), or text and a blank line before a text prompt.")]
+    help="System message: a system turn before chat messages (unless they start with one), "
+    "or text before a text prompt.")]
+SplitSpecialOpt = Annotated[bool, typer.Option(
+    "--split-special-tokens", help="Control-token text (<eos>, ...) in prompts is plain text, "
+    "as in chat messages.")]
 
 
 def input_options(input_format: enum.Enum, prompt_column: str, messages_column: str,
                   id_column: str, system: str | None,
-                  keep_columns: list[str] | None = None) -> InputOptions:
+                  keep_columns: list[str] | None = None,
+                  split_special_tokens: bool = False) -> InputOptions:
     """The reader settings of the input options (``--keep-columns`` repeatable or
     comma-separated).
 
@@ -66,7 +72,8 @@ def input_options(input_format: enum.Enum, prompt_column: str, messages_column: 
     """
     keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
     fmt = None if input_format.value == "auto" else input_format.value
-    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep)
+    return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep,
+                        split_special_tokens)
 
 
 def engine_config(model: str | None, block_size: int, kv_memory: float | None,
@@ -81,6 +88,35 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
     return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         kernel=kernel.value, **more)
+
+
+_METAVARS = {"int": "N", "float": "X", "list[int]": "N"}
+_PATH_OPTIONS = {"output", "metrics_json", "json_path", "plot", "input"}
+
+
+class PlainUsageCommand(TyperCommand):
+    """A Typer command whose help reads as click's at 80 columns: usage ``INPUT``, not
+    ``{INPUT}``; an argument shows no ``<str>`` type; an option's value is ``N``, ``X``,
+    ``PATH``, ``TEXT`` or ``[a|b]`` (its choices), not ``<int>``; flags show none."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for p in self.params:  # Typer vendors click: its classes are not click's
+            if p.param_type_name == "argument":
+                p.metavar = p.metavar or p.name.upper()
+                p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+            elif p.param_type_name == "option" and not p.is_flag and p.metavar is None:
+                shown = p.display_type(None) or ""
+                if "|" in shown:
+                    p.metavar = f"[{shown.strip('<>')}]"
+                elif p.name in _PATH_OPTIONS:
+                    p.metavar = "PATH"
+                else:
+                    p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]
 
 
 def fail(console, error: Exception, code: int) -> NoReturn:

@@ -25,6 +25,7 @@ from mlxpa.cli.options import (
     Order,
     OutputFormat,
     PromptColumnOpt,
+    SplitSpecialOpt,
     SystemOpt,
     engine_config,
     fail,
@@ -37,31 +38,28 @@ if TYPE_CHECKING:
     from mlxpa.ray.run import RayOptions
     from mlxpa.run import RunOptions
 
-RUN_EXAMPLES = """
+# "\b" keeps click from re-wrapping the example lines.
+RUN_EXAMPLES = """\b
 Examples:
-
   mlxpa run examples/prompts.jsonl -o out.jsonl
-
-  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 --temperature 0.7 --seed 1
-
-  mlxpa run batch_input.jsonl -o batch_output.jsonl   # OpenAI Batch lines in and out
-
-  mlxpa run data.csv -o out.jsonl --prompt-column question --keep-columns category
-
-  mlxpa run prompts.jsonl -o out.jsonl --resume       # after a crash or Ctrl-C
-
-  cat x.jsonl | mlxpa run - | jq -r .text
+  mlxpa run prompts.parquet -o out.parquet --max-tokens 64 \\
+      --temperature 0.7 --seed 1
+  mlxpa run batch_input.jsonl -o batch_output.jsonl    # OpenAI Batch
+  mlxpa run data.csv -o out.jsonl --prompt-column question
+  mlxpa run prompts.jsonl -o out.jsonl --resume    # after Ctrl-C
+  head -5 examples/prompts.jsonl | mlxpa run - | jq -r .text
 """
 
 InputArg = Annotated[str, typer.Argument(
     help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")]
 OutputOpt = Annotated[str, typer.Option(
-    "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL).")]
+    "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL). An existing "
+    "file is refused unless --overwrite or --resume.")]
 MaxTokensOpt = Annotated[int, typer.Option(
     help="Default completion length cap (clamped to the context).")]
 TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
-TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 = off).")]
+TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
@@ -98,82 +96,104 @@ PrefixCachingOpt = Annotated[bool, typer.Option(
     help="Share cached prompt prefixes across rows (radix tree).")]
 MetricsJsonOpt = Annotated[str | None, typer.Option(
     help="Write the final statistics as JSON here.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace an existing output file.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
+ChoiceOpt = Annotated[str | None, typer.Option(
+    metavar="A,B,..", help="Default: one of these labels (+ choice_logprobs).")]
+JsonSchemaOpt = Annotated[str | None, typer.Option(
+    metavar="PATH", help="Default: JSON valid under this schema file.")]
+RegexOpt = Annotated[str | None, typer.Option(
+    metavar="RE", help="Default: text matching this regex.")]
+GrammarOpt = Annotated[str | None, typer.Option(
+    metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
+
+RayOpt = Annotated[bool, typer.Option(
+    "--ray", help="Run on Ray Data replicas (pip install 'mlxpa[ray]'); rows sharing a prefix "
+    "go to the same replica.")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    help="Ray cluster to join (auto: the one `ray start --head` started; default: a local "
+    "Ray); implies --ray.")]
+NumReplicasOpt = Annotated[int, typer.Option(
+    help="Engine replicas with --ray (each loads the model once).")]
 
 
 def run(
-    input: InputArg,
-    output: OutputOpt = "-",
-    model: ModelOpt = None,
-    max_tokens: MaxTokensOpt = 256,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
-    seed: SeedOpt = 0,
-    n: NOpt = 1,
-    stop: StopOpt = None,
-    stop_token_id: StopTokenIdOpt = None,
-    min_tokens: MinTokensOpt = 0,
-    ignore_eos: IgnoreEosOpt = False,
-    include_stop_str: IncludeStopStrOpt = False,
-    system: SystemOpt = None,
+    input: InputArg, output: OutputOpt = "-", model: ModelOpt = None,
+    # sampling defaults (rows that set a field keep theirs)
+    max_tokens: MaxTokensOpt = 256, temperature: TemperatureOpt = 0.0, top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
+    stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
+    ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
+    # constraint defaults
+    choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
+    grammar: GrammarOpt = None,
+    # input
+    system: SystemOpt = None, split_special_tokens: SplitSpecialOpt = False,
     input_format: InputFormatOpt = InputFormat.auto,
-    output_format: OutputFormatOpt = OutputFormat.auto,
-    prompt_column: PromptColumnOpt = "prompt",
-    messages_column: MessagesColumnOpt = "messages",
-    id_column: IdColumnOpt = "id",
-    keep_columns: KeepColumnsOpt = None,
+    prompt_column: PromptColumnOpt = "prompt", messages_column: MessagesColumnOpt = "messages",
+    id_column: IdColumnOpt = "id", keep_columns: KeepColumnsOpt = None,
     skip_invalid: SkipInvalidOpt = False,
-    unordered: UnorderedOpt = False,
-    resume: ResumeOpt = False,
-    block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 128,
-    max_num_batched_tokens: MaxBatchedOpt = 2048,
-    max_model_len: MaxModelLenOpt = None,
-    kernel: KernelOpt = Kernel.auto,
-    order: OrderOpt = Order.prefix,
-    prefix_caching: PrefixCachingOpt = True,
-    metrics_json: MetricsJsonOpt = None,
-    quiet: QuietOpt = False,
-    blas: BlasOpt = "auto",
-    ray: Annotated[bool, typer.Option(
-        "--ray", help="Run on Ray Data engine replicas (pip install 'mlxpa[ray]'); "
-        "rows sharing a prefix go to the same replica.")] = False,
-    ray_address: Annotated[str | None, typer.Option(
-        help="Ray cluster to join (auto: the one `ray start --head` started); implies --ray. "
-        "Default: a local Ray instance.")] = None,
-    num_replicas: Annotated[int, typer.Option(
-        help="Engine replicas with --ray (each loads the model once).")] = 1,
+    # output
+    output_format: OutputFormatOpt = OutputFormat.auto, unordered: UnorderedOpt = False,
+    resume: ResumeOpt = False, overwrite: OverwriteOpt = False,
+    # engine
+    block_size: BlockSizeOpt = 16, kv_memory: KVMemoryOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 128, max_num_batched_tokens: MaxBatchedOpt = 2048,
+    max_model_len: MaxModelLenOpt = None, kernel: KernelOpt = Kernel.auto,
+    order: OrderOpt = Order.prefix, prefix_caching: PrefixCachingOpt = True,
+    metrics_json: MetricsJsonOpt = None, quiet: QuietOpt = False, blas: BlasOpt = "auto",
+    ray: RayOpt = False, ray_address: RayAddressOpt = None, num_replicas: NumReplicasOpt = 1,
 ) -> None:
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
-    Ctrl-C stops admitting rows, writes every finished row, prints the command that resumes
-    the run, and exits with status 130 (a second Ctrl-C quits at once; the output stays valid)."""
+    Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
+    from mlxpa.data.structured import cli_constraint
     from mlxpa.run import RunOptions
-
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching, seed=seed)
         defaults = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, n=n, stop=tuple(stop or ()), stop_token_ids=tuple(stop_token_id or ()),
-            ignore_eos=ignore_eos, include_stop_str_in_output=include_stop_str,
-            min_tokens=min_tokens)
+            max_tokens, temperature, top_p, top_k, min_p, n=n, stop=tuple(stop or ()),
+            stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
+            include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
+            structured=cli_constraint(choice, json_schema, regex, grammar))
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
-                               keep_columns)
+                               keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
                              resume, metrics_json, show_progress=not quiet)
-        ray_options = None
-        if ray or ray_address:
-            from mlxpa.ray.run import RayOptions
-
-            ray_options = RayOptions(ray_address, num_replicas)
+        _check_overwrite(input, output, allowed=resume or overwrite)
+        ray_options = _ray_options(ray or ray_address is not None, ray_address, num_replicas)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_command(input, output, config, defaults, inputs, options, ray_options)
+
+
+def _ray_options(ray: bool, address: str | None, num_replicas: int):
+    """``RayOptions`` for ``--ray`` (None: a local run; Ray is imported only when asked)."""
+    if not ray:
+        return None
+    from mlxpa.ray.run import RayOptions
+
+    return RayOptions(address, num_replicas)
+
+
+def _check_overwrite(input: str, output: str, allowed: bool) -> None:
+    """A forgotten ``--resume`` must not destroy finished work: an existing output file
+    (not the input, which ``run_file`` refuses with its own message) needs ``--overwrite``.
+
+    Raises:
+        ValueError: ``output`` is an existing file and ``allowed`` is false.
+    """
+    import os
+
+    if output == "-" or allowed or not os.path.isfile(output):
+        return
+    if input != "-" and os.path.exists(input) and os.path.samefile(input, output):
+        return
+    raise ValueError(f"{output} exists; pass --resume to continue it or --overwrite to "
+                     "replace it")
 
 
 def _run_command(input: str, output: str, config: EngineConfig, defaults: SamplingParams,
@@ -188,7 +208,7 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
     from mlxpa.data.resume import resume_hint
     from mlxpa.run import OptionError, run_file
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # result lines rich prints stay whole
     if options.show_progress:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     with catch_sigint() as interrupted:
@@ -197,10 +217,10 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
                 from mlxpa.ray.run import run_file_ray
 
                 run_file_ray(input, output, config, defaults, options, ray_options,
-                             inputs=inputs, console=console, should_stop=interrupted.is_set)
+                             inputs=inputs, console=console, should_stop=interrupted.should_stop)
             else:
                 run_file(input, output, config, defaults, options, inputs=inputs,
-                         console=console, should_stop=interrupted.is_set)
+                         console=console, should_stop=interrupted.should_stop)
         except OptionError as e:
             raise typer.BadParameter(str(e)) from None
         except InputError as e:

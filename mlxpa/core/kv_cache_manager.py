@@ -71,11 +71,12 @@ class KVCacheManager:
 
     def get_computed_blocks(self, req: Request) -> PrefixMatch:
         """Longest cached prefix of ``req``'s tokens, capped at ``num_tokens - 1`` so the
-        last token is always computed (its logits are sampled)."""
+        last token is always computed (its logits are sampled); a scoring request's scored
+        tokens and the one before them are computed too (their logits are read)."""
         if self.tree is None:
             return _NO_HIT
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        return self.tree.match_prefix(tokens[:req.num_tokens - 1])
+        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens])
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        computed: PrefixMatch | None = None) -> list[int] | None:

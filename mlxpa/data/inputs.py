@@ -9,10 +9,11 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mlxpa.data.params import SAMPLING_FIELDS, UNSUPPORTED_FIELDS
+from mlxpa.data.fields import unsupported_fields
+from mlxpa.data.params import SAMPLING_FIELDS, STRUCTURED_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
 
-FORMATS = ("jsonl", "parquet", "csv", "hf")
+FORMATS = ("jsonl", "parquet", "csv", "txt", "hf")
 
 
 class InputError(ValueError):
@@ -45,6 +46,8 @@ class InputOptions:
         system: A system message put before every row's prompt (see
             :func:`~mlxpa.data.rows.parse_row`).
         keep_columns: Input fields copied to every output record (``Row.keep``).
+        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
+            (chat ``messages`` always are); see :func:`mlxpa.prompts.prompt_token_ids`.
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.
@@ -56,6 +59,7 @@ class InputOptions:
     id_column: str = "id"
     system: str | None = None
     keep_columns: tuple[str, ...] = ()
+    split_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.fmt is not None:
@@ -69,7 +73,7 @@ class InputOptions:
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
         return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *SAMPLING_FIELDS, "max_completion_tokens"))
+                          *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens"))
 
 
 class RowSpec(NamedTuple):
@@ -107,7 +111,8 @@ def check_columns(names: list[str], spec: RowSpec) -> list[str]:
     if o.prompt_column not in names and o.messages_column not in names and not (
             "custom_id" in names and "body" in names):
         raise InputError(f'no column "{o.prompt_column}" or "{o.messages_column}" '
-                         f"(columns: {', '.join(names)})", source=spec.source)
+                         f"(columns: {', '.join(names)}); add a header line naming the "
+                         "prompt column, or pass --prompt-column NAME", source=spec.source)
     return [n for n in names if is_relevant(n, o)]
 
 
@@ -117,10 +122,13 @@ def is_relevant(key: str, options: InputOptions) -> bool:
             or key in ("custom_id", "method", "url", "body") or sampling_like(key))
 
 
+_UNSUPPORTED = unsupported_fields()
+
+
 @functools.lru_cache(maxsize=4096)
 def sampling_like(key: str) -> bool:
     """An unsupported sampling field, or a near miss of a supported one."""
-    return key in UNSUPPORTED_FIELDS or bool(
+    return key in _UNSUPPORTED or bool(
         difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
 
 

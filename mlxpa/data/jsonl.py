@@ -4,6 +4,7 @@ both output formats use for values JSON cannot hold."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -18,6 +19,25 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
+def json_line(record: dict) -> str:
+    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
+    hold, is written as null)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 class JsonlSink:
     """Append or write JSON lines to ``path`` (``"-"``: stdout), one flush per release.
 
@@ -28,19 +48,25 @@ class JsonlSink:
     def __init__(self, path: str, append: bool) -> None:
         self._own = path != STDIN
         mode = "a" if append else "w"
-        self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else sys.stdout
+        self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else None
+
+    @property
+    def _out(self):
+        # stdout is looked up at each write: a live progress display may have redirected it
+        # (rich prints it above the bar when stdout and stderr are the same terminal).
+        return self._f if self._own else sys.stdout
 
     def write(self, groups: list[list[dict]]) -> None:
         """Write every record of ``groups`` as one line each, then flush."""
         # NOTE: one write and one flush per release; a signal handler runs between bytecodes,
         # never inside write(), so Ctrl-C cannot leave half a line behind.
-        self._f.write("".join(json.dumps(r, ensure_ascii=False, default=json_default) + "\n"
-                              for g in groups for r in g))
-        self._f.flush()
+        out = self._out
+        out.write("".join(json_line(r) + "\n" for g in groups for r in g))
+        out.flush()
 
     def close(self) -> None:
         """Close the file (stdout is only flushed)."""
         if self._own:
             self._f.close()
         else:
-            self._f.flush()
+            sys.stdout.flush()

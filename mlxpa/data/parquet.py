@@ -181,9 +181,21 @@ def _resolved_schema(pa: Any, types: dict[str, Any]) -> Any:
 
 def _infer_type(pa: Any, values: list) -> Any:
     try:
-        return pa.array(values).type
+        t = pa.array(values).type
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return pa.string()  # values that cannot share a type: stored JSON-encoded
+    return t if _storable(pa, t) else pa.string()
+
+
+def _storable(pa: Any, t: Any) -> bool:
+    """Whether Parquet can store type ``t`` (not a struct without fields, such as a kept
+    ``{}``, at any depth)."""
+    if pa.types.is_struct(t):
+        return t.num_fields > 0 and all(_storable(pa, t.field(i).type)
+                                        for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _storable(pa, t.value_type)
+    return True
 
 
 def _merge_type(pa: Any, old: Any, new: Any) -> Any:

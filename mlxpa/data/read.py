@@ -17,8 +17,11 @@ Parquet and ``datasets`` rows are 0-based row numbers, called "row" in messages
 (``data.parquet row 0: ...``). A UTF-8 byte order mark is accepted; blank JSONL lines are
 skipped.
 
-Reading is lazy: JSONL and CSV line by line, Parquet one row group at a time, ``datasets``
-by batches of a memory-mapped table, so memory does not grow with the file.
+Reading is lazy: JSONL and CSV line by line, Parquet in batches of at most 1,024 rows (fewer
+when rows are large), ``datasets`` by batches of a memory-mapped table, so memory does not
+grow with the file. No format refuses a row another accepts: a CSV cell has no size limit
+(Python's ``csv.field_size_limit`` is raised from its 128 KiB default), and JSON nested too
+deeply or holding an integer of more than 4,300 digits is a row error, as invalid JSON is.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ STDIN_NAME = "<stdin>"
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".jsonlines", ".json")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
 CSV_EXTENSIONS = (".csv", ".tsv")
+TEXT_EXTENSIONS = (".txt",)
+LINE_FORMATS = ("jsonl", "csv", "txt")  # formats whose problems name a line, not a row
 
 __all__ = ["STDIN", "input_format", "read_rows", "spool_stdin"]
 
@@ -75,7 +80,7 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
     source = os.fspath(source)
     fmt = input_format(source, options.fmt)
     name = name or (STDIN_NAME if source == STDIN else source)
-    spec = RowSpec(name, "line" if fmt in ("jsonl", "csv") else "row", options)
+    spec = RowSpec(name, "line" if fmt in LINE_FORMATS else "row", options)
     if fmt == "hf":
         from mlxpa.data.hf import iter_hf_records
 
@@ -83,8 +88,8 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
     elif source != STDIN and not os.path.isfile(source):
         raise InputError("no such file", source=name)
     else:
-        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](
-            source, spec)
+        records = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv,
+                   "txt": _iter_text}[fmt](source, spec)
     return _rows(records, spec, coerce=fmt == "csv")
 
 
@@ -104,11 +109,11 @@ def input_format(source: str, fmt: str | None = None) -> str:
     if os.path.isdir(source) or (not os.path.exists(source) and not ext):
         return "hf"
     for kind, exts in (("parquet", PARQUET_EXTENSIONS), ("jsonl", JSONL_EXTENSIONS),
-                       ("csv", CSV_EXTENSIONS)):
+                       ("csv", CSV_EXTENSIONS), ("txt", TEXT_EXTENSIONS)):
         if ext in exts:
             return kind
     raise InputError(f"cannot tell the format from the extension {ext or '(none)'!r}; "
-                     "use .jsonl, .parquet or .csv, or give the format", source=source)
+                     "use .jsonl, .parquet, .csv or .txt, or give the format", source=source)
 
 
 def spool_stdin(fmt: str) -> str:
@@ -117,7 +122,8 @@ def spool_stdin(fmt: str) -> str:
     Returns:
         The file's path (the caller removes it); its extension matches ``fmt``.
     """
-    ext = {"jsonl": ".jsonl", "parquet": ".parquet", "csv": ".csv"}.get(fmt, ".jsonl")
+    ext = {"jsonl": ".jsonl", "parquet": ".parquet", "csv": ".csv", "txt": ".txt"}.get(
+        fmt, ".jsonl")
     fd, path = tempfile.mkstemp(prefix="mlxpa-stdin-", suffix=ext)
     stream = getattr(sys.stdin, "buffer", None)
     with os.fdopen(fd, "wb") as f:
@@ -150,13 +156,27 @@ def _binary_stdin() -> Any:
 
 def _iter_jsonl(source: str, spec: RowSpec) -> Records:
     if source == STDIN:
-        yield from _jsonl_lines(_binary_stdin())
+        yield from _jsonl_lines(_binary_stdin(), spec.source)
     else:
         with open(source, "rb") as f:
-            yield from _jsonl_lines(f)
+            yield from _jsonl_lines(f, spec.source)
 
 
-def _jsonl_lines(lines: Any) -> Records:
+def _starts_json_array(line: str) -> bool:
+    """Whether a file's first line opens a JSON array of rows: ``[`` that does not close on
+    the line (an array spread over lines), or a whole array of objects on one line. A line
+    holding another complete array (``[1, 2]``) is a row of JSON Lines, invalid on its own."""
+    if not line.lstrip().startswith("["):
+        return False
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _jsonl_lines(lines: Any, name: str) -> Records:
+    seen = False  # a non-blank line before this one
     for lineno, raw in enumerate(lines, 1):
         if isinstance(raw, bytes):
             try:
@@ -168,10 +188,18 @@ def _jsonl_lines(lines: Any) -> Records:
             raw = raw.removeprefix("\ufeff")
         if not raw.strip():
             continue
+        if not seen and _starts_json_array(raw):
+            raise InputError("the file is a JSON array ([...]), not JSON Lines (one object per "
+                             "line); convert it with: jq -c '.[]' FILE > FILE.jsonl",
+                             source=name)
+        seen = True
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             yield lineno, f"invalid JSON ({e.msg} at column {e.colno})"
+            continue
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
+            yield lineno, f"unreadable JSON ({_reason(e)})"
             continue
         if isinstance(obj, dict):
             yield lineno, obj
@@ -179,7 +207,42 @@ def _jsonl_lines(lines: Any) -> Records:
             yield lineno, f"expected a JSON object, got {json_type(obj)}"
 
 
+def _iter_text(source: str, spec: RowSpec) -> Records:
+    """Plain text: each non-blank line is one prompt (trailing newline removed)."""
+    f = _binary_stdin() if source == STDIN else open(source, "rb")
+    try:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError as e:
+                yield lineno, f"not valid UTF-8 ({e.reason} at byte {e.start + 1})"
+                continue
+            text = (text.removeprefix("\ufeff") if lineno == 1 else text).rstrip("\r\n")
+            if text.strip():
+                yield lineno, {spec.options.prompt_column: text}
+    finally:
+        if source != STDIN:
+            f.close()
+
+
+def _reason(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
+def _raise_csv_field_limit() -> None:
+    """Python's csv module refuses cells over 128 KiB (``field_size_limit``); a JSONL line or a
+    Parquet string has no such limit, so neither has a CSV cell (the largest C long)."""
+    limit = sys.maxsize
+    while True:
+        try:
+            csv.field_size_limit(limit)
+            return
+        except OverflowError:  # a C long narrower than Python's maxsize (Windows)
+            limit //= 2
+
+
 def _iter_csv(source: str, spec: RowSpec) -> Records:
+    _raise_csv_field_limit()
     delimiter = "\t" if source.lower().endswith(".tsv") else ","
     if source == STDIN:
         f = io.TextIOWrapper(_binary_stdin(), encoding="utf-8-sig", newline="")
@@ -222,7 +285,16 @@ def _iter_parquet(source: str, spec: RowSpec) -> Records:
         raise InputError(f"not a readable Parquet file ({e})", source=spec.source) from None
     columns = check_columns(pf.schema_arrow.names, spec)
     row = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=columns):
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf), columns=columns):
         for obj in batch.to_pylist():
             yield row, obj
             row += 1
+
+
+def _batch_rows(pf: Any, target_bytes: int = 8 << 20) -> int:
+    """Rows per decoded Parquet batch: 1,024, or fewer when rows are large (MBs of text each),
+    so that a batch's Python objects stay near ``target_bytes``."""
+    meta = pf.metadata
+    widest = max((meta.row_group(i).total_byte_size / max(1, meta.row_group(i).num_rows)
+                  for i in range(meta.num_row_groups)), default=0)
+    return int(max(1, min(1024, target_bytes // max(1, widest))))

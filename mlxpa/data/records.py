@@ -3,7 +3,10 @@
 mlxpa rows (one per sample)::
 
     {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
-    + "sample_index" when n > 1, "error" when the row failed, then the --keep-columns fields
+    + "sample_index" when n > 1, "error" when the row failed,
+    + "logprobs": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}] (rows that
+      ask), "choice_logprobs": {choice: total log-probability} (choice rows),
+    then the --keep-columns fields
 
 OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
 
@@ -12,16 +15,20 @@ OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``):
                   "body": {"id", "object": "chat.completion" | "text_completion", "created",
                            "model", "choices": [...], "usage": {...}}}}
 
-and for a failed row ``"response": null, "error": {"code", "message"}``.
+and for a failed row ``"response": null, "error": {"code", "message"}``. A choice's
+``logprobs`` is OpenAI's ``{"content": [{"token", "logprob", "bytes", "top_logprobs":
+[{"token", "logprob", "bytes"}]}]}`` (for chat and completions bodies alike), and a choice row's
+choices also carry ``choice_logprobs``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mlxpa.data.rows import Row
-from mlxpa.request import RequestOutput
+from mlxpa.request import RequestOutput, TokenLogprob
 
 OUTPUT_FORMATS = ("auto", "mlxpa", "openai")
 ERROR_CODE = "invalid_request"
@@ -76,7 +83,7 @@ def error_records(row: Row, message: str, fmt: str,
 
 
 def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
-                   place: str) -> list[dict]:
+                   place: str, tokenizer: Any = None) -> list[dict]:
     """The output of a finished row: every sample's :class:`RequestOutput`, in sample order.
 
     Args:
@@ -85,13 +92,17 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
         fmt: ``"mlxpa"`` or ``"openai"``.
         model: Model name for OpenAI lines.
         place: Where the row came from (``file line 3``), put before a run-time error.
+        tokenizer: The model's tokenizer (``decode``; a token's text in ``logprobs``).
     """
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
+
     failed = next((o for o in outs if o.error is not None), None)
     if failed is not None:
         return error_records(row, f"{place}: {failed.error}", fmt,
                              failed.num_prompt_tokens)
     if fmt == "openai":
-        return [_openai_line(row, _openai_body(row, outs, model), None)]
+        return [_openai_line(row, _openai_body(row, outs, model, token_text), None)]
     records = []
     for out in outs:
         record = {"id": row.id, "text": out.text, "finish_reason": out.finish_reason,
@@ -100,6 +111,10 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
                   "cached_tokens": out.num_cached_tokens}
         if len(outs) > 1:
             record["sample_index"] = out.sample_index
+        if out.logprobs is not None:
+            record["logprobs"] = [_entry(lp, token_text, False) for lp in out.logprobs]
+        if out.choice_logprobs is not None:
+            record["choice_logprobs"] = out.choice_logprobs
         records.append(_keep(row, record))
     return records
 
@@ -116,7 +131,21 @@ def _openai_line(row: Row, body: dict | None, error: dict | None) -> dict:
                        "response": response, "error": error})
 
 
-def _openai_body(row: Row, outs: list[RequestOutput], model: str) -> dict[str, Any]:
+def _entry(lp: TokenLogprob, token_text: Callable[[int], str], with_bytes: bool) -> dict:
+    """One token's logprobs entry (OpenAI's shape, ``bytes`` for OpenAI lines only)."""
+    def one(token_id: int, logprob: float) -> dict:
+        text = token_text(token_id)
+        d: dict[str, Any] = {"token": text, "logprob": logprob}
+        if with_bytes:
+            d["bytes"] = list(text.encode("utf-8"))
+        return d
+
+    return {**one(lp.token_id, lp.logprob),
+            "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+def _openai_body(row: Row, outs: list[RequestOutput], model: str,
+                 token_text: Callable[[int], str]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
     choices = []
     for out in outs:
@@ -125,7 +154,12 @@ def _openai_body(row: Row, outs: list[RequestOutput], model: str) -> dict[str, A
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text
-        choice.update(logprobs=None, finish_reason=out.finish_reason)
+        logprobs = None
+        if out.logprobs is not None:
+            logprobs = {"content": [_entry(lp, token_text, True) for lp in out.logprobs]}
+        choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
+        if out.choice_logprobs is not None:
+            choice["choice_logprobs"] = out.choice_logprobs
         choices.append(choice)
     prompt = outs[0].num_prompt_tokens
     completion = sum(len(o.token_ids) for o in outs)

@@ -6,7 +6,8 @@ a validation pass can list them all before any model work:
 * the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
   ``{"role", "content"}`` strings), nulls reported as such;
 * the id (a string or an integer; default: the row index);
-* per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked;
+* per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked; constraint and
+  log-probability fields (:mod:`mlxpa.data.structured`), compiled;
 * sampling fields mlxpa does not support (``presence_penalty``, ``logprobs``, ...) and near
   misses of supported names (``temprature``) are errors; any other field passes through (it
   can be carried to the output with ``--keep-columns``);
@@ -20,12 +21,16 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from mlxpa.data.fields import (
+    FIELD_SUPPORT,
+    check_body_fields,
+    check_openai,
+    field_problem,
+    unknown_field,
+)
 from mlxpa.data.inputs import RowSpec, sampling_like, where
-from mlxpa.data.params import SAMPLING_FIELDS, UNSUPPORTED_FIELDS, bad, parse_params, show
-
-OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-# Fields of an OpenAI request body that do not change the completion.
-_BODY_IGNORED = frozenset(("model", "user", "metadata", "store", "service_tier"))
+from mlxpa.data.params import bad, parse_params, show
+from mlxpa.data.structured import parse_structured
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +83,11 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
     if openai:  # OpenAI Batch API line
         fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
-        kind = _check_openai(obj, problems)
+        kind = check_openai(obj, problems)
         if not isinstance(fields, dict):
             problems.append(bad("body", "an object", fields))
             fields = {}
-        _check_body_fields(fields, problems)
+        check_body_fields(fields, problems)
     else:
         _check_unknown(obj, spec, problems)
     row_id = obj.get(id_field)
@@ -102,6 +107,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     if spec.options.system is not None:
         prompt, messages = _with_system(spec.options.system, prompt, messages)
     params = parse_params(fields, prefix, problems)
+    params.update(parse_structured(fields, prefix, problems))
     keep = None
     if spec.options.keep_columns:
         keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.options.keep_columns}
@@ -116,51 +122,19 @@ def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:
                line)
 
 
-def _check_openai(obj: dict, problems: list[str]) -> str | None:
-    cid = obj.get("custom_id")
-    if not isinstance(cid, str) or not cid:
-        problems.append(bad("custom_id", "a non-empty string", cid))
-    method = obj.get("method")
-    if method is not None and method != "POST":
-        problems.append(bad("method", '"POST"', method))
-    url = obj.get("url")
-    if url is None:
-        return None
-    if url not in OPENAI_URLS:
-        problems.append(bad("url", " or ".join(f'"{u}"' for u in OPENAI_URLS), url))
-        return None
-    return OPENAI_URLS[url]
-
-
-def _check_body_fields(body: dict, problems: list[str]) -> None:
-    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS, *_BODY_IGNORED}
-    for key, value in body.items():
-        if key == "stream":
-            if value:
-                problems.append(bad("body.stream", "false (a batch does not stream)", value))
-        elif key not in known and value is not None and not _off(key, value):
-            problems.append(_unknown_field("body." + key, key))
-
-
 def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
+    """A plain row: unsupported fields (unless at their default) and near misses of
+    sampling fields are errors; anything else passes through."""
     for key, value in obj.items():
-        if (value is not None and sampling_like(key) and key not in spec.options.known()
-                and key not in spec.options.keep_columns and not _off(key, value)):
-            problems.append(_unknown_field(key, key))
-
-
-def _off(key: str, value: Any) -> bool:
-    """An unsupported feature explicitly switched off (``"logprobs": false``, ``"echo":
-    false``, ``"presence_penalty": 0``): nothing to do, so not an error."""
-    return key in UNSUPPORTED_FIELDS and value in (False, 0, [], {}, "")
-
-
-def _unknown_field(name: str, key: str) -> str:
-    if key in UNSUPPORTED_FIELDS:
-        return f'field "{name}": sampling field not supported by mlxpa'
-    close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
-    hint = f' (did you mean "{close[0]}"?)' if close else ""
-    return f'field "{name}": unknown sampling field{hint}'
+        if (value is None or key in spec.options.known()
+                or key in spec.options.keep_columns):
+            continue
+        if key in FIELD_SUPPORT:
+            problem = field_problem(key, key, value)
+            if problem is not None:
+                problems.append(problem)
+        elif sampling_like(key):
+            problems.append(unknown_field(key, key))
 
 
 def _parse_input(fields: dict, prefix: str, spec: RowSpec,
@@ -176,7 +150,10 @@ def _parse_input(fields: dict, prefix: str, spec: RowSpec,
             null = pc if o.prompt_column in fields else mc
             problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
         else:
-            problems.append(f'missing field "{pc}" (or "{mc}")')
+            close = difflib.get_close_matches(pc, list(fields), 1, 0.7) or \
+                difflib.get_close_matches(mc, list(fields), 1, 0.7)
+            hint = f' (is "{close[0]}" a typo?)' if close else ""
+            problems.append(f'missing field "{pc}" (or "{mc}"){hint}')
         return None, None
     if messages is None:
         if isinstance(prompt, str) and prompt.strip():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
 from mlxpa.data.inputs import InputError, where
+from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
 from mlxpa.data.resume import Existing, id_key
 from mlxpa.data.rows import Row
 
@@ -59,7 +60,8 @@ class Validation:
 
 def validate(rows: Iterable[Row], *, source: str, unit: str,
              existing: Existing | None = None, default_n: int = 1,
-             defaults: SamplingParams | None = None) -> Validation:
+             defaults: SamplingParams | None = None,
+             vocab_size: int | None = None) -> Validation:
     """Read every row once; collect problems, duplicate ids and rows already done.
 
     Args:
@@ -70,6 +72,9 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         default_n: Samples per row for rows that do not set ``n``.
         defaults: The run's sampling defaults: each row's fields are checked merged with
             them (None: not checked).
+        vocab_size: The model's vocabulary size: every token id a row gives (and every id
+            of the defaults, for rows that do not set them) must be below it (None: not
+            checked here; the engine still refuses such a request).
 
     Returns:
         The :class:`Validation`.
@@ -96,13 +101,10 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_done += 1
             first_line[key] = row.line
             continue
-        problem = row.error
-        if problem is None and defaults is not None:
-            try:
-                dataclasses.replace(defaults, **row.params)
-            except ValueError as e:
-                problem = f"{where(source, row.line, unit)}: {e}"
-                v.row_problems[row.index] = problem
+        problem = row.error or _run_problem(row, defaults, vocab_size)
+        if problem is not None and row.error is None:
+            problem = f"{where(source, row.line, unit)}: {problem}"
+            v.row_problems[row.index] = problem
         if key in first_line:
             problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)} "
                        f"(first at {unit} {first_line[key]})")
@@ -113,6 +115,26 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             _add_problem(v, problem)
     v.all_openai = openai and any_openai
     return v
+
+
+def _run_problem(row: Row, defaults: SamplingParams | None,
+                 vocab_size: int | None) -> str | None:
+    """What stops a well-formed row from running with the run's defaults and model: fields
+    that conflict once merged (``min_tokens`` above ``max_tokens``), token ids outside the
+    vocabulary."""
+    prefix = "body." if row.openai is not None else ""
+    if vocab_size is not None:
+        ids = {name: row.params.get(name, getattr(defaults, name, ()))
+               for name in TOKEN_ID_FIELDS}
+        problems = check_token_ids(ids, vocab_size, prefix)
+        if problems:
+            return "; ".join(problems)
+    if defaults is not None:
+        try:
+            dataclasses.replace(defaults, **row.params)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def _add_problem(v: Validation, problem: str) -> None:

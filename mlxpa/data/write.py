@@ -139,10 +139,24 @@ class ResultWriter:
             self._num_written += sum(map(len, groups))
 
 
+JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+
+
 def output_format(path: str, fmt: str | None = None) -> str:
-    """The output format: ``fmt`` if given, Parquet for ``.parquet``/``.pq``, else JSONL."""
+    """The output format: ``fmt`` if given, Parquet for ``.parquet``/``.pq``, JSONL for
+    ``-`` and ``.jsonl``/``.json``/``.ndjson``.
+
+    Raises:
+        ValueError: An unknown ``fmt``, or another extension (``out.csv`` would get JSONL).
+    """
     if fmt is not None:
         if fmt not in ("jsonl", "parquet"):
             raise ValueError(f"unknown format {fmt!r}; expected jsonl or parquet")
         return fmt
-    return "parquet" if os.path.splitext(path)[1].lower() in PARQUET_EXTENSIONS else "jsonl"
+    ext = os.path.splitext(path)[1].lower()
+    if ext in PARQUET_EXTENSIONS:
+        return "parquet"
+    if path == "-" or ext in JSONL_EXTENSIONS:
+        return "jsonl"
+    raise ValueError(f"-o {path}: results are written as JSONL (.jsonl) or Parquet "
+                     "(.parquet); name the file with one of those extensions")

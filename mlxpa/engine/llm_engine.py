@@ -16,10 +16,12 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
+from mlxpa.engine.choice_scores import ChoiceScores
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestOutput, RequestStatus
-from mlxpa.worker.model_runner import ModelRunner
+from mlxpa.worker.model_runner import ModelRunner, StepResult
+from mlxpa.worker.structured import Grammars
 
 
 class PromptInput(NamedTuple):
@@ -47,14 +49,23 @@ class LLMEngine:
             model, tokenizer, _ = load_model(config.model, config.dtype)
         self.config = config
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids))
+        eos = sorted(tokenizer.eos_token_ids)
+        vocab = getattr(getattr(model, "args", None), "vocab_size", None)  # None: from logits
+        self.grammars = Grammars(tokenizer._tokenizer, vocab, eos)
+        self.runner = ModelRunner(model, config, frozenset(eos), self.grammars)
+        self.choice_scores = ChoiceScores(tokenizer)
+        # A recurrent state exists only at the position its request reached: no prefix
+        # cache hits (and no forked samples, see _fork_samples) for such models.
+        recurrent = self.runner.states is not None
         self.kv_cache_manager = KVCacheManager(
-            BlockPool(self.runner.num_blocks, config.block_size), config.enable_prefix_caching)
+            BlockPool(self.runner.num_blocks, config.block_size),
+            config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
+        self._released: list[RequestOutput] = []
 
     @property
     def max_model_len(self) -> int:
@@ -74,6 +85,7 @@ class LLMEngine:
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter())
         try:
+            self._check_token_ids(req)
             self.scheduler.add_request(req)
         except ValueError as e:
             return [self._error(req, str(e), i) for i in range(params.n)]
@@ -82,9 +94,26 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if params.n > 1:
+        if self.choice_scores.wants(req):
+            req.choice_first_tokens = self.choice_scores.first_tokens(params.structured)
+        if params.n > 1 or self.choice_scores.wants(req):
             self._pending_forks.append(req)
         return None
+
+    def _check_token_ids(self, req: Request) -> None:
+        """Every id the request gives indexes the model's vocabulary (an id out of range
+        would read another row of the embedding, or scatter into another request's logits).
+
+        Raises:
+            ValueError: Naming the field, the first bad id and the vocabulary size.
+        """
+        vocab = self.runner.vocab_size
+        for name, ids in (("prompt_token_ids", req.prompt_token_ids),
+                          ("stop_token_ids", req.sampling_params.stop_token_ids)):
+            bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+            if bad is not None:
+                raise ValueError(f'field "{name}": token id {bad} is outside the model\'s '
+                                 f"vocabulary ({vocab} ids, 0..{vocab - 1})")
 
     def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
@@ -97,24 +126,36 @@ class LLMEngine:
         return out
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
-        """Start samples 1..n-1 of every request whose prefill ran in step ``out`` (before
-        ``update_from_output``, which may finish and free the parent)."""
+        """Start samples 1..n-1 and the choice scoring requests of every request whose
+        prefill ran in step ``out`` (before ``update_from_output``, which may finish and free
+        the parent)."""
         done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
         still = []
         for parent in self._pending_forks:
             if id(parent) not in done:
                 still.append(parent)
                 continue
+            if self.choice_scores.wants(parent):
+                for scorer in self.choice_scores.start(parent):
+                    try:
+                        self.scheduler.add_request(scorer)
+                    except ValueError:
+                        scorer.status = RequestStatus.FINISHED_ABORTED
+                        self._released.extend(self.choice_scores.finished(scorer))
             for i in range(1, parent.sampling_params.n):
                 child = Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
                                 sample_index=i)
-                self.scheduler.fork_request(parent, child)
+                if self.runner.states is None:
+                    self.scheduler.fork_request(parent, child)
+                else:  # a recurrent state cannot be forked: the sample computes its prompt
+                    self.scheduler.add_request(child)
                 self._detok[child] = self._detokenizer(parent.sampling_params)
+                self.choice_scores.add_child(parent, child)
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._released)
 
     @property
     def num_waiting(self) -> int:
@@ -124,13 +165,58 @@ class LLMEngine:
         """Run one scheduling step; return the requests that finished in it."""
         sched = self.scheduler
         out = sched.schedule()
-        sampled = self.runner.execute(out) if out.requests else []
+        result = self.runner.execute(out) if out.requests else StepResult([], {}, [], {})
         if self._pending_forks:
             self._fork_samples(out)
-        updated = sched.update_from_output(out, sampled)
-        c = self.counters
+        for req, lp in result.logprobs.items():
+            req.logprobs.append(lp)
+        for parent, values in result.first_scores.items():
+            self.choice_scores.record_first(parent, values)
+        for scorer, position, value in result.scores:
+            self.choice_scores.record(scorer, position, value)
+        self.counters.scored_tokens += len(result.scores) + sum(
+            map(len, result.first_scores.values()))
+        num_scoring = sum(1 for r, last in zip(out.requests, out.sampling)
+                          if last and self.choice_scores.is_scorer(r))
+        updated = sched.update_from_output(out, result.sampled)
+        self._count(out, len(result.sampled) - num_scoring)
+        finished, self._released = self._released, []
+        for req in updated:
+            if self.choice_scores.is_scorer(req):
+                if req.is_finished:
+                    finished.extend(self.choice_scores.finished(req))
+                continue
+            self._check_stops(req)
+            if req.is_finished:
+                finished.extend(self.choice_scores.hold(
+                    req, self._output(req, self._detok.pop(req).finalize())))
+        if finished:
+            self.runner.release_finished()
+        return finished
+
+    def _check_stops(self, req: Request) -> None:
+        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token."""
+        sched, detok = self.scheduler, self._detok[req]
+        tok = req.output_token_ids[-1]
+        is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
+        if not is_eos and detok.add_token(tok):
+            req.stop_reason = detok.stop_string
+            if req.is_finished:  # also hit max_tokens: the stop string names the reason
+                req.status = RequestStatus.FINISHED_STOPPED
+            else:
+                sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        if req.is_finished or req.sampling_params.structured is None:
+            return
+        if self.grammars.is_complete(req):  # only EOS may follow: done without sampling it
+            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif (error := self.grammars.error(req)) is not None:
+            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+            req.stop_reason = f"structured output failed: {error}"
+
+    def _count(self, out: SchedulerOutput, num_sampled: int) -> None:
+        sched, c = self.scheduler, self.counters
         c.num_steps += 1
-        c.generation_tokens += len(sampled)
+        c.generation_tokens += num_sampled
         c.num_preemptions += len(out.preempted)
         c.evicted_blocks = self.kv_cache_manager.evicted_blocks
         used = self.kv_cache_manager.num_active_blocks
@@ -138,20 +224,7 @@ class LLMEngine:
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
         c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
                               * self.kv_cache_manager.block_size)
-        finished = []
-        for req in updated:
-            detok = self._detok[req]
-            tok = req.output_token_ids[-1]
-            is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
-            if not is_eos and detok.add_token(tok):
-                req.stop_reason = detok.stop_string
-                if req.is_finished:  # also hit max_tokens: the stop string names the reason
-                    req.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-            if req.is_finished:
-                finished.append(self._output(req, self._detok.pop(req).finalize()))
-        return finished
+        c.mask_time_s, c.mask_steps = self.grammars.mask_time_s, self.grammars.num_mask_steps
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
@@ -164,12 +237,16 @@ class LLMEngine:
         if ttft is not None:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
+        tokens = list(req.output_token_ids)
         return RequestOutput(
             request_id=req.request_id,
             sample_index=req.sample_index if sample_index is None else sample_index,
-            text=text, token_ids=list(req.output_token_ids),
+            text=text, token_ids=tokens,
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl)
+            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
+            error=req.stop_reason if req.finish_reason == "abort" and isinstance(
+                req.stop_reason, str) else None,
+            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None)
 
     def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:

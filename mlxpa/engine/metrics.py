@@ -34,6 +34,9 @@ class Counters:
         ttft_s: Time to first token of each finished request, seconds.
         itl_s: Inter-token latencies of all finished requests, seconds.
         failed_rows: Input rows whose result is an error row (invalid, or unable to run).
+        mask_time_s: Seconds spent filling grammar bitmasks (structured outputs).
+        mask_steps: Steps that filled at least one grammar bitmask.
+        scored_tokens: Choice tokens scored for ``choice_logprobs``.
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -50,6 +53,9 @@ class Counters:
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
     failed_rows: int = 0
+    mask_time_s: float = 0.0
+    mask_steps: int = 0
+    scored_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,9 @@ class Stats:
     itl_p50_s: float | None
     itl_p99_s: float | None
     failed_rows: int = 0
+    mask_ms_per_step: float | None = None  # bitmask fill per step with constrained rows
+    mask_steps: int = 0
+    scored_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,4 +112,6 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         num_preemptions=c.num_preemptions, evicted_blocks=c.evicted_blocks,
         ttft_p50_s=percentile(c.ttft_s, 50), ttft_p99_s=percentile(c.ttft_s, 99),
         itl_p50_s=percentile(c.itl_s, 50), itl_p99_s=percentile(c.itl_s, 99),
-        failed_rows=c.failed_rows)
+        failed_rows=c.failed_rows,
+        mask_ms_per_step=1e3 * c.mask_time_s / c.mask_steps if c.mask_steps else None,
+        mask_steps=c.mask_steps, scored_tokens=c.scored_tokens)

@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.core.block_pool import cdiv
+from mlxpa.kernels.reference import paged_attention
 
 PARTITION_SIZE = 512      # tokens per v2 partition
 V1_SIMDGROUPS = 32        # v1 threadgroup: 32 simdgroups = 1024 threads
@@ -235,13 +236,11 @@ def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_he
 
 def reference_f32(case: Case) -> mx.array:
     """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result)."""
-    from mlxpa.kernels import reference
-
     q, kc, vc, bt, cl, qs = case.args
     f32 = mx.float32
     with mx.stream(mx.cpu):
-        out = reference.paged_attention(q.astype(f32), kc.astype(f32), vc.astype(f32), bt, cl,
-                                        qs, **case.kwargs)
+        out = paged_attention(q.astype(f32), kc.astype(f32), vc.astype(f32), bt, cl, qs,
+                              **case.kwargs)
         mx.eval(out)
     return out
 

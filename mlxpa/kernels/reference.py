@@ -51,6 +51,43 @@ def attention_mask(query_start: mx.array, num_queries: int, context_lens: mx.arr
     return mask[:, None]
 
 
+def gathered_attention(q: mx.array, k: mx.array, v: mx.array, context_lens: mx.array,
+                       query_start: mx.array, *, scale: float,
+                       sliding_window: int | None = None, score_bias: mx.array | None = None,
+                       sinks: mx.array | None = None) -> mx.array:
+    """Attention over K/V a layer derived from its gathered cache (latent attention, MLA, as
+    mlx-lm writes it for DeepSeek V3: ``k``/``v`` are computed from the cached latent, and the
+    RoPE part of the scores arrives as an additive ``score_bias``).
+
+    Args:
+        q: ``[B, q_heads, L, d]`` queries (right-padded rows, as :func:`paged_attention`).
+        k: ``[B, kv_heads, S, d]`` keys for key positions ``0..S-1`` (beyond
+            ``context_lens[b]``: anything finite).
+        v: ``[B, kv_heads, S, v_dim]`` values.
+        context_lens, query_start, sliding_window: As :func:`paged_attention`.
+        scale: Softmax scale applied to ``q @ k^T``.
+        score_bias: ``[B, q_heads, L, S]`` float terms added to the scaled scores before the
+            softmax (mlx-lm passes them as an additive ``mask``), or None.
+        sinks: ``[q_heads]`` per-head sink logits, or None.
+
+    Returns:
+        ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
+    """
+    allowed = attention_mask(query_start, q.shape[2], context_lens, k.shape[2], None,
+                             sliding_window)
+    dtype = q.dtype
+    if on_cpu() and dtype != mx.float32:
+        q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
+    mask = allowed
+    if score_bias is not None:
+        low = mx.array(mx.finfo(mx.float32).min, q.dtype)
+        mask = mx.where(allowed, score_bias.astype(q.dtype), low)
+    if sinks is not None:
+        sinks = sinks.astype(q.dtype)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    return out.astype(dtype)
+
+
 def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                     block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
                     *, scale: float, sliding_window: int | None = None,

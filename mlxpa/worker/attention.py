@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxpa.kernels import paged_attention
+from mlxpa.kernels.reference import gather_kv, gathered_attention
 from mlxpa.worker.kv_cache import PagedKVCache
 
 
@@ -63,14 +64,19 @@ class PagedLayerCache:
         layer_idx: Which layer's pools.
         metadata: This step's metadata.
         sliding_window: The layer's window in tokens, or None for full attention.
+        gathered: The layer attends over K/V it derives from what it cached (latent
+            attention, MLA; K/V heads repeated in the model): ``update_and_fetch`` returns
+            each row's whole gathered context and :meth:`attend_gathered` attends over what
+            the layer passes.
     """
 
     def __init__(self, kv_cache: PagedKVCache, layer_idx: int, metadata: AttentionMetadata,
-                 sliding_window: int | None) -> None:
+                 sliding_window: int | None, gathered: bool = False) -> None:
         self.kv_cache = kv_cache
         self.layer_idx = layer_idx
         self.metadata = metadata
         self.sliding_window = sliding_window
+        self.gathered = gathered
 
     @property
     def offset(self) -> mx.array:
@@ -79,13 +85,25 @@ class PagedLayerCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``[B, kv_heads, L, D]`` keys/values into the pool; return them unchanged
-        (the paged attention reads the pool, not these)."""
+        (the paged attention reads the pool, not these), or, for a ``gathered`` layer, each
+        row's K/V gathered from the pool: ``[B, kv_heads, max_blocks * block_size, D]``,
+        position ``j`` at index ``j``."""
         m = self.metadata
         self.kv_cache.write(self.layer_idx, keys, values, m.slot_blocks, m.slot_offsets)
-        return keys, values
+        if not self.gathered:
+            return keys, values
+        pools = self.kv_cache.key_caches, self.kv_cache.value_caches
+        return tuple(gather_kv(p[self.layer_idx], m.block_tables).astype(keys.dtype)
+                     for p in pools)
 
     def make_mask(self, *args, **kwargs) -> None:
         return None
+
+    def keys_and_values(self) -> tuple[None, None]:
+        """What a KV-shared layer (Gemma 3n) reads from its owner's cache before attending
+        with ``cache=`` that same owner: placeholders, since :meth:`attend` reads the owner's
+        pool, which already holds this step's K/V."""
+        return None, None
 
     def attend(self, queries: mx.array, scale: float,
                sinks: mx.array | None = None) -> mx.array:
@@ -101,3 +119,16 @@ class PagedLayerCache:
             self.kv_cache.value_caches[self.layer_idx], tables, m.context_lens,
             m.offsets, scale=scale, sliding_window=self.sliding_window,
             key_start=key_start, kernel=m.kernel, sinks=sinks)
+
+    def attend_gathered(self, queries: mx.array, keys: mx.array, values: mx.array,
+                        scale: float, mask: mx.array | None,
+                        sinks: mx.array | None = None) -> mx.array:
+        """Attention of ``[B, q_heads, L, d]`` queries over the K/V the layer derived from
+        :meth:`update_and_fetch`'s gathered context, with the paged causal / context / window
+        mask; an ``mx.array`` ``mask`` from the model is an additive score term (MLA's RoPE
+        scores) of shape ``[B, q_heads, L, S]``."""
+        m = self.metadata
+        bias = mask if isinstance(mask, mx.array) and mask.dtype != mx.bool_ else None
+        return gathered_attention(queries, keys, values, m.context_lens, m.offsets,
+                                  scale=scale, sliding_window=self.sliding_window,
+                                  score_bias=bias, sinks=sinks)

@@ -26,6 +26,7 @@ from mlxpa.worker.paged_forward import (
     forward,
     paged_context,
 )
+from mlxpa.worker.state_store import RecurrentStateStore
 
 PROMPTS = ((2, 7, 1, 8, 2, 8, 1, 8, 2), (3, 1, 4, 1, 5))
 DECODE_TOKEN = 6
@@ -50,6 +51,23 @@ def _reference(model: nn.Module) -> list[mx.array]:
     return out
 
 
+def _steps(store: RecurrentStateStore | None) -> list[tuple[list[int], np.ndarray]]:
+    """``(rows, tokens)`` per step: both prompts prefilled as one right-padded batch (with a
+    recurrent-state model: one group per prompt length, as the runner groups them), then
+    one decode step for both."""
+    lens = [len(p) for p in PROMPTS]
+    groups = [[i] for i in range(len(PROMPTS))] if store is not None else [
+        list(range(len(PROMPTS)))]
+    steps = []
+    for rows in groups:
+        tokens = np.zeros((len(rows), max(lens[i] for i in rows)), np.int32)
+        for k, i in enumerate(rows):
+            tokens[k, :lens[i]] = PROMPTS[i]
+        steps.append((rows, tokens))
+    rows = list(range(len(PROMPTS)))
+    return [*steps, (rows, np.full((len(rows), 1), DECODE_TOKEN, np.int32))]
+
+
 def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
            block_size: int, kernel: str, fused: bool) -> list[mx.array]:
     """The same two steps through the paged path, both prompts batched."""
@@ -59,22 +77,29 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
                         block_size, geometry.dtype)
     tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
               for i in range(len(PROMPTS))]
-    tokens = np.zeros((len(PROMPTS), max(lens)), np.int32)
-    for i, p in enumerate(PROMPTS):
-        tokens[i, :len(p)] = p
-    rows = list(range(len(PROMPTS)))
-    steps = [(tokens, lens, np.zeros(len(PROMPTS), np.int32), [n - 1 for n in lens]),
-             (np.full((len(PROMPTS), 1), DECODE_TOKEN, np.int32), [1] * len(PROMPTS),
-              np.array(lens, np.int32), [0] * len(PROMPTS))]
-    results = []
-    with paged_context(model, fused):
-        for toks, counts, starts, cols in steps:
-            tok, meta = build_metadata(toks, counts, starts, tables, block_size,
+    done = [0] * len(PROMPTS)
+    results: list[list[mx.array]] = [[] for _ in PROMPTS]
+    store = RecurrentStateStore.for_geometry(geometry)
+    with paged_context(model, fused, geometry.has_kv):
+        for rows, toks in _steps(store):
+            counts = [1 if done[i] else lens[i] for i in rows]
+            starts = [done[i] for i in rows]
+            tok, meta = build_metadata(toks, counts, np.array(starts, np.int32),
+                                       [tables[i][:-(-(done[i] + n) // block_size)]
+                                        for i, n in zip(rows, counts)], block_size,
                                        geometry.windows, kernel)
-            logits = forward(model, split, pool, geometry.windows, tok, meta, rows, cols)
-            mx.eval(logits, pool.key_caches, pool.value_caches)
-            results.append(_log_softmax(logits))
-    return [mx.stack([results[0][i], results[1][i]]) for i in rows]
+            states = store.caches(rows, starts, counts) if store is not None else None
+            logits = forward(model, split, pool, geometry.windows, tok, meta,
+                             list(range(len(rows))), [n - 1 for n in counts],
+                             geometry.gathered, states, geometry.layout)
+            if store is not None:
+                store.save(rows, starts, counts, states)
+            mx.eval(logits, pool.key_caches, pool.value_caches,
+                    store.arrays() if store is not None else [])
+            for k, i in enumerate(rows):
+                results[i].append(_log_softmax(logits[k]))
+                done[i] += counts[k]
+    return [mx.stack(r) for r in results]
 
 
 def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str | None:

@@ -36,12 +36,20 @@ class CacheGeometry:
         k_dim: Width of one key head.
         v_dim: Width of one value head (may differ from ``k_dim``, e.g. MLA).
         window: Sliding window in tokens, or None for full attention.
+        gathered: The layer attends with K/V of another shape than it caches (latent
+            attention, MLA: keys and values computed from the cached latent; or K/V heads
+            repeated in the model), so the paged path hands it the gathered context.
+        state_size: For a recurrent-state entry (``ArraysCache``: SSM, convolution, linear
+            attention), its number of state arrays (no pool; the state store holds it);
+            0 for a K/V entry.
     """
 
     kv_heads: int
     k_dim: int
     v_dim: int
     window: int | None = None
+    gathered: bool = False
+    state_size: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -58,16 +66,36 @@ class ModelGeometry:
         dtype: The compute dtype (of the keys the model writes).
         array_mask: Whether a layer passed an ``mx.array`` as the attention mask on the
             probe (the paged path builds its own masks; the load check decides).
+        layout: mlx-lm's cache list in entry indices: an int per plain cache, a tuple of
+            entries per ``CacheList`` (a layer keeping several caches: a convolution state
+            plus K/V, two attention blocks); None when every position is one entry.
+        logits_width: Columns of the probe's logits (the vocabulary the head scores).
     """
 
     model_type: str
     caches: list[CacheGeometry]
     dtype: mx.Dtype
     array_mask: bool = False
+    layout: list[int | tuple[int, ...]] | None = None
+    logits_width: int = 0
 
     @property
     def windows(self) -> list[int | None]:
         return [c.window for c in self.caches]
+
+    @property
+    def gathered(self) -> list[bool]:
+        return [c.gathered for c in self.caches]
+
+    @property
+    def has_kv(self) -> bool:
+        """Whether any entry holds K/V (False: a pure state-space model)."""
+        return any(c.kv_heads for c in self.caches)
+
+    @property
+    def recurrent(self) -> list[int]:
+        """Indices of the recurrent-state entries."""
+        return [i for i, c in enumerate(self.caches) if c.state_size]
 
 
 @dataclass
@@ -115,12 +143,9 @@ def _cache_kind(cache, index: int) -> int | None:
             raise ValueError(f"cache {index} keeps {cache.keep} sink tokens in its window "
                              "(RotatingKVCache keep > 0)")
         return cache.max_size
-    if type(cache) is c.KVCache:
+    if type(cache) is c.KVCache or type(cache) is c.ArraysCache:
         return None
-    why = {c.ArraysCache: "a recurrent-state layer (SSM / convolution / linear attention, "
-                          "ArraysCache) needs a recurrent-state store",
-           c.CacheList: "a layer keeps several caches (CacheList: sparse-attention indexer, "
-                        "two attention blocks or state plus K/V)",
+    why = {c.CacheList: "a CacheList inside a CacheList",
            c.ChunkedKVCache: "chunked attention (ChunkedKVCache)",
            c.QuantizedKVCache: "a quantized KV cache (QuantizedKVCache)"}
     for kind, reason in why.items():
@@ -128,6 +153,23 @@ def _cache_kind(cache, index: int) -> int | None:
             raise ValueError(f"cache {index}: {reason}")
     raise ValueError(f"cache {index} is a {type(cache).__name__}, not a KVCache or "
                      "RotatingKVCache")
+
+
+def _flatten(caches: list) -> tuple[list, list[int | tuple[int, ...]] | None]:
+    """mlx-lm's caches as entries (each ``CacheList`` opened one level) and the layout that
+    rebuilds the list from entry indices (None when there is no ``CacheList``)."""
+    from mlx_lm.models.cache import CacheList
+
+    leaves, layout = [], []
+    for c in caches:
+        if isinstance(c, CacheList):
+            layout.append(tuple(range(len(leaves), len(leaves) + len(c.caches))))
+            leaves.extend(c.caches)
+        else:
+            layout.append(len(leaves))
+            leaves.append(c)
+    return leaves, (layout if len(leaves) != len(caches) or any(
+        isinstance(e, tuple) for e in layout) else None)
 
 
 def reference_logits(model, tokens: list[int]) -> tuple[mx.array, list]:
@@ -148,44 +190,49 @@ def probe_model(model) -> ModelGeometry:
         UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
             mlx-lm's own forward failing, no module binding ``scaled_dot_product_attention``,
             a layer that writes K/V but attends outside
-            ``scaled_dot_product_attention`` or over K/V other than those it cached (absorbed
-            MLA), or no layer writing K/V at all.
+            ``scaled_dot_product_attention``, or no layer writing K/V at all.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
     name = model_type_of(model)
     try:
         caches = make_prompt_cache(model)
-        windows = [_cache_kind(c, i) for i, c in enumerate(caches)]
+        leaves, layout = _flatten(caches)
+        windows = [_cache_kind(c, i) for i, c in enumerate(leaves)]
     except (ValueError, AttributeError, TypeError) as e:
         raise UnsupportedModelError(name, str(e)) from None
     calls = _Calls()
+    stateful = all(isinstance(getattr(c, "cache", None), list) for c in leaves)
     with _instrumented(model, calls) as binds:
-        if not binds:
+        if not binds and not stateful:
             raise UnsupportedModelError(name, "its attention does not go through mlx-lm's "
                                         "scaled_dot_product_attention")
         try:
-            mx.eval(model(mx.array([PROBE_TOKENS]), cache=caches))
+            logits = model(mx.array([PROBE_TOKENS]), cache=caches)
+            mx.eval(logits)
         except Exception as e:  # noqa: BLE001 - any failure of the probe is a refusal
             raise UnsupportedModelError(
                 name, f"mlx-lm's own forward pass fails: {type(e).__name__}: {e}") from None
     geometry, dtype = [], None
-    for i, (cache, window) in enumerate(zip(caches, windows)):
+    for i, (cache, window) in enumerate(zip(leaves, windows)):
         keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+        if isinstance(getattr(cache, "cache", None), list):  # ArraysCache: recurrent state
+            geometry.append(CacheGeometry(0, 0, 0, None, state_size=len(cache.cache)))
+            continue
         if keys is None:
             geometry.append(CacheGeometry(0, 0, 0, window))
             continue
         if id(cache) not in calls.attended:
             raise UnsupportedModelError(
                 name, f"cache {i} is written but its layer computes attention outside "
-                "scaled_dot_product_attention (the paged path would silently differ)")
-        if id(cache) in calls.derived:
-            raise UnsupportedModelError(name, f"cache {i}: the layer attends with K/V of "
-                                        "another shape than it caches (absorbed latent "
-                                        "attention, MLA, or K/V heads repeated in the "
-                                        "model): the paged path attends over what is cached")
-        geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window))
+                "scaled_dot_product_attention (block-sparse attention, a sparse-attention indexer: "
+                "the paged path would silently differ)")
+        geometry.append(CacheGeometry(keys.shape[1], keys.shape[3], values.shape[3], window,
+                                      id(cache) in calls.derived))
         dtype = dtype or keys.dtype
+    if dtype is None and stateful:  # no K/V: the dtype of the first floating state
+        dtype = next((a.dtype for c in leaves for a in c.cache
+                      if a is not None and mx.issubdtype(a.dtype, mx.floating)), None)
     if dtype is None:
-        raise UnsupportedModelError(name, "no layer writes K/V (an attention-free model)")
-    return ModelGeometry(name, geometry, dtype, calls.array_mask)
+        raise UnsupportedModelError(name, "no layer writes K/V or a recurrent state")
+    return ModelGeometry(name, geometry, dtype, calls.array_mask, layout, logits.shape[-1])

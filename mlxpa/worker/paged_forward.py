@@ -50,28 +50,44 @@ def find_head_split(model: nn.Module) -> HeadSplit | None:
 
 
 @contextmanager
-def paged_context(model: nn.Module, fused: bool) -> Iterator[None]:
+def paged_context(model: nn.Module, fused: bool, attention: bool = True) -> Iterator[None]:
     """Paged attention dispatch (and, on the CPU when ``fused``, the fused element-wise
-    ops) for the model's modules while open."""
+    ops) for the model's modules while open; ``attention`` False for a model without K/V
+    (a pure state-space model: nothing to dispatch)."""
     ops = fused_cpu_ops(model) if fused and on_cpu() else nullcontext()
-    with paged_attention(model), ops:
+    dispatch = paged_attention(model) if attention else nullcontext()
+    with dispatch, ops:
         yield
 
 
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
             windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
-            rows: list[int], cols: list[int]) -> mx.array | None:
+            rows: list[int], cols: list[int], gathered: list[bool] | None = None,
+            states: dict | None = None,
+            layout: list[int | tuple[int, ...]] | None = None) -> mx.array | None:
     """Run one padded group (inside :func:`paged_context`).
 
     Args:
         tokens: ``[B, L]`` int32 token ids.
         rows, cols: Positions whose logits are wanted.
+        gathered: Per cache entry, whether its layer attends over K/V derived from the
+            gathered context (:class:`PagedLayerCache`); None: none does.
+        states: Per recurrent-state entry, the group's ``ArraysCache``
+            (:class:`~mlxpa.worker.state_store.RecurrentStateStore`), passed to the model in
+            that entry's place and updated by it.
+        layout: mlx-lm's cache list in entry indices (a tuple: one ``CacheList`` of those
+            entries, a layer keeping several caches); None: one entry per position.
 
     Returns:
         ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
         (only the K/V writes matter, evaluated with the pools).
     """
-    caches = [PagedLayerCache(kv_cache, i, meta, w) for i, w in enumerate(windows)]
+    gathered = gathered or [False] * len(windows)
+    states = states or {}
+    leaves = [states[i] if i in states else PagedLayerCache(kv_cache, i, meta, w, g)
+              for i, (w, g) in enumerate(zip(windows, gathered))]
+    caches = leaves if layout is None else [
+        leaves[e] if isinstance(e, int) else _cache_list(leaves[j] for j in e) for e in layout]
     if split is None:
         out = model(tokens, cache=caches)
         return out[mx.array(rows), mx.array(cols)] if rows else None
@@ -79,6 +95,12 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
     if not rows:
         return None
     return split.head(hidden[mx.array(rows), mx.array(cols)])
+
+
+def _cache_list(caches):
+    from mlx_lm.models.cache import CacheList
+
+    return CacheList(*caches)
 
 
 def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,

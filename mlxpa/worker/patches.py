@@ -67,6 +67,8 @@ class _Swaps:
 def _dispatch(original: Any) -> Any:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None,
                                      **kwargs):
+        if isinstance(cache, PagedLayerCache) and cache.gathered:
+            return cache.attend_gathered(queries, keys, values, scale, mask, sinks)
         if isinstance(cache, PagedLayerCache):
             return cache.attend(queries, scale, sinks)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,

@@ -16,6 +16,10 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from mlxpa.config import SamplingParams
 
 _MASK64 = (1 << 64) - 1
+# The smallest top_p passed to mlx-lm's filter: it compares float32 masses with
+# ``top_p * total``, and a top_p that rounds to 0 in float32 (1e-300) would drop every token
+# and read past the sorted row; any top_p this small keeps only the most likely token anyway.
+_MIN_TOP_P = 1e-30
 
 
 def request_key(seed: int, position: int) -> mx.array:
@@ -30,18 +34,24 @@ def request_key(seed: int, position: int) -> mx.array:
 def sample_one(logits: mx.array, params: SamplingParams, seed: int, position: int) -> mx.array:
     """Sample one token from ``[1, vocab]`` logits with temperature/top-p/top-k/min-p.
 
+    Tokens the filters remove stay at ``-inf`` whatever the temperature, and every kept token's
+    scaled log-probability is finite (``params.temperature >= SAMPLING_EPS``).
+
     Returns:
         ``[1]`` uint32 token id.
     """
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     if 0 < params.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, params.top_p)
+        logprobs = apply_top_p(logprobs, max(params.top_p, _MIN_TOP_P))
     if params.min_p > 0:
         logprobs = apply_min_p(logprobs, params.min_p)
     if 0 < params.top_k < logits.shape[-1]:
         logprobs = apply_top_k(logprobs, params.top_k)
-    return mx.random.categorical(logprobs * (1 / params.temperature),
-                                 key=request_key(seed, position))
+    # NOTE: the filters leave removed tokens at -inf; a huge temperature makes 1/T underflow
+    # to 0 in float32 and -inf * 0 is NaN, so removed tokens are kept at -inf explicitly
+    # (kept ones are finite: temperatures below SAMPLING_EPS never get here).
+    scaled = mx.where(logprobs == -mx.inf, logprobs, logprobs * (1 / params.temperature))
+    return mx.random.categorical(scaled, key=request_key(seed, position))
 
 
 def sample(logits: mx.array, params: list[SamplingParams], seeds: list[int],

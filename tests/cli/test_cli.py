@@ -129,6 +129,9 @@ def test_plan_predicts_hits_and_blocks(tiny, tmp_path):
                                              {"prompt": "qrstuvwx"}, {"prompt": ""}])
     r = CliRunner().invoke(app, ["plan", src, "--model", folder, "--block-size", "4",
                                  "--max-tokens", "2", "--json"])
+    assert r.exit_code == 2 and f'{src} line 4: field "prompt"' in r.output  # as run lists it
+    r = CliRunner().invoke(app, ["plan", src, "--model", folder, "--block-size", "4",
+                                 "--max-tokens", "2", "--json", "--skip-invalid"])
     assert r.exit_code == 0, r.output
     p = json.loads(r.stdout)
     assert p["rows"] == 3 and p["invalid_rows"] == 1

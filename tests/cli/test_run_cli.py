@@ -164,7 +164,7 @@ def test_stop_and_decode_fields(tmp_path, tiny):
     for args, text in [(["--stop", full[2:4], "--include-stop-str"], full[:4]),
                        (["--stop-token-id", str(ref[3])], tok.decode(ref[:k]))]:
         r = invoke([src2, "-o", str(out), "--model", folder, "--max-tokens", "12",
-                    "--ignore-eos", *args])
+                    "--ignore-eos", "--overwrite", *args])
         assert r.exit_code == 0, r.output
         assert read_jsonl(out)[0]["text"] == text
     r = invoke([src2, "--model", folder, "--min-tokens", "-1"])
@@ -183,7 +183,7 @@ def test_ignore_eos_default(tmp_path, tiny):
                   ).exit_code == 0
     assert [(r["finish_reason"], r["completion_tokens"]) for r in read_jsonl(out)] == [("stop", 1)]
     assert invoke([src, "-o", str(out), "--model", str(eos_folder), "--max-tokens", "5",
-                   "--ignore-eos"]).exit_code == 0
+                   "--ignore-eos", "--overwrite"]).exit_code == 0
     assert [(r["finish_reason"], r["text"]) for r in read_jsonl(out)] == [
         ("length", tok.decode(ref[:5]))]
 
@@ -315,10 +315,26 @@ def test_seed_is_the_engine_seed(tmp_path, tiny):
     def texts(seed):
         out = tmp_path / f"out{seed}.jsonl"
         r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "8",
-                    "--temperature", "1.5", "--seed", str(seed), "--ignore-eos"])
+                    "--temperature", "1.5", "--seed", str(seed), "--ignore-eos", "--overwrite"])
         assert r.exit_code == 0, r.output
         return [row["text"] for row in read_jsonl(out)]
 
     a = texts(7)
     assert len(set(a)) > 1  # identical prompts sample differently (seeds differ per row)
     assert texts(7) == a and texts(8) != a
+
+
+def test_existing_output_needs_overwrite_or_resume(tmp_path, tiny):
+    """A forgotten --resume must not destroy finished work; unknown output extensions are
+    refused instead of getting JSONL."""
+    folder = tiny[0]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": PROMPT, "max_tokens": 2}])
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": 0, "text": "kept"}\n')
+    r = invoke([src, "-o", str(out), "--model", folder])
+    assert r.exit_code == 2 and "--overwrite" in r.output and "--resume" in r.output
+    assert out.read_text() == '{"id": 0, "text": "kept"}\n'
+    assert invoke([src, "-o", str(out), "--model", folder, "--overwrite"]).exit_code == 0
+    assert read_jsonl(out)[0]["completion_tokens"] == 2
+    r = invoke([src, "-o", str(tmp_path / "out.csv"), "--model", folder])
+    assert r.exit_code == 1 and ".jsonl" in r.output and not (tmp_path / "out.csv").exists()

@@ -101,3 +101,19 @@ def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path
     assert r.returncode == 0, r.stderr.decode()
     got = output_ids(out)
     assert got[:len(first)] == first and sorted(got) == sorted(ids) and len(got) == len(ids)
+
+
+def test_signal_before_any_row_runs_stops_at_once():
+    """Ctrl-C while the input is read or the model loads raises at once (nothing to write);
+    once rows run (``should_stop`` polled), the first signal only asks to stop."""
+    from mlxpa.cli.signals import catch_sigint
+
+    with catch_sigint() as stop, pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert stop.is_set()
+    with catch_sigint() as stop:
+        assert not stop.should_stop()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        assert stop.should_stop()

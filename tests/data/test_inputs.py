@@ -128,10 +128,10 @@ def test_openai_batch_lines_checked(tmp_path):
 
 
 def test_unknown_sampling_fields_and_passthrough(tmp_path):
-    row = one(tmp_path, {"prompt": "x", "temprature": 0.5, "logprobs": True, "category": "c",
+    row = one(tmp_path, {"prompt": "x", "temprature": 0.5, "echo": True, "category": "c",
                          "url": "http://example.com", "top_k": None})
     assert row.error == (f'{tmp_path / "p.jsonl"} line 1: field "temprature": unknown sampling '
-                         'field (did you mean "temperature"?); field "logprobs": sampling field '
+                         'field (did you mean "temperature"?); field "echo": sampling field '
                          "not supported by mlxpa")
     assert one(tmp_path, {"prompt": "x", "category": "c", "max_completion_tokens": 4}).params == {
         "max_tokens": 4}
@@ -194,13 +194,13 @@ def test_openai_text_content_parts_and_switched_off_features(tmp_path):
          "body": {"messages": [{"role": "user", "content": [
              {"type": "image_url", "image_url": {"url": "x"}}]}]}},
         {"custom_id": "r3", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True}},
+         "body": {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"1": 2}}},
     ]
     src.write_text("".join(json.dumps(o) + "\n" for o in lines))
     r1, r2, r3 = read_rows(str(src))
     assert r1.error is None and r1.messages == [{"role": "user", "content": "Hi\nthere"}]
     assert 'body.messages[0].content" must be a string or a list of {"type": "text"' in r2.error
-    assert 'field "body.logprobs": sampling field not supported by mlxpa' in r3.error
+    assert 'field "body.logit_bias": sampling field not supported by mlxpa' in r3.error
 
 
 def test_openai_line_without_custom_id_names_it_and_has_no_id(tmp_path):

@@ -104,11 +104,11 @@ def test_invalid_utf8_is_a_row_error(tmp_path):
 def test_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         read_rows(str(tmp_path / "nope.jsonl"))  # at call time, not at first next()
-    (tmp_path / "p.txt").write_text("prompt\nx\n")
+    (tmp_path / "p.xml").write_text("prompt\nx\n")
     with pytest.raises(InputError, match="cannot tell the format"):
-        read_rows(str(tmp_path / "p.txt"))
+        read_rows(str(tmp_path / "p.xml"))
     with pytest.raises(ValueError, match="unknown format"):
-        read_rows(str(tmp_path / "p.txt"), fmt="xml")
+        read_rows(str(tmp_path / "p.xml"), fmt="xml")
     assert [r.prompt for r in read_rows(write_lines(tmp_path / "p.txt", ['{"prompt": "x"}']),
                                         fmt="jsonl")] == ["x"]
 
@@ -127,11 +127,12 @@ def test_missing_file_and_unknown_format(tmp_path):
     ({"prompt": "a", "max_tokens": -1}, 'field "max_tokens" must be an integer >= 0, got -1'),
     ({"prompt": "a", "max_tokens": 2.5}, 'field "max_tokens" must be an integer >= 0, got 2.5'),
     ({"prompt": "a", "max_tokens": True}, 'field "max_tokens" must be an integer >= 0, got true'),
-    ({"prompt": "a", "temperature": -0.1}, 'field "temperature" must be a number >= 0, got -0.1'),
+    ({"prompt": "a", "temperature": -0.1},
+     'field "temperature" must be a finite number >= 0, got -0.1'),
     ({"prompt": "a", "top_p": 0}, 'field "top_p" must be a number in (0, 1], got 0'),
     ({"prompt": "a", "top_p": 1.5}, 'field "top_p" must be a number in (0, 1], got 1.5'),
     ({"prompt": "a", "min_p": 2}, 'field "min_p" must be a number in [0, 1], got 2'),
-    ({"prompt": "a", "n": 0}, 'field "n" must be an integer >= 1, got 0'),
+    ({"prompt": "a", "n": 0}, 'field "n" must be an integer from 1 to 1024, got 0'),
     ({"prompt": "a", "seed": -3}, 'field "seed" must be an integer >= 0, got -3'),
     ({"prompt": "a", "stop": 3},
      'field "stop" must be a non-empty string or a list of them, got 3'),
@@ -434,3 +435,14 @@ def test_sampling_fields_constant():
     assert SAMPLING_FIELDS == ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                                "stop", "n", "stop_token_ids", "ignore_eos",
                                "include_stop_str_in_output", "min_tokens")
+
+
+def test_text_file_is_one_prompt_per_line(tmp_path):
+    """``examples/reviews.txt``-style input: each non-blank line a prompt, line numbers kept,
+    a BOM and CRLF endings removed, blank lines skipped."""
+    path = tmp_path / "reviews.txt"
+    path.write_bytes("\ufeffGreat value.\r\n\r\n  Broke after a week. \n".encode())
+    rows = list(read_rows(str(path)))
+    assert [(r.prompt, r.line, r.index) for r in rows] == [
+        ("Great value.", 1, 0), ("  Broke after a week. ", 3, 1)]
+    assert all(r.error is None for r in rows)

@@ -1,4 +1,4 @@
-"""The Metal paged-attention kernels, run on the CPU with ``shared/tools/msl_emu``, against the
+"""The Metal paged-attention kernels, run on the CPU with ``tests/tools/msl_emu``, against the
 reference: ragged lengths (0, 1, block size +- 1, longer), GQA ratios 1/4/8, windows with and
 without trimmed tables, all three dtypes, both decode variants.
 

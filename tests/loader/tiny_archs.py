@@ -56,6 +56,18 @@ _YARN = {"type": "yarn", "factor": 1.0, "original_max_position_embeddings": 4096
 _MAMBA = dict(state_size=8, conv_kernel=4, use_conv_bias=True, time_step_rank=8, n_groups=1,
               time_step_limit=(0.0, float("inf")), time_step_min=0.001, time_step_max=0.1,
               time_step_floor=1e-4, expand=2, num_heads=8, head_dim=16, chunk_size=8)
+_LFM2 = dict(conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16,
+             block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+             full_attn_idxs=[1], layer_types=["conv", "full_attention"])
+_LINEAR_ATTN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4)
+# layer 0 latent attention (MLA), layer 1 kimi delta attention
+_KIMI_LINEAR = dict(linear_attn_config={"num_heads": 4, "head_dim": 16, "kda_layers": [2],
+                                        "short_conv_kernel_size": 4},
+                    model_max_length=4096, num_key_value_heads=4, num_experts_per_token=2,
+                    first_k_dense_replace=1)
+_LONGCAT = dict(expert_ffn_hidden_size=64, zero_expert_num=2, q_lora_rank=16,
+                mla_scale_q_lora=True, mla_scale_kv_lora=True)
 OVERRIDES: dict[str, dict] = {
     # its head writes -inf at fixed ids up to 100351
     "phi3small": dict(vocab_size=100352, dense_attention_every_n_layers=2,
@@ -76,7 +88,6 @@ OVERRIDES: dict[str, dict] = {
     "exaone4": dict(sliding_window_pattern="LG"),
     "gemma4_text": dict(num_kv_shared_layers=0, global_head_dim=32),
     "gemma4": dict(num_kv_shared_layers=0, global_head_dim=32),
-    "qwen": dict(intermediate_size=256),
     "plamo": dict(n_shared_head=2),
     "step3p5": dict(num_experts_per_tok=2, moe_top_k=2, moe_num_experts=4),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
@@ -105,9 +116,53 @@ OVERRIDES: dict[str, dict] = {
                              mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
                              mamba_conv_bias=True, mamba_proj_bias=False,
                              position_embedding_type="rope"),
-    "lfm2": dict(conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16,
-                 block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
-                 full_attn_idxs=[1], layer_types=["conv", "full_attention"]),
+    "lfm2": dict(_LFM2),
+    "baichuan_m1": dict(sliding_window_layers=[0], conv_window=2),
+    # layer 0 gated linear attention (ArraysCache), layer 1 global attention
+    "bailing_moe_linear": dict(layer_group_size=2, num_key_value_heads=4),
+    "gemma3n": dict(num_hidden_layers=4, num_kv_shared_layers=2, vocab_size_per_layer_input=VOCAB,
+                    rope_local_base_freq=10000.0, final_logit_softcapping=30.0,
+                    layer_types=["sliding_attention", "full_attention"] * 2,
+                    activation_sparsity_pattern=[0.0] * 4, hidden_size_per_layer_input=16,
+                    altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
+                    altup_active_idx=0, laurel_rank=8),
+    "glm_moe_dsa": dict(index_head_dim=16, index_n_heads=2, index_topk=16, q_lora_rank=32,
+                        topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1,
+                        num_key_value_heads=4, rope_parameters=_ROPE),
+    "kimi_linear": dict(_KIMI_LINEAR),
+    "kimi_k3": dict(_KIMI_LINEAR, hidden_act="situ", num_experts_per_token=2),
+    "lfm2-vl": dict(_LFM2),
+    "lfm2_moe": dict(_LFM2, use_expert_bias=True, num_dense_layers=1),
+    # 4 layers so the chunked-local / global pattern has a global layer (index 3)
+    "llama4": dict(attention_chunk_size=8, interleave_moe_layer_step=2, num_hidden_layers=4,
+                   num_local_experts=2, num_experts_per_tok=1, use_qk_norm=True),
+    "longcat_flash": dict(_LONGCAT, attention_method="MLA", zero_expert_type="identity"),
+    "longcat_flash_ngram": dict(_LONGCAT, ngram_vocab_size_ratio=4, emb_neighbor_num=2,
+                                emb_split_num=2),
+    "mimo_v2_flash": dict(hybrid_layer_pattern=[1, 0], moe_layer_freq=[0, 1],
+                          add_swa_attention_sink_bias=True, add_full_attention_sink_bias=False,
+                          sliding_window_size=8, topk_method="noaux_tc",
+                          scoring_func="sigmoid", layernorm_epsilon=1e-5,
+                          swa_rope_theta=1000.0, swa_num_attention_heads=4,
+                          swa_num_key_value_heads=2, swa_head_dim=16, swa_v_head_dim=16),
+    # one block of each kind: grouped attention, no attention, attention replaced by a linear
+    # builds; mlx-lm runs it only through a Metal kernel
+    "muse_spark": dict(post_norm_eps=1e-5, rope_parameters=_ROPE, layer_rope_theta=[1e4, 0],
+                       final_logit_softcapping=30.0, output_multiplier=1.0,
+                       moe_hidden_size=32, num_shared_experts=0, mlp_layer_types=None),
+    "nemotron-nas": dict(num_hidden_layers=3, block_configs=[
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 2.0}},
+        {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.5}}]),
+    "olmo_hybrid": dict(_LINEAR_ATTN, linear_allow_neg_eigval=True,
+                        layer_types=["linear_attention", "full_attention"]),
+    "qwen": dict(intermediate_size=256, kv_channels=16),
+    "qwen3_5": dict(_LINEAR_ATTN, full_attention_interval=2, layer_types=None),
+    "qwen3_5_moe": dict(_LINEAR_ATTN, full_attention_interval=2, layer_types=None),
+    "rwkv7": dict(a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=16,
+                  decay_low_rank_dim=8),
+    "spark2_5": dict(hidden_act="gelu",
+                     rope_parameters={"sliding_attention": _ROPE, "full_attention": _ROPE}),
 }
 
 

@@ -58,11 +58,9 @@ def test_dtype_of_a_half_model():
 
 @pytest.mark.parametrize("name,reason", [
     ("gemma2", "does not go through mlx-lm's scaled_dot_product_attention"),
-    ("deepseek_v3", "absorbed latent attention"),
-    ("plamo", "another shape than it caches"),
+    ("llama4", "ChunkedKVCache"),
     ("phi3small", "outside scaled_dot_product_attention"),
-    ("mamba", "recurrent-state"),
-    ("falcon_h1", "CacheList"),
+    ("deepseek_v32", "sparse-attention indexer"),
 ])
 def test_refused_with_reason(name, reason):
     with pytest.raises(UnsupportedModelError) as err:
@@ -90,3 +88,25 @@ def test_cli_prints_one_line(tmp_path):
                      "through mlx-lm's scaled_dot_product_attention"]
     assert "Traceback" not in result.output
     assert not out.exists() or out.read_text() == ""
+
+
+def test_cache_lists_open_into_entries():
+    """Falcon-H1 keeps ``CacheList(ArraysCache(2), KVCache)`` per layer: two entries each,
+    the state one without a pool, and a layout that rebuilds the lists."""
+    geometry = probe_model(build("falcon_h1"))
+    assert geometry.layout == [(0, 1), (2, 3)]
+    assert [c.state_size for c in geometry.caches] == [2, 0, 2, 0]
+    assert [c.kv_heads for c in geometry.caches] == [0, 2, 0, 2]
+    assert geometry.recurrent == [0, 2] and geometry.has_kv
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "plamo"])
+def test_latent_and_repeated_kv_are_gathered(name):
+    """MLA caches the latent and the RoPE key (1 head) and attends over K/V computed from
+    them; plamo repeats its K/V heads: the probe marks such entries ``gathered`` with the
+    cached geometry."""
+    geometry = probe_model(build(name))
+    assert any(c.gathered for c in geometry.caches)
+    if name == "deepseek_v3":
+        c = geometry.caches[0]
+        assert (c.kv_heads, c.k_dim, c.v_dim) == (1, 16, 8)  # kv_lora_rank, qk_rope_head_dim

@@ -3,10 +3,13 @@ open, is undone after an exception too, and leaves the model's output unchanged 
 
 from __future__ import annotations
 
+import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from mlx_lm.models import base, gemma3_text, llama
 
+from mlxpa.kernels import cpu_fused
 from mlxpa.worker.patches import fused_cpu_ops, model_modules, paged_attention
 from tests.tiny_models import tiny_gemma3, tiny_llama
 
@@ -16,7 +19,25 @@ def test_model_modules_are_the_defining_modules():
     assert "mlx_lm.models.llama" in names and names == sorted(names)
 
 
-''' + open("/work/tmp10/moved.txt").read().rstrip() + '''
+@pytest.mark.parametrize("make", [tiny_gemma3, tiny_llama])
+def test_patch_swaps_inside_context_only(make):
+    model = make()
+    module = gemma3_text if make is tiny_gemma3 else llama
+    x = mx.array([[5, 9, 33, 71, 2, 8]])
+    want = model(x)
+    ropes = [m.self_attn.rope for m in model.layers]
+    with fused_cpu_ops(model):
+        assert module.nn is not nn
+        if module is llama:
+            assert module.swiglu is cpu_fused.swiglu
+        assert all(isinstance(m.self_attn.rope, cpu_fused.TableRoPE) for m in model.layers)
+        # Offsets as an array (what the paged cache passes) take the table path.
+        got = model(x)
+    assert module.nn is nn
+    assert module is gemma3_text or module.swiglu is not cpu_fused.swiglu
+    assert [m.self_attn.rope for m in model.layers] == ropes
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-4, rtol=1e-4)
+    assert mx.array_equal(model(x), want)
 
 
 @pytest.mark.parametrize(("make", "module"), [(tiny_gemma3, gemma3_text), (tiny_llama, llama)])

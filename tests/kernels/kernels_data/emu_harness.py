@@ -1,4 +1,4 @@
-"""Run mlxpa's Metal paged-attention kernels on a Linux CPU with ``shared/tools/msl_emu``.
+"""Run mlxpa's Metal paged-attention kernels on a Linux CPU with ``tests/tools/msl_emu``.
 
 The exact Metal source MLX generates for each launch is captured by tracing the call inside
 ``mx.export_function`` (``msl_run.generated_msl``), compiled as C++20 against ``msl_emu.h``
@@ -26,12 +26,8 @@ from mlxpa.kernels import _common, metal_paged_attention
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
-# The emulator: $MLXPA_MSL_EMU, else ../shared beside the checkout, else shared/ inside it.
-EMU_DIR = os.environ.get("MLXPA_MSL_EMU") or next(
-    (p for p in (os.path.join(_ROOT, "..", "shared", "tools", "msl_emu"),
-                 os.path.join(_ROOT, "shared", "tools", "msl_emu"))
-     if os.path.isfile(os.path.join(p, "msl_run.py"))),
-    os.path.join(_ROOT, "..", "shared", "tools", "msl_emu"))
+# The emulator: the repository's own (tests/tools/msl_emu), or $MLXPA_MSL_EMU.
+EMU_DIR = os.environ.get("MLXPA_MSL_EMU") or os.path.join(_ROOT, "tests", "tools", "msl_emu")
 
 
 def unavailable_reason() -> str | None:
@@ -81,8 +77,8 @@ def _precompile_header() -> None:
         if os.path.exists(header):
             return
         shutil.copy(os.path.join(EMU_DIR, "msl_emu.h"), header + ".tmp")
-        subprocess.run(["g++", "-std=c++20", "-O1", "-g", "-pthread", "-fPIC", "-Wno-attributes",
-                        "-x", "c++-header", header + ".tmp", "-o", header + ".gch"],
+        subprocess.run(["g++", *_msl_run().CXXFLAGS, "-x", "c++-header", header + ".tmp",
+                        "-o", header + ".gch"],
                        capture_output=True, check=False)
         os.replace(header + ".tmp", header)
 

@@ -1,0 +1,140 @@
+"""Request fields mlxpa does not run itself: one table of what each means for a row.
+
+Every field of the OpenAI / vLLM request APIs that is not one of mlxpa's sampling fields
+(:data:`~mlxpa.data.params.SAMPLING_FIELDS`) has one entry in :data:`FIELD_SUPPORT`:
+
+* ``ignored``: it does not change the completion (``model``, ``user``, ``metadata``, ``store``,
+  ``parallel_tool_calls`` without tools, ...): accepted and dropped;
+* ``unsupported``: it would change the output and mlxpa does not implement it: an error row
+  naming it, unless its value only restates the API's default (``"presence_penalty": 0``,
+  ``"best_of": 1``, ``"stream": false``), which is accepted.
+
+A feature that becomes supported moves out of this table into the row parser (its entry is
+switched to ``supported``; a ``supported`` field is left to the code that reads it).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, NamedTuple
+
+from mlxpa.data.params import SAMPLING_FIELDS, bad, show
+
+OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+class FieldRule(NamedTuple):
+    """How a row treats one request field.
+
+    Attributes:
+        status: ``supported`` (read elsewhere), ``ignored`` or ``unsupported``.
+        defaults: Values that restate the API's default (an ``unsupported`` field set to one
+            of them changes nothing, so it is accepted); None and absent are always accepted.
+    """
+
+    status: str
+    defaults: tuple[Any, ...] = ()
+
+
+_OFF = (False, 0, [], {}, "")
+_UNSUPPORTED = FieldRule("unsupported", _OFF)
+_IGNORED = FieldRule("ignored")
+_SUPPORTED = FieldRule("supported")
+
+# OpenAI Chat/Completions and vLLM request fields that are not mlxpa sampling fields.
+FIELD_SUPPORT: dict[str, FieldRule] = {
+    # metadata of the request, not of the completion
+    "model": _IGNORED, "user": _IGNORED, "metadata": _IGNORED, "store": _IGNORED,
+    "service_tier": _IGNORED,
+    # only meaningful with tools, which are unsupported (so never set)
+    "parallel_tool_calls": _IGNORED,
+    # a batch never streams: stream false (the default) and its options are meaningless
+    "stream": FieldRule("unsupported", (False,)),
+    "stream_options": _IGNORED,
+    # structured outputs and log-probabilities (mlxpa.data.structured reads them)
+    "response_format": _SUPPORTED, "logprobs": _SUPPORTED, "top_logprobs": _SUPPORTED,
+    "guided_json": _SUPPORTED, "guided_regex": _SUPPORTED, "guided_choice": _SUPPORTED,
+    "guided_grammar": _SUPPORTED, "structured_outputs": _SUPPORTED,
+    "prompt_logprobs": _UNSUPPORTED,
+    "presence_penalty": _UNSUPPORTED, "frequency_penalty": _UNSUPPORTED,
+    "repetition_penalty": FieldRule("unsupported", (*_OFF, 1, 1.0)),
+    "logit_bias": _UNSUPPORTED, "allowed_token_ids": _UNSUPPORTED, "bad_words": _UNSUPPORTED,
+    "best_of": FieldRule("unsupported", (*_OFF, 1)), "use_beam_search": _UNSUPPORTED,
+    "length_penalty": FieldRule("unsupported", (*_OFF, 1, 1.0)),
+    "typical_p": FieldRule("unsupported", (*_OFF, 1, 1.0)),
+    "tools": _UNSUPPORTED, "tool_choice": FieldRule("unsupported", (*_OFF, "none")),
+    "functions": _UNSUPPORTED, "function_call": FieldRule("unsupported", (*_OFF, "none")),
+    "echo": _UNSUPPORTED, "suffix": _UNSUPPORTED,
+    "reasoning_effort": _UNSUPPORTED, "modalities": FieldRule("unsupported", (*_OFF, ["text"])),
+    "audio": _UNSUPPORTED, "prediction": _UNSUPPORTED, "web_search_options": _UNSUPPORTED,
+}
+
+
+def unsupported_fields() -> frozenset[str]:
+    """Names of the fields that are errors unless they restate a default."""
+    return frozenset(k for k, r in FIELD_SUPPORT.items() if r.status == "unsupported")
+
+
+def field_problem(name: str, key: str, value: Any) -> str | None:
+    """The problem with field ``key`` set to ``value`` (shown as ``name``), or None when the
+    row may have it: unknown to the table, ``supported``, ``ignored``, or set to a default.
+
+    Numbers compare by value (``0`` and ``0.0`` restate the default alike); a bool is never
+    taken for a number (``true`` is not ``1``).
+    """
+    rule = FIELD_SUPPORT.get(key)
+    if rule is None or rule.status != "unsupported" or value is None:
+        return None
+    if any(_same(value, d) for d in rule.defaults):
+        return None
+    if key == "stream":
+        return f'field "{name}" must be false (a batch does not stream), got {show(value)}'
+    return f'field "{name}": sampling field not supported by mlxpa'
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return type(value) is type(default) and value == default
+    if isinstance(value, (int, float)) and isinstance(default, (int, float)):
+        return value == default
+    return type(value) is type(default) and value == default
+
+
+def check_openai(obj: dict, problems: list[str]) -> str | None:
+    """The kind of an OpenAI Batch line (``chat``, ``completions``, or None when its url is
+    absent or wrong); problems with ``custom_id``, ``method`` and ``url`` are appended."""
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        problems.append(bad("custom_id", "a non-empty string", cid))
+    method = obj.get("method")
+    if method is not None and method != "POST":
+        problems.append(bad("method", '"POST"', method))
+    url = obj.get("url")
+    if url is None:
+        return None
+    if url not in OPENAI_URLS:
+        problems.append(bad("url", " or ".join(f'"{u}"' for u in OPENAI_URLS), url))
+        return None
+    return OPENAI_URLS[url]
+
+
+def check_body_fields(body: dict, problems: list[str]) -> None:
+    """Every field of an OpenAI body is known: a sampling field, an input field, or in
+    :data:`~mlxpa.data.fields.FIELD_SUPPORT` (an unsupported one only at its default)."""
+    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS}
+    for key, value in body.items():
+        if key in known or value is None:
+            continue
+        if key in FIELD_SUPPORT:
+            problem = field_problem("body." + key, key, value)
+            if problem is not None:
+                problems.append(problem)
+        else:
+            problems.append(unknown_field("body." + key, key))
+
+
+def unknown_field(name: str, key: str) -> str:
+    """``field "x": unknown sampling field`` with the closest sampling field as a hint."""
+    close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    return f'field {show(name)}: unknown sampling field{hint}'

@@ -1,0 +1,138 @@
+"""Per-row constraint and log-probability fields, in the names OpenAI and vLLM users write.
+
+Constraint fields (at most one per row; it overrides the run's ``--choice`` / ``--regex`` /
+``--json-schema`` / ``--grammar`` default):
+
+* OpenAI ``response_format``: ``{"type": "text"}`` (no constraint, also clearing the run's
+  default), ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"name",
+  "schema", "strict"}}``;
+* vLLM ``structured_outputs``: an object with one of ``choice``, ``regex``, ``json``,
+  ``grammar`` (or ``json_object: true``);
+* vLLM's older ``guided_choice``, ``guided_regex``, ``guided_json``, ``guided_grammar``.
+
+Log-probabilities: ``logprobs`` (true/false; an integer, as in OpenAI's completions API, also
+sets ``top_logprobs``) and ``top_logprobs`` (0 to 20).
+
+Each constraint is compiled here (:func:`mlxpa.structured_spec.check`, cached by canonical
+text), so an invalid schema, regex or grammar is a validation error naming the field before
+any model work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxpa.data.params import GUIDED_FIELDS as GUIDED
+from mlxpa.data.params import STRUCTURED_FIELDS, bad, show
+from mlxpa.structured_spec import JSON_OBJECT, StructuredOutput, check
+
+__all__ = ["STRUCTURED_FIELDS", "cli_constraint", "parse_structured"]
+
+
+def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
+    """The ``structured``, ``logprobs`` and ``top_logprobs`` params of ``fields`` (a row or
+    an OpenAI body); each problem is appended to ``problems`` naming ``prefix + field``."""
+    params: dict[str, Any] = {}
+    found = []
+    for name in ("response_format", "structured_outputs", *GUIDED):
+        value = fields.get(name)
+        if value is None:
+            continue
+        try:
+            so = _constraint(name, value)
+        except ValueError as e:
+            problems.append(bad(prefix + name, str(e), value))
+            continue
+        if so is not None:
+            error = check(so)
+            if error is not None:
+                problems.append(f'field "{prefix}{name}": {error}')
+                continue
+        found.append(name)
+        params["structured"] = so
+    if len(found) > 1:
+        problems.append(f"give one constraint, not {' and '.join(prefix + f for f in found)}")
+    params.update(_logprobs(fields, prefix, problems))
+    return params
+
+
+def _constraint(name: str, value: Any) -> StructuredOutput | None:
+    if name in GUIDED:
+        return StructuredOutput.make(GUIDED[name], value)
+    if name == "structured_outputs":
+        if not isinstance(value, dict):
+            raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
+        if value.get("json_object") is True:
+            return StructuredOutput("json", JSON_OBJECT)
+        given = [k for k in ("choice", "regex", "json", "grammar") if value.get(k) is not None]
+        if len(given) != 1:
+            raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
+        return StructuredOutput.make(given[0], value[given[0]])
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput("json", JSON_OBJECT)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or spec.get("schema") is None:
+            raise ValueError('{"type": "json_schema", "json_schema": {"name", "schema"}}')
+        return StructuredOutput.make("json", spec["schema"])
+    raise ValueError('{"type": "text" | "json_object" | "json_schema", ...}')
+
+
+def _logprobs(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    lp, top = fields.get("logprobs"), fields.get("top_logprobs")
+    if isinstance(lp, bool):
+        out["logprobs"] = lp
+    elif isinstance(lp, int) and 0 <= lp <= 20:  # OpenAI completions: logprobs=N
+        out["logprobs"], out["top_logprobs"] = True, lp
+    elif lp is not None:
+        problems.append(bad(prefix + "logprobs", "true, false or an integer from 0 to 20", lp))
+    if top is not None:
+        if isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= 20:
+            out["top_logprobs"] = top
+            if top:
+                out.setdefault("logprobs", True)
+        else:
+            problems.append(bad(prefix + "top_logprobs", "an integer from 0 to 20", top))
+    return out
+
+
+def cli_constraint(choice: str | None, json_schema: str | None, regex: str | None,
+                   grammar: str | None) -> StructuredOutput | None:
+    """The run's default constraint from ``--choice a,b,c``, ``--json-schema FILE``,
+    ``--regex RE`` or ``--grammar FILE``.
+
+    Raises:
+        ValueError: More than one given, a file that cannot be read, or an invalid
+            constraint (the message names the option and the file).
+    """
+    given = [(o, v) for o, v in (("--choice", choice), ("--json-schema", json_schema),
+                                 ("--regex", regex), ("--grammar", grammar)) if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(o for o, _ in given)}")
+    option, value = given[0]
+    where = option
+    if option in ("--json-schema", "--grammar"):
+        where = f"{option} {value}"
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except OSError as e:
+            raise ValueError(f"{where}: {e.strerror or e}") from None
+    if option == "--choice":
+        value = [c.strip() for c in value.split(",") if c.strip()]
+    kind = {"--choice": "choice", "--json-schema": "json", "--regex": "regex",
+            "--grammar": "grammar"}[option]
+    try:
+        so = StructuredOutput.make(kind, value)
+    except ValueError as e:
+        raise ValueError(f"{where}: must be {e}, got {show(value)}") from None
+    error = check(so)
+    if error is not None:
+        raise ValueError(f"{where}: {error}")
+    return so

@@ -1,0 +1,224 @@
+"""Constrained decoding with llguidance: one matcher per running request, one bitmask per step.
+
+Backend: llguidance (guidance-ai/llguidance; used by vLLM, SGLang, TensorRT-LLM, llama.cpp).
+Per step the model runner
+
+1. starts the forward pass (``mx.async_eval``) and meanwhile calls :meth:`Grammars.fill`,
+   which brings every constrained row's matcher up to the request's output tokens and fills
+   the token bitmask of all of them in one ``fill_next_token_bitmask_par`` call (it releases
+   the GIL, so it overlaps MLX's work, as vLLM and SGLang overlap it with the GPU);
+2. applies the bitmask with MLX ops (:func:`apply_bitmask`); llguidance sets the EOS bit
+   only where the grammar accepts, so EOS ends a row only when its output is complete;
+3. samples, then :meth:`Grammars.advance` consumes each sampled token; a matcher that is then
+   stopped (nothing but EOS may follow) ends its row at once (:meth:`Grammars.is_complete`).
+
+Matchers are keyed by the :class:`Request` object and synced to ``output_token_ids`` (consume
+what is missing, roll back what is extra), so preemption by recompute (output tokens kept),
+chunked prefill (no sampling until the last chunk), prefix-cache hits and ``n > 1`` forks (a
+child is another request with its own matcher) need no special case. Compiled grammars are
+cached by the constraint's canonical text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from mlxpa.request import Request
+from mlxpa.structured_spec import StructuredOutput, grammar_text
+
+
+@dataclass(slots=True)
+class _State:
+    matcher: object  # llguidance.LLMatcher
+    consumed: int = 0
+
+
+_LL_TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], tuple[object, object]] = {}
+
+
+def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
+    """An ``llguidance.LLTokenizer`` for a Hugging Face fast tokenizer, built once per
+    tokenizer object and kept for later engines (it takes seconds for Gemma's 262k
+    vocabulary: about 18 s on 2 shared x86 cores).
+
+    ``llguidance.hf.from_tokenizer`` is used when llguidance knows the tokenizer's decoder;
+    otherwise the vocabulary is given token by token (each id's decoded bytes; special
+    tokens as ``0xFF`` + name, llguidance's convention).
+
+    Args:
+        hf_tokenizer: A ``transformers.PreTrainedTokenizerFast``.
+        vocab_size: Width of the model's logits (bitmask width).
+        eos_token_ids: Ids the grammar allows once it accepts.
+    """
+    key = (id(hf_tokenizer), vocab_size, tuple(eos_token_ids))
+    held = _LL_TOKENIZERS.get(key)
+    if held is not None and held[0] is hf_tokenizer:
+        return held[1]
+    ll = _build_ll_tokenizer(hf_tokenizer, vocab_size, list(eos_token_ids))
+    _LL_TOKENIZERS[key] = (hf_tokenizer, ll)
+    return ll
+
+
+def _build_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
+    import llguidance
+    import llguidance.hf
+
+    try:
+        return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size,
+                                            eos_token=eos_token_ids)
+    except ValueError:
+        vocab = llguidance.TokenizerWrapper(_Vocabulary(hf_tokenizer, vocab_size,
+                                                        eos_token_ids))
+        return llguidance.LLTokenizer(vocab, n_vocab=vocab_size, eos_token=eos_token_ids)
+
+
+class _Vocabulary:
+    """The ``TokenizerWrapper`` protocol of llguidance over any HF tokenizer."""
+
+    def __init__(self, hf, vocab_size: int, eos_token_ids: list[int]) -> None:
+        special = set(hf.all_special_ids)
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else hf.eos_token_id
+        self.bos_token_id = hf.bos_token_id
+        self.special_token_ids = sorted(special | set(eos_token_ids))
+        size = min(vocab_size, len(hf))
+        names = hf.convert_ids_to_tokens(list(range(size)))
+        self.tokens = [b"\xff" + str(names[i]).encode() if i in self.special_token_ids
+                       else hf.decode([i]).encode() for i in range(size)]
+        self._hf = hf
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._hf.encode(text, add_special_tokens=False)
+
+
+class Grammars:
+    """Matchers of the constrained requests (runner-side state, like the block tables).
+
+    Args:
+        hf_tokenizer: The model's Hugging Face tokenizer.
+        vocab_size: Width of the model's logits (None: taken from the first step's logits).
+        eos_token_ids: The model's EOS ids.
+
+    Attributes:
+        mask_time_s: Seconds spent syncing matchers and filling bitmasks (all steps; the
+            one-time tokenizer build is not included, grammar compiles are).
+        num_mask_steps: Steps that filled at least one bitmask.
+    """
+
+    def __init__(self, hf_tokenizer, vocab_size: int | None,
+                 eos_token_ids: list[int]) -> None:
+        self._hf = hf_tokenizer
+        self.vocab_size = vocab_size
+        self._eos = list(eos_token_ids)
+        self._ll = None
+        self._executor = None
+        self._compiled: dict[StructuredOutput, str] = {}
+        self._states: dict[Request, _State] = {}
+        self.mask_time_s = 0.0
+        self.num_mask_steps = 0
+
+    def prepare(self) -> None:
+        """Build the llguidance tokenizer and executor now (once; not counted as mask time)."""
+        import llguidance
+
+        if self._ll is None and self.vocab_size is not None:
+            self._ll = ll_tokenizer(self._hf, self.vocab_size, self._eos)
+            self._executor = llguidance.LLExecutor()
+
+    def _matcher(self, so: StructuredOutput):
+        import llguidance
+
+        self.prepare()
+        if so not in self._compiled:
+            self._compiled[so] = grammar_text(so)
+        return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
+
+    def _state(self, req: Request) -> _State:
+        st = self._states.get(req)
+        if st is None:
+            st = self._states[req] = _State(self._matcher(req.sampling_params.structured))
+        out = req.output_token_ids
+        if st.consumed > len(out):
+            st.matcher.rollback(st.consumed - len(out))
+            st.consumed = len(out)
+        if st.consumed < len(out):
+            st.matcher.consume_tokens(out[st.consumed:])
+            st.consumed = len(out)
+        return st
+
+    def fill(self, reqs: list[Request], vocab_size: int) -> tuple[list[int], np.ndarray] | None:
+        """Bitmasks of the constrained rows among ``reqs`` (rows about to sample), for logits
+        ``vocab_size`` wide.
+
+        Returns:
+            ``(rows, bitmask)``: indices into ``reqs`` and an ``[len(rows), ceil(V / 32)]``
+            int32 bitmask (bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed), or
+            None when no row is constrained.
+        """
+        rows = [i for i, r in enumerate(reqs) if r.sampling_params.structured is not None]
+        if not rows:
+            return None
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+
+        if self.vocab_size is None:
+            self.vocab_size = vocab_size
+        self.prepare()
+        t0 = time.perf_counter()
+        states = [self._state(reqs[i]) for i in rows]
+        bitmask = allocate_token_bitmask(len(rows), self.vocab_size)
+        fill_next_token_bitmask_par(self._executor, [(s.matcher, k) for k, s in
+                                                     enumerate(states)], bitmask)
+        self.mask_time_s += time.perf_counter() - t0
+        self.num_mask_steps += 1
+        return rows, bitmask
+
+    def advance(self, reqs: list[Request], tokens: list[int]) -> None:
+        """Consume each constrained request's sampled token (``tokens[i]`` for ``reqs[i]``)."""
+        for req, tok in zip(reqs, tokens):
+            st = self._states.get(req)
+            if st is not None and st.consumed == req.num_output_tokens:
+                st.matcher.consume_token(tok)
+                st.consumed += 1
+
+    def is_complete(self, req: Request) -> bool:
+        """True when ``req``'s grammar is satisfied and admits nothing more (only EOS)."""
+        st = self._states.get(req)
+        return st is not None and st.matcher.is_stopped() and not st.matcher.is_error()
+
+    def error(self, req: Request) -> str | None:
+        """The matcher's error (a token outside the grammar was consumed), else None."""
+        st = self._states.get(req)
+        if st is None or not st.matcher.is_error():
+            return None
+        return st.matcher.get_error() or "the output left the grammar"
+
+    def release(self, req: Request) -> None:
+        """Drop ``req``'s matcher (finished)."""
+        self._states.pop(req, None)
+
+
+def apply_bitmask(logits: mx.array, rows: list[int], bitmask: np.ndarray) -> mx.array:
+    """Set the logits of disallowed tokens to ``-inf`` in rows ``rows``.
+
+    Args:
+        logits: ``[S, V]`` logits (any float dtype).
+        rows: Row indices of ``logits`` that ``bitmask`` constrains.
+        bitmask: ``[len(rows), ceil(V / 32)]`` int32 (llguidance's layout).
+
+    Returns:
+        ``[S, V]`` logits (a new array; other rows unchanged).
+    """
+    v = logits.shape[-1]
+    # numpy unpacks the bits in C (little-endian words, so bit t % 32 of word t // 32 is
+    # byte-bit t % 8 of byte t // 8): ~30x faster than shifting [R, V / 32, 32] in MLX.
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :v]
+    idx = mx.array(rows)
+    masked = mx.where(mx.array(allowed.astype(np.bool_)), logits[idx],
+                      mx.array(-float("inf"), logits.dtype))
+    logits[idx] = masked
+    return logits

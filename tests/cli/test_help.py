@@ -1,0 +1,45 @@
+"""The command-line text a newcomer reads: help at 80 columns, usage and metavars, flags."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlxpa.config import SamplingParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _help(command: str) -> str:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "mlxpa", command, "--help", "--blas", "bundled"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "bench"])
+def test_help_fits_80_columns_without_type_metavars(command):
+    text = _help(command)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0] == f"Usage: mlxpa {command} [OPTIONS]" + (" INPUT" if command != "bench"
+                                                              else "")
+    for bad in ("<bool>", "<str>", "<int>", "<float>", "{", "…"):
+        assert bad not in text, bad
+
+
+def test_run_help_is_short_and_names_every_flag_whole():
+    text = _help("run")
+    assert len(text.splitlines()) < 120  # was 218 lines of rich panels at 80 columns
+    assert "--prefix-caching / --no-prefix-caching" in text
+    assert "-q, --quiet  " in text  # a flag: no metavar after it
+
+
+def test_top_k_minus_one_is_off_as_in_rows():
+    assert SamplingParams(top_k=-1).top_k == 0
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=-2)

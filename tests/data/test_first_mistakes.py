@@ -1,0 +1,34 @@
+"""The mistakes a newcomer makes first get messages that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxpa.data import InputError, read_rows
+from mlxpa.loader.models import resolve_model
+
+
+def test_json_array_file_is_recognised(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[{"prompt": "a"},\n {"prompt": "b"}]\n')
+    with pytest.raises(InputError, match=r"JSON array .*jq -c '\.\[\]'"):
+        list(read_rows(str(path)))
+
+
+def test_misspelt_prompt_field_is_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"promt": "hi"}\n')
+    rows = list(read_rows(str(path)))
+    assert rows[0].error.endswith('missing field "prompt" (or "messages") (is "promt" a typo?)')
+
+
+def test_csv_without_header_says_how_to_fix(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text("hello there\nsecond\n")
+    with pytest.raises(InputError, match="add a header line .* or pass --prompt-column"):
+        list(read_rows(str(path)))
+
+
+def test_missing_model_path_says_it_does_not_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder or file"):
+        resolve_model(str(tmp_path / "no" / "such"))

@@ -1,0 +1,78 @@
+"""Structured outputs on the real default model (Gemma 3 270M, float32): llguidance's
+tokenizer built from the Hugging Face tokenizer, every constraint kind valid, the greedy
+label equal to the unconstrained greedy label, choice_logprobs and logprobs equal to mlx-lm's
+own forward pass."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import jsonschema
+import mlx.core as mx
+import pytest
+
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.structured_spec import StructuredOutput
+
+pytestmark = pytest.mark.real_model
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def chat(tok, text: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": text}],
+                                   add_generation_prompt=True)
+
+
+def test_constraints_labels_and_probabilities(default_model):
+    model, tok, _ = default_model
+    shots = [("Awful, it stopped working on day two.", "negative"),
+             ("Exactly what I needed, very happy.", "positive")]
+    msgs = []
+    for review, label in shots:
+        msgs += [{"role": "user", "content": "Review: " + review},
+                 {"role": "assistant", "content": label}]
+    msgs.append({"role": "user", "content": "Review: It broke after a week and support "
+                                            "never answered my emails."})
+    label_ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    person = chat(tok, "Extract name and age as JSON: Maria Lopez, 34, from Madrid.")
+    phone = chat(tok, "Write a phone number like (555) 123-4567.")
+    choice = StructuredOutput.make("choice", ["positive", "negative"])
+    items = [
+        PromptInput("free", label_ids, SamplingParams(max_tokens=1)),
+        PromptInput("label", label_ids, SamplingParams(max_tokens=4, structured=choice,
+                                                       logprobs=True, top_logprobs=3)),
+        PromptInput("json", person, SamplingParams(
+            max_tokens=60, structured=StructuredOutput.make("json", SCHEMA))),
+        PromptInput("regex", phone, SamplingParams(
+            max_tokens=20, structured=StructuredOutput.make("regex", r"\(\d{3}\) \d{3}-\d{4}"))),
+    ]
+    eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
+    outs = {o.request_id: o for o in eng.generate(items)}
+    assert outs["free"].text == "negative" == outs["label"].text  # an allowed argmax kept
+    value = json.loads(outs["json"].text)
+    jsonschema.validate(value, SCHEMA)
+    assert value == {"name": "Maria Lopez", "age": 34}
+    assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", outs["regex"].text)
+    logits = model(mx.array(label_ids + tok.encode("negative", add_special_tokens=False))[None])
+    lp = logits[0].astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    scores = outs["label"].choice_logprobs
+    total = 0.0
+    for c in ("positive", "negative"):
+        cid = tok.encode(c, add_special_tokens=False)
+        ref = model(mx.array(label_ids + cid)[None])[0].astype(mx.float32)
+        ref = ref - mx.logsumexp(ref, axis=-1, keepdims=True)
+        want = math.exp(sum(ref[len(label_ids) - 1 + j, t].item() for j, t in enumerate(cid)))
+        assert abs(math.exp(scores[c]) - want) < 1e-4
+        total += want
+    assert total <= 1
+    first = outs["label"].logprobs[0]
+    row = lp[len(label_ids) - 1]
+    assert abs(first.logprob - row[first.token_id].item()) < 1e-4
+    assert [t for t, _ in first.top] == mx.argsort(-row)[:3].tolist()

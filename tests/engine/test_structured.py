@@ -1,0 +1,156 @@
+"""Constrained decoding in the engine (tiny random models): every constraint kind, the mask
+leaves an allowed argmax alone, and constraints survive preemption, chunked prefill, prefix
+hits, n > 1 forks, stop strings, min_tokens and max_tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.structured_spec import StructuredOutput, check
+from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
+
+SCHEMA = {"type": "object", "properties": {
+    "label": {"enum": ["pos", "neg"]}, "ok": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["label", "ok", "tags"], "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False}}
+CONSTRAINTS = {
+    "regex": StructuredOutput.make("regex", "[0-9]{2,3}-(ab|cd)"),
+    "choice": StructuredOutput.make("choice", ["yes", "no", "maybe"]),
+    "json": StructuredOutput.make("json", SCHEMA),
+    "grammar": StructuredOutput.make("grammar", 'start: "ab" ("c" | "d") ("c" | "d") "!"'),
+    "gbnf": StructuredOutput.make("grammar", 'root ::= "x" [0-9] [0-9]'),
+}
+PROMPTS = ["hello world, this is a test", "a", "The quick brown fox jumps over the lazy dog. " * 2,
+           "0123456789abcde", "short prompt"]
+
+
+def valid(kind: str, text: str) -> bool:
+    if kind == "regex":
+        return re.fullmatch("[0-9]{2,3}-(ab|cd)", text) is not None
+    if kind == "choice":
+        return text in ("yes", "no", "maybe")
+    if kind == "json":
+        jsonschema.validate(json.loads(text), SCHEMA)
+        return True
+    if kind == "grammar":
+        return re.fullmatch("ab[cd][cd]!", text) is not None
+    return re.fullmatch("x[0-9][0-9]", text) is not None
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3_text"])
+def model(request):
+    return tiny_llama() if request.param == "llama" else tiny_gemma3(sliding_window=8)
+
+
+def run(model, config, items, tok=None):
+    tok = tok or byte_tokenizer()
+    eng = LLMEngine(config, model, tok)
+    outs = {}
+    for o in eng.generate(PromptInput(*it) for it in items):
+        outs.setdefault(o.request_id, []).append(o)
+    eng.kv_cache_manager.check_invariants([])
+    return eng, {k: sorted(v, key=lambda o: o.sample_index) for k, v in outs.items()}
+
+
+def constrained_items(tok, params=None, n_prompts=5):
+    items = []
+    for kind, so in CONSTRAINTS.items():
+        for j, p in enumerate(PROMPTS[:n_prompts]):
+            sp = params or SamplingParams(max_tokens=60)
+            items.append(((kind, j), tok.encode(p), SamplingParams(**{
+                **{f: getattr(sp, f) for f in sp.__slots__}, "structured": so})))
+    return items
+
+
+CONFIGS = {
+    "plain": EngineConfig(block_size=8, num_blocks=128),
+    "chunked": EngineConfig(block_size=8, num_blocks=128, max_num_batched_tokens=7),
+    "preempt": EngineConfig(block_size=4, num_blocks=48, max_num_batched_tokens=32),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_kind_valid_and_same_under_chunking_and_preemption(model, name):
+    tok = byte_tokenizer()
+    items = constrained_items(tok)
+    _, ref = run(model, CONFIGS["plain"], items)
+    eng, outs = run(model, CONFIGS[name], items)
+    if name == "preempt":
+        assert eng.counters.num_preemptions > 0
+    for key, (out,) in outs.items():
+        assert out.finish_reason == "stop", (key, out.text)
+        assert valid(key[0], out.text), (key, out.text)
+        assert out.token_ids == ref[key][0].token_ids, key
+
+
+def test_mask_keeps_an_allowed_argmax(model):
+    """Greedy output under a constraint the unconstrained output already satisfies is the
+    same token for token (the mask never changes an allowed argmax)."""
+    tok = byte_tokenizer()
+    free = [(j, tok.encode(p), SamplingParams(max_tokens=24, ignore_eos=True))
+            for j, p in enumerate(PROMPTS)]
+    _, ref = run(model, CONFIGS["plain"], free)
+    items, checked = [], 0
+    for j, p in enumerate(PROMPTS):
+        toks = ref[j][0].token_ids
+        if any(t < 3 for t in toks):  # a special token: no text constraint admits it
+            continue
+        text = ref[j][0].text
+        for k, so in enumerate([StructuredOutput.make("regex", "(?s).{0,100}"),
+                                StructuredOutput.make("choice", [text, "zz" + text]),
+                                StructuredOutput.make("regex", re.escape(text[:5]) + ".*")]):
+            items.append(((j, k), tok.encode(p), SamplingParams(max_tokens=24, structured=so)))
+        checked += 1
+    assert checked >= 3
+    _, outs = run(model, CONFIGS["plain"], items)
+    for (j, k), (out,) in outs.items():
+        n = len(out.token_ids)
+        assert out.token_ids == ref[j][0].token_ids[:n] and n >= (24 if k != 1 else len(
+            ref[j][0].token_ids)), (j, k)
+
+
+def test_n_forks_prefix_hits_stop_strings_min_and_max_tokens(model):
+    tok = byte_tokenizer()
+    long = "a shared prefix that fills a few blocks of eight tokens. "
+    so = CONSTRAINTS["json"]
+    items = [
+        ("n", tok.encode(long + "one"), SamplingParams(max_tokens=60, n=3, temperature=1.0,
+                                                       seed=5, structured=so)),
+        ("hit", tok.encode(long + "two"), SamplingParams(max_tokens=60, structured=so)),
+        ("stop", tok.encode("x"), SamplingParams(max_tokens=60, structured=so, stop=['":'])),
+        ("min", tok.encode("y"), SamplingParams(
+            max_tokens=30, min_tokens=12, structured=StructuredOutput.make("regex", "[a-c]+"))),
+        ("max", tok.encode("z"), SamplingParams(max_tokens=4, structured=so)),
+    ]
+    eng, outs = run(model, EngineConfig(block_size=8, num_blocks=128, max_num_seqs=2), items)
+    assert len(outs["n"]) == 3
+    for out in outs["n"] + outs["hit"]:
+        assert out.finish_reason == "stop" and valid("json", out.text), out.text
+    assert outs["hit"][0].num_cached_tokens >= 48  # the prompt's shared full blocks
+    (stop,) = outs["stop"]
+    assert stop.finish_reason == "stop" and stop.text == '{"label'
+    (mn,) = outs["min"]
+    assert len(mn.token_ids) >= 12 and re.fullmatch("[a-c]+", mn.text)
+    (mx_,) = outs["max"]
+    assert mx_.finish_reason == "length" and len(mx_.token_ids) == 4
+    assert eng.grammars.num_mask_steps > 0 and eng.grammars.mask_time_s > 0
+
+
+@pytest.mark.parametrize("kind,value", [
+    ("regex", "[a-"), ("json", {"type": "objekt"}), ("json", "{not json"),
+    ("grammar", "start: (("), ("choice", []), ("choice", ["a", 3])])
+def test_bad_constraints_are_named(kind, value):
+    try:
+        so = StructuredOutput.make(kind, value)
+    except ValueError as e:
+        assert str(e)
+        return
+    problem = check(so)
+    assert problem is not None and kind in problem.lower()
