@@ -13,19 +13,25 @@ only on its own input), so running two row halves gives the same values.
 
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 import mlx.nn as nn
 
-_STREAMS: list[mx.Stream] = []
+# MLX streams belong to the thread that made them ("There is no Stream(cpu, 1) in current
+# thread" elsewhere): one pair per thread (a Ray actor runs calls on another thread than the
+# one that built it).
+_LOCAL = threading.local()
 # An MLP input with fewer rows (tokens) than this runs whole on the current stream.
 MIN_SPLIT_ROWS = 256
 
 
 def cpu_streams() -> list[mx.Stream]:
-    """The default CPU stream and a second one (created once)."""
-    if not _STREAMS:
-        _STREAMS.extend([mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)])
-    return _STREAMS
+    """The default CPU stream and a second one (created once per thread)."""
+    streams = getattr(_LOCAL, "streams", None)
+    if streams is None:
+        streams = _LOCAL.streams = [mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)]
+    return streams
 
 
 def is_dense_mlp(module: nn.Module) -> bool:

@@ -63,3 +63,30 @@ def test_only_dense_mlps_are_split():
     moe.gate = nn.Linear(16, 4)
     moe.experts = _MLP()
     assert not is_dense_mlp(moe) and not is_dense_mlp(nn.Module())
+
+
+def test_split_runs_in_a_thread_other_than_the_first_caller():
+    """MLX streams belong to their thread: a Ray actor calls the model from another thread than
+    the one that first split an MLP ("There is no Stream(cpu, 1) in current thread")."""
+    import threading
+
+    mx.random.seed(1)
+    mlp = _MLP()
+    x = mx.random.normal((2, 5, 16))
+    split = RowSplitMLP(mlp, min_rows=2)
+    first = np.array(split(x))
+    got, errors = [], []
+
+    def call():
+        try:
+            got.append(np.array(split(x)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=call)
+    t.start()
+    t.join()
+    assert not errors, errors
+    np.testing.assert_allclose(got[0], _oracle(mlp, np.array(x).astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[0], first)
