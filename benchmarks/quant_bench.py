@@ -42,7 +42,7 @@ def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    from mlxpa.bench import run_mlxpa
+    from mlxpa.bench.systems import run_mlxpa
     from mlxpa.bench.workloads import random_workload
     from mlxpa.config import EngineConfig, SamplingParams
     from mlxpa.engine import LLMEngine, PromptInput
