@@ -195,9 +195,17 @@ class LLMEngine:
         return finished
 
     def _check_stops(self, req: Request) -> None:
-        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token."""
+        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token.
+
+        An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
+        else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
+        """
         sched, detok = self.scheduler, self._detok[req]
         tok = req.output_token_ids[-1]
+        if (not req.is_finished and tok in sched.eos_token_ids
+                and self.grammars.is_complete(req)):
+            req.stop_reason = tok
+            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
         is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
         if not is_eos and detok.add_token(tok):
             req.stop_reason = detok.stop_string

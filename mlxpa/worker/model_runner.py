@@ -255,10 +255,11 @@ class ModelRunner:
                     self.states.save(reqs, starts, counts, states)
                 if rows:
                     order.extend(group[k] for k in rows)
-                    logits.append(result[:len(rows)])
+                    logits.append(result[:len(rows)] if extra else result)
                 if extra:
                     score_logits.append(result[len(rows):])
                     scored.extend((reqs[k], p) for k, _, _, p in extra)
+                del result  # sample_step alone holds the logits (the mask may reuse them)
         pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
                  *(self.states.arrays() if self.states is not None else [])]
         scores = []
@@ -270,7 +271,7 @@ class ModelRunner:
             mx.eval(*pools)
             return StepResult([], {}, scores, {})
         reqs = [out.requests[i] for i in order]
-        res = sample_step(mx.concatenate(logits), reqs, [self.seed_for(r) for r in reqs],
+        res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
                           self.eos_token_ids, self.grammars, pools)
         by_row = dict(zip(order, res.tokens))
         return StepResult([by_row[i] for i in range(len(out.requests)) if sampling[i]],

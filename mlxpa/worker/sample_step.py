@@ -1,9 +1,15 @@
 """One step's sampling: ``min_tokens`` and grammar masks, per-row sampling, log-probabilities.
 
-Order (vLLM's): the raw logits are kept for log-probabilities; EOS and stop token ids are
-masked below ``min_tokens``; each constrained row's grammar bitmask is filled (overlapping the
-forward pass, which ``mx.async_eval`` has started) and applied; then
-:func:`mlxpa.sampling.sample` draws, and the matchers consume the sampled tokens.
+Order (vLLM's): the raw logits are kept for log-probabilities; each constrained row's grammar
+bitmask is filled (overlapping the forward pass, which ``mx.async_eval`` has started); EOS and
+stop token ids are banned below ``min_tokens`` (in the bitmask when there is one, so the whole
+mask is one fused pass over the logits); then :func:`mlxpa.sampling.sample` draws, and the
+matchers consume the sampled tokens.
+
+``min_tokens`` never empties a row: when the ban would leave no token to sample (the grammar
+admits only EOS or stop ids, or the ids cover the vocabulary), the row keeps what it allowed,
+and a grammar that is complete ends the row (vLLM's rule since vllm-project/vllm#54218: the
+grammar is authoritative over ``min_tokens``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import mlx.core as mx
+import numpy as np
 
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.worker.logprobs import gather_logprobs, token_logprobs
@@ -33,38 +40,71 @@ class Sampled(NamedTuple):
     first_scores: dict[int, list[float]]
 
 
-def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[int]) -> mx.array:
-    """EOS and stop token ids get -inf logits in rows that have not yet generated
-    ``min_tokens`` tokens (vLLM's ``min_tokens`` rule). ``logits`` is ``[S, V]``, updated. A
-    row whose banned ids would cover the whole vocabulary is left as it is (there would be
-    nothing to sample).
+def early_stop_bans(reqs: list[Request], eos_token_ids: list[int],
+                    width: int) -> dict[int, list[int]]:
+    """EOS and stop token ids banned in each row that has not yet generated ``min_tokens``
+    tokens (vLLM's ``min_tokens`` rule).
+
+    Returns:
+        Row index to its sorted banned ids (rows without a ban are absent).
 
     Raises:
-        IndexError: A banned id is not a column of ``logits`` (the engine refuses such
-            requests; a scatter out of range would write another row or crash).
+        IndexError: A banned id is not a column of the ``width``-wide logits (the engine
+            refuses such requests; a scatter out of range would write another row or crash).
     """
-    rows, cols = [], []
-    width = logits.shape[-1]
+    bans = {}
     for i, r in enumerate(reqs):
         sp = r.sampling_params
         if r.num_output_tokens < sp.min_tokens:
             banned = sorted(set(sp.stop_token_ids) | set(eos_token_ids))
             if banned and not 0 <= banned[0] <= banned[-1] < width:
                 raise IndexError(f"token ids {banned} outside the logits' {width} columns")
-            if len(banned) < width:
-                rows.extend([i] * len(banned))
-                cols.extend(banned)
+            if banned:
+                bans[i] = banned
+    return bans
+
+
+def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[int]) -> mx.array:
+    """EOS and stop token ids get -inf logits in rows that have not yet generated
+    ``min_tokens`` tokens. ``logits`` is ``[S, V]``, updated. A row whose banned ids would
+    cover the whole vocabulary is left as it is (there would be nothing to sample).
+
+    Raises:
+        IndexError: As :func:`early_stop_bans`.
+    """
+    width = logits.shape[-1]
+    bans = {i: ids for i, ids in early_stop_bans(reqs, eos_token_ids, width).items()
+            if len(ids) < width}
+    rows = [i for i, ids in bans.items() for _ in ids]
     if rows:
-        logits[mx.array(rows), mx.array(cols)] = -float("inf")
+        logits[mx.array(rows), mx.array([t for ids in bans.values() for t in ids])] = -mx.inf
     return logits
 
 
-def sample_step(raw: mx.array, reqs: list[Request], seeds: list[int], eos_token_ids: list[int],
-                grammars: Grammars | None, pending: list[mx.array]) -> Sampled:
+def ban_in_bitmask(bitmask: np.ndarray, bans: dict[int, list[int]]) -> None:
+    """Clear the bits of each row's banned ids in an llguidance bitmask (``[S, W]`` int32,
+    bit ``t % 32`` of word ``t // 32``), in place, except in a row where that would clear
+    every bit: that row keeps what it allowed."""
+    words = bitmask.view(np.uint32)
+    for row, ids in bans.items():
+        t = np.asarray(ids, dtype=np.int64)
+        cols = t >> 5
+        kept = words[row, cols].copy()
+        np.bitwise_and.at(words[row], cols, ~(np.uint32(1) << (t & 31).astype(np.uint32)))
+        if not words[row].any():
+            words[row, cols] = kept
+
+
+def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
+                eos_token_ids: list[int], grammars: Grammars | None,
+                pending: list[mx.array]) -> Sampled:
     """Mask, sample and evaluate one step.
 
     Args:
-        raw: ``[S, V]`` logits of the rows that sample (lazy).
+        parts: ``[S_k, V]`` logits of the rows that sample, per forward group (lazy),
+            concatenated in order to the step's ``[S, V]`` raw logits; the list is emptied,
+            so that nothing else holds them and the mask may write into their buffer when no
+            row reads the raw logits afterwards (MLX donates such a buffer).
         reqs: The ``S`` requests.
         seeds: Per-row seeds.
         eos_token_ids: The model's EOS ids.
@@ -74,22 +114,28 @@ def sample_step(raw: mx.array, reqs: list[Request], seeds: list[int], eos_token_
     Returns:
         The sampled tokens and the asked-for log-probabilities.
     """
+    raw = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    parts.clear()
     lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
     first = [i for i, r in enumerate(reqs) if r.choice_first_tokens and not r.output_token_ids]
-    logits = raw + 0 if lp_rows or first else raw  # the masks below write into a copy
-    logits = mask_early_stops(logits, reqs, eos_token_ids)
     constrained = None
     if grammars is not None and any(r.sampling_params.structured is not None for r in reqs):
-        mx.async_eval(logits, *pending)  # the forward pass runs while the masks fill
-        constrained = grammars.fill(reqs, logits.shape[-1])
+        mx.async_eval(raw, *pending)  # the forward pass runs while the masks fill
+        constrained = grammars.fill(reqs, raw.shape[-1])
+        mx.synchronize()  # the finished async evaluation lets go of the raw logits
     if constrained is not None:
-        logits = apply_bitmask(logits, *constrained)
+        rows, bitmask = constrained
+        ban_in_bitmask(bitmask, early_stop_bans(reqs, eos_token_ids, raw.shape[-1]))
+        logits = apply_bitmask(raw, bitmask)
+    else:  # the scatter writes into a copy when the raw logits are read below
+        logits = mask_early_stops(raw + 0 if lp_rows or first else raw, reqs, eos_token_ids)
+    if not (lp_rows or first):
+        raw = None  # the mask's output may take over the raw logits' buffer
     toks = sample(logits, [r.sampling_params for r in reqs], seeds,
                   [r.num_output_tokens for r in reqs])
     mx.eval(toks, *pending)
     tokens = toks.tolist()
-    if grammars is not None and constrained is not None:
-        grammars.advance([reqs[i] for i in constrained[0]],
-                         [tokens[i] for i in constrained[0]])
+    if constrained is not None:
+        grammars.advance([reqs[i] for i in rows], [tokens[i] for i in rows])
     firsts = {i: gather_logprobs(raw[i], list(reqs[i].choice_first_tokens)) for i in first}
     return Sampled(tokens, token_logprobs(raw, lp_rows, toks, reqs), firsts)

@@ -143,6 +143,41 @@ def test_n_forks_prefix_hits_stop_strings_min_and_max_tokens(model):
     assert eng.grammars.num_mask_steps > 0 and eng.grammars.mask_time_s > 0
 
 
+def test_grammar_outranks_min_tokens_when_it_must_end(model):
+    """``min_tokens`` bans EOS and stop ids only while the grammar admits another token
+    (vLLM's rule, vllm-project/vllm#54218): a grammar that can only end (or only continue with
+    a stop id) ends the row with ``stop`` below ``min_tokens``; its output stays in the
+    grammar, an EOS leaves no text, and a grammar that still offers a token is extended."""
+    tok = byte_tokenizer()
+    x, y = tok.encode("x")[-1], tok.encode("y")[-1]
+    regex = StructuredOutput.make("regex", "a[xy]?")
+    items = [
+        ("only_stop_ids", tok.encode("hi"), SamplingParams(
+            max_tokens=20, min_tokens=5, stop_token_ids=[x, y],
+            structured=StructuredOutput.make("regex", "a[xy]"))),
+        ("one_choice", tok.encode("hi"), SamplingParams(
+            max_tokens=20, min_tokens=5, structured=StructuredOutput.make("choice", ["ab"]))),
+        ("longer_choice", tok.encode("hi"), SamplingParams(
+            max_tokens=20, min_tokens=5,
+            structured=StructuredOutput.make("choice", ["ab", "abc"]))),
+        ("boolean", tok.encode("hi"), SamplingParams(
+            max_tokens=20, min_tokens=15, structured=StructuredOutput.make(
+                "json", {"type": "boolean"}))),
+    ] + [(f"seed{s}", tok.encode("hi"), SamplingParams(
+        max_tokens=20, min_tokens=5, temperature=1.0, seed=s, stop_token_ids=[x, y],
+        structured=regex)) for s in range(6)]
+    _, outs = run(model, CONFIGS["plain"], items)
+    assert all(o.finish_reason == "stop" for (o,) in outs.values()), outs
+    assert outs["only_stop_ids"][0].text in ("ax", "ay")  # stop ids are text below min
+    assert outs["one_choice"][0].text == "ab"
+    assert outs["longer_choice"][0].text == "abc"  # EOS banned while "c" is allowed
+    assert outs["boolean"][0].text in ("true", "false")
+    seeded = [outs[f"seed{s}"][0] for s in range(6)]
+    assert all(o.text in ("a", "ax", "ay") for o in seeded), [o.text for o in seeded]
+    for o in seeded:  # an EOS below min_tokens ends the row as an EOS does: no text
+        assert (o.token_ids[-1] in tok.eos_token_ids) == (o.text == "a")
+
+
 @pytest.mark.parametrize("kind,value", [
     ("regex", "[a-"), ("json", {"type": "objekt"}), ("json", "{not json"),
     ("grammar", "start: (("), ("choice", []), ("choice", ["a", 3])])
