@@ -7,6 +7,7 @@ so a small job does not hold the whole ``--kv-memory`` budget (15% of memory by 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator
 
 from rich.console import Console
@@ -42,7 +43,8 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
     from mlxpa.loader.models import load_model
     from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
 
-    model, tokenizer, _ = load_model(config.model, config.dtype)
+    model, tokenizer, _ = load_model(config.model, config.dtype,
+                                     _start_grammar_tokenizer if validation.constrained else None)
     if config.num_blocks is None:
         budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
         need = kv_blocks_needed(_lengths(rows, validation, defaults, tokenizer),
@@ -56,7 +58,33 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
                       f"MiB), what these rows can use; budget {r.budget_blocks - 1} blocks "
                       f"({(r.budget_blocks - 1) * mib / 1024:.2f} GiB, --kv-memory)",
                       markup=False, highlight=False, soft_wrap=True)
+    if validation.constrained:
+        _join_grammar_tokenizer(engine, console, verbose)
     return engine
+
+
+def _start_grammar_tokenizer(tokenizer, config: dict) -> None:
+    """Start llguidance's tokenizer build (seconds for a large vocabulary) in the
+    background, keyed as the engine's :class:`~mlxpa.worker.structured.Grammars` asks."""
+    from mlxpa.loader.models import vocab_size_of
+    from mlxpa.worker.structured import start_ll_tokenizer
+
+    vocab = vocab_size_of(config)
+    if vocab is not None:
+        start_ll_tokenizer(tokenizer._tokenizer, vocab, sorted(tokenizer.eos_token_ids))
+
+
+def _join_grammar_tokenizer(engine: LLMEngine, console: Console, verbose: bool) -> None:
+    """Wait for the grammar tokenizer before the first step, saying so when it is not ready."""
+    start = time.perf_counter()
+    if verbose and not engine.grammars.tokenizer_ready():
+        console.print(f"building the grammar tokenizer (llguidance, "
+                      f"{engine.grammars.vocab_size:,} tokens) ...", markup=False,
+                      highlight=False, soft_wrap=True)
+        engine.grammars.prepare()
+        console.print(f"grammar tokenizer built ({time.perf_counter() - start:.1f} s more "
+                      "after the model loaded)", markup=False, highlight=False)
+    engine.grammars.prepare()
 
 
 def _lengths(rows: Iterable[Row], validation: Validation, defaults: SamplingParams,

@@ -37,6 +37,7 @@ class Validation:
         num_done: Rows skipped because the output already holds them.
         cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
         all_openai: Every row that is not invalid is an OpenAI Batch API line (at least one is).
+        constrained: Some row that will run has a constraint (its own or the defaults').
     """
 
     num_rows: int = 0
@@ -47,6 +48,7 @@ class Validation:
     num_done: int = 0
     cut_at: int | None = None
     all_openai: bool = False
+    constrained: bool = False
 
     def report(self) -> str:
         """The problems, listed for stopping before the run."""
@@ -113,6 +115,8 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             first_line[key] = row.line
         if problem is not None:
             _add_problem(v, problem)
+        elif row.params.get("structured", getattr(defaults, "structured", None)) is not None:
+            v.constrained = True
     v.all_openai = openai and any_openai
     return v
 

@@ -23,6 +23,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,8 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
 
 
 def load_model(
-    spec: str | os.PathLike[str] | None, dtype: str | None = None
+    spec: str | os.PathLike[str] | None, dtype: str | None = None,
+    on_tokenizer: Callable[[TokenizerWrapper, dict], None] | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
     """Resolves ``spec`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
@@ -88,6 +90,9 @@ def load_model(
         dtype: ``float32``, ``bfloat16`` or ``float16``: floating parameters are cast to it.
             ``None`` means float32 on the CPU (MLX's CPU half-precision matmuls are slower, and
             float16 overflows Gemma's activations) and the stored dtype elsewhere.
+        on_tokenizer: Called with the tokenizer and the folder's ``config.json`` once the
+            tokenizer has loaded, before the weights (work that needs only the tokenizer
+            starts there, e.g. the grammar tokenizer's background build).
 
     Returns:
         ``(model, tokenizer, folder)``; the tokenizer's ``eos_token_ids`` include the ids of the
@@ -113,6 +118,8 @@ def load_model(
     # weights' (the README example's peak RSS: 1.87 GB with the weights first, 1.47 GB).
     config = json.loads((folder / "config.json").read_text())
     tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+    if on_tokenizer is not None:
+        on_tokenizer(tokenizer, config)
     model, _ = load_weights(folder)
     if dtype is None and on_cpu():
         dtype = "float32"
@@ -131,6 +138,12 @@ def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
         config = json.loads((resolve_model(spec) / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    return vocab_size_of(config)
+
+
+def vocab_size_of(config: dict) -> int | None:
+    """``vocab_size`` (or ``text_config.vocab_size``) of a model's ``config.json`` contents;
+    None when it does not say."""
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return size if isinstance(size, int) and size > 0 else None
 

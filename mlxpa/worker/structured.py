@@ -22,7 +22,9 @@ cached by the constraint's canonical text.
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
@@ -39,15 +41,19 @@ class _State:
     consumed: int = 0
 
 
-_LL_TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], tuple[object, object]] = {}
+_LL_TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], tuple[object, Future]] = {}
 
 
-def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
-    """An ``llguidance.LLTokenizer`` for a Hugging Face fast tokenizer, built once per
-    tokenizer object and kept for later engines (it takes seconds for Gemma's 262k
-    vocabulary: about 18 s on 2 shared x86 cores).
+def start_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) -> Future:
+    """Start building the ``llguidance.LLTokenizer`` of a Hugging Face tokenizer in a daemon
+    thread, once per tokenizer object, vocabulary size and EOS ids (kept for later engines);
+    :func:`ll_tokenizer` waits for it. The build takes seconds for Gemma's 262k vocabulary
+    (3 to 18 s on 2 shared x86 cores), so ``mlxpa run`` starts it as soon as the tokenizer
+    has loaded and it overlaps the weights' load and the engine's set-up (llguidance holds
+    the GIL while it builds; MLX's work releases it).
 
-    ``llguidance.hf.from_tokenizer`` is used when llguidance knows the tokenizer's decoder;
+    ``llguidance.hf.from_tokenizer`` is used when llguidance knows the tokenizer's decoder
+    (without its copy of the tokenizer when the tokenizer pads and truncates nothing);
     otherwise the vocabulary is given token by token (each id's decoded bytes; special
     tokens as ``0xFF`` + name, llguidance's convention).
 
@@ -55,21 +61,44 @@ def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
         hf_tokenizer: A ``transformers.PreTrainedTokenizerFast``.
         vocab_size: Width of the model's logits (bitmask width).
         eos_token_ids: Ids the grammar allows once it accepts.
+
+    Returns:
+        The build's future (its ``result()`` raises what the build raised).
     """
     key = (id(hf_tokenizer), vocab_size, tuple(eos_token_ids))
     held = _LL_TOKENIZERS.get(key)
     if held is not None and held[0] is hf_tokenizer:
         return held[1]
-    ll = _build_ll_tokenizer(hf_tokenizer, vocab_size, list(eos_token_ids))
-    _LL_TOKENIZERS[key] = (hf_tokenizer, ll)
-    return ll
+    future: Future = Future()
+
+    def build() -> None:
+        try:
+            future.set_result(_build_ll_tokenizer(hf_tokenizer, vocab_size,
+                                                  list(eos_token_ids)))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            future.set_exception(e)
+
+    _LL_TOKENIZERS[key] = (hf_tokenizer, future)
+    threading.Thread(target=build, name="llguidance-tokenizer", daemon=True).start()
+    return future
+
+
+def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
+    """The ``llguidance.LLTokenizer`` of :func:`start_ll_tokenizer` (started now if it was
+    not), waiting for its build."""
+    return start_ll_tokenizer(hf_tokenizer, vocab_size, eos_token_ids).result()
 
 
 def _build_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
     import llguidance
     import llguidance.hf
 
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     try:
+        if backend is not None and backend.padding is None and backend.truncation is None:
+            # what from_tokenizer does, without its copy (1-2 s of Gemma's build)
+            return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size,
+                                          eos_token=eos_token_ids)
         return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size,
                                             eos_token=eos_token_ids)
     except ValueError:
@@ -124,8 +153,17 @@ class Grammars:
         self.mask_time_s = 0.0
         self.num_mask_steps = 0
 
+    def tokenizer_ready(self) -> bool:
+        """Whether :meth:`prepare` would return without waiting for the tokenizer build
+        (which this starts in the background if nothing started it)."""
+        if self._ll is not None or self.vocab_size is None:
+            return True
+        return start_ll_tokenizer(self._hf, self.vocab_size, self._eos).done()
+
     def prepare(self) -> None:
-        """Build the llguidance tokenizer and executor now (once; not counted as mask time)."""
+        """Build the llguidance tokenizer (or wait for the build that
+        :func:`start_ll_tokenizer` started) and the executor now (once; not counted as mask
+        time)."""
         import llguidance
 
         if self._ll is None and self.vocab_size is not None:

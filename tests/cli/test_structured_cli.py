@@ -131,3 +131,41 @@ def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F
     assert r.exit_code != 0 and "--json-schema" in text and "invalid JSON schema" in text
     r = invoke([src, "--model", str(tmp_path / "none"), "--regex", "(", "--choice", "a,b"])
     assert r.exit_code != 0 and "give one of --choice, --regex" in " ".join(r.output.split())
+
+
+def test_grammar_tokenizer_builds_while_the_weights_load(tmp_path, tiny, monkeypatch):  # noqa: F811
+    """A run with a constrained row starts llguidance's tokenizer build as soon as the
+    tokenizer has loaded, before the weights, and says so when the engine has to wait for it;
+    a run without constraints never builds it."""
+    import time
+
+    import mlx_lm.utils
+    from typer.testing import CliRunner
+
+    from mlxpa.cli import app
+    from mlxpa.worker import structured
+
+    folder, _, _ = tiny
+    events = []
+    load_weights, start, build = (mlx_lm.utils.load_model, structured.start_ll_tokenizer,
+                                  structured._build_ll_tokenizer)
+    monkeypatch.setattr(mlx_lm.utils, "load_model",
+                        lambda *a, **k: (events.append("weights"), load_weights(*a, **k))[1])
+    monkeypatch.setattr(structured, "start_ll_tokenizer",
+                        lambda *a: (events.append("grammar"), start(*a))[1])
+    monkeypatch.setattr(structured, "_build_ll_tokenizer",
+                        lambda *a: (time.sleep(1.0), build(*a))[1])  # a slow build
+    structured._LL_TOKENIZERS.clear()
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "a", "max_tokens": 3},
+                                              {"prompt": "b", "guided_regex": "[0-9]{3}"}])
+    r = CliRunner().invoke(app, ["run", src, "-o", str(tmp_path / "out.jsonl"), "--model",
+                                 folder, "--kv-memory", "0.01"])
+    assert r.exit_code == 0, r.output
+    assert events[:2] == ["grammar", "weights"]
+    assert "building the grammar tokenizer (llguidance, " in r.stderr
+    assert re.fullmatch("[0-9]{3}", read_jsonl(tmp_path / "out.jsonl")[1]["text"])
+    events.clear()
+    src = write_jsonl(tmp_path / "free.jsonl", [{"prompt": "a", "max_tokens": 3}])
+    r = invoke([src, "-o", str(tmp_path / "free.out.jsonl"), "--model", folder])
+    assert r.exit_code == 0, r.output
+    assert events == ["weights"]
