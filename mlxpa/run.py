@@ -240,8 +240,9 @@ def _empty_run(output: str, name: str, v: Validation, options: RunOptions,
                console: Console) -> Stats:
     """Nothing to run: an empty output (or the resumed one, in input order), no model load."""
     with ResultWriter(output, ordered=options.ordered, append=options.resume,
-                      positions=v.done):
-        pass
+                      positions=v.done) as writer:
+        close_in_order(writer, output, options.resume and options.ordered, False,
+                       options.show_progress, console)
     if options.show_progress and not options.resume:
         console.print(f"{name}: no rows; wrote an empty output", markup=False, soft_wrap=True)
     return _finish(summarize(Counters()), None, console, options)
