@@ -65,7 +65,7 @@ class ResultWriter:
         self._num_written = 0
         self._closed = False
         self._positions = positions if append and ordered else None
-        self._new_index = array("q")  # the input index of each record written, in file order
+        self._new_index = array("q")  # with positions: the input index of each record written
         self._base_end = 0
         self._sink: Any
         if self.fmt == "jsonl":
@@ -152,14 +152,16 @@ class ResultWriter:
         return self
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
-        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt),
+                   reorder=exc_type is None)
 
     def _emit(self, groups: list[tuple[int, list[dict]]]) -> None:
         groups = [(i, g) for i, g in groups if g]
         if groups:
             self._sink.write([g for _, g in groups])
-            for index, records in groups:
-                self._new_index.extend([index] * len(records))
+            if self._positions is not None:  # only a resume that will be sorted needs them
+                for index, records in groups:
+                    self._new_index.extend([index] * len(records))
             self._num_written += sum(len(g) for _, g in groups)
 
 
