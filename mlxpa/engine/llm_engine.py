@@ -73,8 +73,9 @@ class LLMEngine:
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
                     params: SamplingParams) -> list[RequestOutput] | None:
-        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill,
-        the others fork its blocks when it is done).
+        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
+        when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
+        the rest wait, reading the prompt from the prefix cache when admitted).
 
         Returns:
             Finished :class:`RequestOutput` s (one per sample) right away when the request
@@ -142,16 +143,14 @@ class LLMEngine:
                     except ValueError:
                         scorer.status = RequestStatus.FINISHED_ABORTED
                         self._released.extend(self.choice_scores.finished(scorer))
-            for i in range(1, parent.sampling_params.n):
-                child = Request(parent.request_id, parent.prompt_token_ids,
+            children = [Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i)
-                if self.runner.states is None:
-                    self.scheduler.fork_request(parent, child)
-                else:  # a recurrent state cannot be forked: the sample computes its prompt
-                    self.scheduler.add_request(child)
+                                sample_index=i) for i in range(1, parent.sampling_params.n)]
+            for child in children:
                 self._detok[child] = self._detokenizer(parent.sampling_params)
                 self.choice_scores.add_child(parent, child)
+            # A recurrent state cannot be forked: such samples compute their prompt.
+            self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:
