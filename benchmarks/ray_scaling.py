@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="default: Gemma 3 270M")
     ap.add_argument("--num-replicas", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="a quick check: 2x4 prompts")
+    ap.add_argument("--random-prompts", type=int, default=128,
+                    help="rows of the random file (320-token prompts, 64 output tokens)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from mlx_lm.utils import load_tokenizer
@@ -127,7 +129,7 @@ def main() -> None:
         rand = random_workload(tok, 8, 64, 8, 0.5)
     else:
         shared = shared_prefix_workload(tok, 8, 16, 512, 64, 32)
-        rand = random_workload(tok, 128, 320, 64, 0.6)
+        rand = random_workload(tok, args.random_prompts, 320, 64, 0.6)
     config = EngineConfig(model=args.model)
     out = tempfile.mkdtemp(prefix="mlxpa-ray-bench-")
     results = {}

@@ -2,8 +2,9 @@
 
 Writes JSONL inputs of each size (default 1,000 and 100,000 rows of distinct short prompts),
 runs ``mlxpa run`` on each in a subprocess on a tiny random model (``tests/tiny_models``) with
-``--max-tokens 1`` and a 20 MiB KV pool (so the pool does not hide the rest), and reports each child's peak resident set size (``os.wait4``'s
-``ru_maxrss``) and wall time. Run from the repository root::
+``--max-tokens 1`` and a 20 MiB KV pool (so the pool does not hide the rest), and reports
+each child's peak resident set size (``os.wait4``'s ``ru_maxrss``) and wall time.
+Run from the repository root::
 
     python benchmarks/stream_memory.py                     # 1k and 100k rows
     python benchmarks/stream_memory.py --rows 1000,10000 --json mem.json

@@ -8,9 +8,11 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from rich.console import Console
+
 from mlxpa.config import SamplingParams
 from mlxpa.core.prefix_order import prefix_order
-from mlxpa.data import ResultWriter, Row
+from mlxpa.data import STDIN, ResultWriter, Row
 from mlxpa.data.records import error_records, result_records
 from mlxpa.data.resume import id_key
 from mlxpa.data.validate import Validation
@@ -115,3 +117,31 @@ def _model_name(spec: str | None) -> str:
     from mlxpa.loader.models import DEFAULT_MODEL_NAME
 
     return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
+
+
+def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, stopped: bool,
+                   verbose: bool, console: Console) -> None:
+    """Close the writer of a run; a resumed ordered run (``resumed_in_order``) that was not
+    stopped puts the whole output in input order, and says so first (a stopped one leaves
+    that to the next resume)."""
+    if resumed_in_order and not stopped and verbose:
+        console.print(f"{output}: putting every row in input order ...", markup=False,
+                      highlight=False, soft_wrap=True)
+    writer.close(reorder=not stopped)
+
+
+def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
+                   verbose: bool, console: Console) -> None:
+    """Say where the rows went; after an interrupt, take the requests in flight (dropped:
+    a resume runs them) out of the prompt-token count, so the report counts what was
+    written, and say what was dropped."""
+    if interrupted:
+        dropped = [*engine.scheduler.running, *engine.scheduler.waiting]
+        lost = sum(r.num_prompt_tokens for r in dropped if r.sample_index == 0)
+        engine.counters.prompt_tokens -= lost
+        if verbose:
+            console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
+                          "prompt tokens; --resume runs them); the report counts the "
+                          "finished rows", markup=False, highlight=False)
+    if verbose and output != STDIN:
+        console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)

@@ -45,7 +45,7 @@ from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
 from mlxpa.engine_setup import build_engine
-from mlxpa.job import Job
+from mlxpa.job import Job, close_in_order, report_written
 from mlxpa.progress import RunProgress, summary_table
 
 PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
@@ -70,7 +70,8 @@ class RunOptions:
         ordered: Write results in input order (else as they finish).
         skip_invalid: Write an error result for each invalid row and run the rest (else any
             invalid row stops the run before the model loads).
-        resume: Keep the output's rows, skip their ids, and add the rest.
+        resume: Keep the output's rows, skip their ids, and add the rest; with ``ordered``,
+            a run that is not stopped then rewrites the whole output in input order.
         metrics_json: Where to write the final statistics as JSON.
         show_progress: Draw the progress bar and final report.
         window: Rows per prefix-ordering window.
@@ -139,7 +140,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
                                       console, vocab)
         if v.num_rows == v.num_done:  # nothing to run: no model load
-            return _empty_run(output, src.name, options, console)
+            return _empty_run(output, src.name, v, options, console)
         engine = engine or build_engine(config, src.rows(), v, defaults, console,
                                         options.show_progress)
         _generate(engine, src, v, defaults, out_fmt, output, options, console,
@@ -235,10 +236,13 @@ def _validation_pass(src: _Source, existing: Existing, defaults: SamplingParams,
     return v, out_fmt
 
 
-def _empty_run(output: str, name: str, options: RunOptions, console: Console) -> Stats:
-    """Nothing to run: an empty output (or the resumed one as it is), no model load."""
-    with ResultWriter(output, ordered=options.ordered, append=options.resume):
-        pass
+def _empty_run(output: str, name: str, v: Validation, options: RunOptions,
+               console: Console) -> Stats:
+    """Nothing to run: an empty output (or the resumed one, in input order), no model load."""
+    with ResultWriter(output, ordered=options.ordered, append=options.resume,
+                      positions=v.done) as writer:
+        close_in_order(writer, output, options.resume and options.ordered, False,
+                       options.show_progress, console)
     if options.show_progress and not options.resume:
         console.print(f"{name}: no rows; wrote an empty output", markup=False, soft_wrap=True)
     return _finish(summarize(Counters()), None, console, options)
@@ -254,28 +258,15 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
     # The bar first: with stdout on its terminal, rich redirects stdout above the bar.
     with RunProgress(v.num_rows - v.num_done, engine.counters, console, options.show_progress,
                      output == STDIN) as progress, \
-            ResultWriter(output, ordered=options.ordered, append=options.resume) as writer:
+            ResultWriter(output, ordered=options.ordered, append=options.resume,
+                         positions=v.done) as writer:
         job = Job(engine, v, defaults, out_fmt, lambda row: where(src.name, row.line, src.unit),
                   writer, progress, src.inputs.split_special_tokens)
         job.run(src.rows(), options.order, options.window, should_stop)
-    _report_written(engine, writer.num_written, output, should_stop(), options, console)
-
-
-def _report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
-                    options: RunOptions, console: Console) -> None:
-    """Say where the rows went; after an interrupt, take the requests in flight (dropped:
-    a resume runs them) out of the prompt-token count, so the report counts what was
-    written, and say what was dropped."""
-    if interrupted:
-        dropped = [*engine.scheduler.running, *engine.scheduler.waiting]
-        lost = sum(r.num_prompt_tokens for r in dropped if r.sample_index == 0)
-        engine.counters.prompt_tokens -= lost
-        if options.show_progress:
-            console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
-                          "prompt tokens; --resume runs them); the report counts the "
-                          "finished rows", markup=False, highlight=False)
-    if options.show_progress and output != STDIN:
-        console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)
+        close_in_order(writer, output, options.resume and options.ordered, should_stop(),
+                       options.show_progress, console)
+    report_written(engine, writer.num_written, output, should_stop(), options.show_progress,
+                   console)
 
 
 def _peek_vocab(spec: str | None) -> int | None:

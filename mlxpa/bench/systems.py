@@ -5,18 +5,18 @@ first; figures are medians over repeats):
 
 - ``mlxpa``: this engine (paged KV cache, continuous batching, prefix caching);
 - ``mlxpa-noprefix``: the same with prefix caching off;
-- ``mlx-lm``: ``mlx_lm.batch_generate`` on the same token ids and model object, its default
-  batch sizes;
+- ``mlx-lm``: ``mlx_lm.batch_generate``'s loop (a ``BatchGenerator``, its default batch sizes)
+  on the same token ids and model object;
 - ``static``: one contiguous KV cache per request, requests one after another with
   ``mlx_lm.stream_generate`` (static allocation).
 
-Every system generates exactly ``output_len`` tokens per request (EOS ignored).
+Every system generates exactly ``output_len`` tokens per request (EOS ignored), and reports
+each token to an ``advance(n)`` callback as it comes (the progress bar of ``mlxpa bench``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -27,8 +27,13 @@ import mlx.core as mx
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine.metrics import percentile
+from mlxpa.progress import BenchProgress
 
-logger = logging.getLogger(__name__)
+Advance = Callable[[int], None]  # told each batch of output tokens as it is generated
+
+
+def _ignore(n: int) -> None:
+    pass
 
 
 @dataclass
@@ -75,7 +80,8 @@ def _no_eos(tokenizer):
     return _Ctx()
 
 
-def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
+def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
+              advance: Advance = _ignore) -> SystemResult:
     """Our engine on the workload, admitted in prefix order as ``mlxpa run`` does (when
     prefix caching is on); records KV blocks in use after every step."""
     from mlxpa.core.prefix_order import prefix_order
@@ -90,10 +96,12 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
     for i in order:
         engine.add_request(i, wl.prompts[i], SamplingParams(
             max_tokens=wl.output_lens[i], ignore_eos=True, structured=wl.structured))
-    series = []
+    series, shown = [], 0
     while engine.has_unfinished_requests():
         engine.step()
         series.append((time.perf_counter() - t0, engine.kv_cache_manager.num_active_blocks))
+        advance(engine.counters.generation_tokens - shown)
+        shown = engine.counters.generation_tokens
     elapsed = time.perf_counter() - t0
     c, s = engine.counters, summarize(engine.counters)
     return SystemResult(
@@ -107,21 +115,31 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemRes
                "scored_tokens": c.scored_tokens})
 
 
-def run_mlx_lm(model, tokenizer, wl: Workload) -> SystemResult:
-    """``mlx_lm.batch_generate`` with its default batch sizes."""
-    from mlx_lm import batch_generate
+def run_mlx_lm(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> SystemResult:
+    """mlx-lm's batched generation: ``mlx_lm.batch_generate``'s own loop (mlx-lm 0.32: a
+    ``BatchGenerator`` with its default batch sizes, texts decoded at the end), written out
+    so that tokens can be counted as they come."""
+    from mlx_lm.generate import BatchGenerator
 
     with _no_eos(tokenizer):
         t0 = time.perf_counter()
-        resp = batch_generate(model, tokenizer, wl.prompts, max_tokens=wl.output_lens,
-                              return_token_ids=True)
+        gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
+        tokens: dict[int, list[int]] = {uid: [] for uid in gen.insert(wl.prompts,
+                                                                      wl.output_lens)}
+        while responses := gen.next_generated():
+            kept = [r for r in responses if r.finish_reason != "stop"]
+            for r in kept:
+                tokens[r.uid].append(r.token)
+            advance(len(kept))
+        gen.close()
+        _texts = [tokenizer.decode(t) for t in tokens.values()]  # as batch_generate does
         elapsed = time.perf_counter() - t0
-    generated = sum(map(len, resp.token_ids))
+    generated = sum(map(len, tokens.values()))
     return SystemResult(elapsed, wl.num_prompt_tokens, generated, len(wl.prompts),
                         mx.get_peak_memory())
 
 
-def run_static(model, tokenizer, wl: Workload) -> SystemResult:
+def run_static(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> SystemResult:
     """One request at a time, each with its own contiguous KV cache (static allocation)."""
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
@@ -138,14 +156,17 @@ def run_static(model, tokenizer, wl: Workload) -> SystemResult:
                 (ttft.append(now - start) if k == 0 else itl.append(now - last))
                 last = now
                 generated += 1
+                advance(1)
             kv = max(kv, sum(c.nbytes for c in cache))
         elapsed = time.perf_counter() - t0
     return SystemResult(elapsed, wl.num_prompt_tokens, generated, len(wl.prompts),
                         mx.get_peak_memory(), kv_bytes=kv, ttft_s=ttft, itl_s=itl)
 
 
-def run_system(name: str, model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
-    """Run one system on ``wl`` with the peak-memory counter reset first.
+def run_system(name: str, model, tokenizer, wl: Workload, config: EngineConfig,
+               advance: Advance = _ignore) -> SystemResult:
+    """Run one system on ``wl`` with the peak-memory counter reset first (``advance``: told
+    the output tokens as they are generated).
 
     Raises:
         ValueError: Unknown system name.
@@ -155,49 +176,59 @@ def run_system(name: str, model, tokenizer, wl: Workload, config: EngineConfig) 
     mx.synchronize()
     mx.clear_cache()
     mx.reset_peak_memory()
-    return SYSTEMS[name](model, tokenizer, wl, config)
+    return SYSTEMS[name](model, tokenizer, wl, config, advance)
 
 
-def _run_mlxpa_noprefix(model, tokenizer, wl: Workload, config: EngineConfig) -> SystemResult:
-    return run_mlxpa(model, tokenizer, wl, dataclasses.replace(config, enable_prefix_caching=False))
+def _run_mlxpa_noprefix(model, tokenizer, wl: Workload, config: EngineConfig,
+                        advance: Advance) -> SystemResult:
+    return run_mlxpa(model, tokenizer, wl, dataclasses.replace(config, enable_prefix_caching=False),
+                     advance)
 
 
-# Every system by name, in report order: ``(model, tokenizer, workload, config)`` to a result.
+# Every system by name, in report order: ``(model, tokenizer, workload, config, advance)`` to
+# a result.
 SYSTEMS: dict[str, Callable[..., SystemResult]] = {
     "mlxpa": run_mlxpa,
     "mlxpa-noprefix": _run_mlxpa_noprefix,
-    "mlx-lm": lambda model, tokenizer, wl, config: run_mlx_lm(model, tokenizer, wl),
-    "static": lambda model, tokenizer, wl, config: run_static(model, tokenizer, wl),
+    "mlx-lm": lambda model, tokenizer, wl, config, advance: run_mlx_lm(model, tokenizer, wl,
+                                                                        advance),
+    "static": lambda model, tokenizer, wl, config, advance: run_static(model, tokenizer, wl,
+                                                                        advance),
 }
 
 
 def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
               systems: tuple[str, ...] = tuple(SYSTEMS), repeats: int = 1,
-              warmup: bool = True) -> tuple[dict[str, dict], dict[str, SystemResult]]:
+              warmup: bool = True, progress: BenchProgress | None = None,
+              ) -> tuple[dict[str, dict], dict[str, SystemResult]]:
     """Warm up and time every system ``repeats`` times in rotating order.
+
+    ``progress`` (default: none drawn) gets a bar for the warm-up and one for each timed run
+    (output tokens done / total, elapsed; its time and rate once it ends).
 
     Returns:
         ``(figures, last)``: per system the median of each figure over repeats, plus
         ``ratio_to_<baseline>`` of the throughput figures to every other system; and the last
         raw result per system (for plots).
     """
+    progress = progress or BenchProgress(enabled=False)
     if warmup:
-        logger.info("warm-up: 2 prompts on each of %s", ", ".join(systems))
         small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
                             output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
+        bar = progress.bar("warm-up (2 prompts each)", len(systems) * sum(small.output_lens))
         for name in systems:
-            run_system(name, model, tokenizer, small, config)
+            run_system(name, model, tokenizer, small, config, bar.advance)
+        bar.done("")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     last: dict[str, SystemResult] = {}
     for r in range(repeats):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
         for i, name in enumerate(order):
-            logger.info("[%d/%d] %s: %d prompts ...", r * len(systems) + i + 1,
-                        repeats * len(systems), name, len(wl.prompts))
-            last[name] = run_system(name, model, tokenizer, wl, config)
+            bar = progress.bar(f"[{r * len(systems) + i + 1}/{repeats * len(systems)}] {name}",
+                               wl.num_output_tokens)
+            last[name] = run_system(name, model, tokenizer, wl, config, bar.advance)
             runs[name].append(last[name].figures())
-            logger.info("      %s: %.1f s, %.1f total tok/s", name, last[name].elapsed_s,
-                        runs[name][-1]["total_tokens_per_s"])
+            bar.done(f"{runs[name][-1]['total_tokens_per_s']:.1f} total tok/s")
     figures = {s: _median(runs[s]) for s in systems}
     for s in systems:
         for b in systems:

@@ -62,6 +62,8 @@ def bench(
     kernel: KernelOpt = Kernel.auto,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress bars (the results are still printed).")] = False,
     blas: BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
@@ -72,6 +74,7 @@ def bench(
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model
+    from mlxpa.progress import BenchProgress
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -96,7 +99,9 @@ def bench(
         console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
                       f"tokens, {wl.num_output_tokens} output tokens; systems: "
                       f"{', '.join(systems)}; repeats: {repeats}", markup=False)
-        figures, last = run_bench(mdl, tok, wl, config, systems, repeats)
+        with BenchProgress(console, enabled=not quiet) as progress:
+            figures, last = run_bench(mdl, tok, wl, config, systems, repeats,
+                                      progress=progress)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:

@@ -86,8 +86,8 @@ SkipInvalidOpt = Annotated[bool, typer.Option(
 UnorderedOpt = Annotated[bool, typer.Option(
     "--unordered", help="Write rows as they finish, not in input order.")]
 ResumeOpt = Annotated[bool, typer.Option(
-    "--resume", help="Keep the rows already in the output, skip their ids, append the rest "
-    "(a torn last line is cut off).")]
+    "--resume", help="Keep the output's rows (skip their ids), run the rest, then put "
+    "all rows in input order; a torn last line is cut off.")]
 OrderOpt = Annotated[Order, typer.Option(
     help="Admission order: prefix (each window of 4096 rows read is ordered so rows sharing a "
     "prefix run together) or input. Output order is not affected.")]

@@ -11,7 +11,8 @@ pyarrow and ``datasets``; no MLX.
   :mod:`~mlxpa.data.records`: result records (mlxpa rows or OpenAI Batch output lines);
 * :mod:`~mlxpa.data.write`: :class:`ResultWriter` (reorder buffer);
   :mod:`~mlxpa.data.jsonl` and :mod:`~mlxpa.data.parquet`: the two sinks (Parquet crash-safe);
-* :mod:`~mlxpa.data.resume`: what an existing output already holds (``--resume``).
+* :mod:`~mlxpa.data.resume`: what an existing output already holds (``--resume``);
+  :mod:`~mlxpa.data.order`: a resumed output put back in input order.
 
 Data flow::
 

@@ -3,8 +3,10 @@ both output formats use for values JSON cannot hold."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -41,6 +43,9 @@ def _finite(value: Any) -> Any:
 class JsonlSink:
     """Append or write JSON lines to ``path`` (``"-"``: stdout), one flush per release.
 
+    Appending first removes a temporary file that a killed rewrite in input order left
+    beside ``path`` (``.<name>.<random>.tmp``; the output itself is whole).
+
     Raises:
         OSError: The file cannot be opened.
     """
@@ -48,6 +53,11 @@ class JsonlSink:
     def __init__(self, path: str, append: bool) -> None:
         self._own = path != STDIN
         mode = "a" if append else "w"
+        if self._own and append:
+            folder, name = os.path.split(os.path.abspath(path))
+            pattern = os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.tmp")
+            for stale in glob.glob(pattern):
+                os.remove(stale)
         self._f = open(path, mode, encoding="utf-8", newline="\n") if self._own else None
 
     @property

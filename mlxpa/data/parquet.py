@@ -12,8 +12,9 @@ Released records are cut into row groups of ``row_group_size`` records, never sp
 records of one input row (its ``n`` samples), so a row is in the output whole or not at all.
 Each group becomes a part file as soon as it is full, so a crash (even SIGKILL) leaves every
 finished group readable. :meth:`ParquetSink.close` merges the kept previous file (``--resume``)
-and the parts into a temporary file in the same folder, one row group at a time, renames it
-over the target and removes the parts folder. A run without ``--resume`` starts by removing
+and the parts into a temporary file in the same folder, one row group at a time (on an ordered
+``--resume``, reassembled in input order: :mod:`mlxpa.data.order`), renames it over the target
+and removes the parts folder. A run without ``--resume`` starts by removing
 a stale parts folder.
 
 Schema, stable whatever the records hold: ``id``, ``text``, ``finish_reason``,
@@ -32,11 +33,12 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlxpa.data._files import atomic_rewrite
 from mlxpa.data.jsonl import json_default
+from mlxpa.data.order import parquet_in_order
 from mlxpa.data.schema import CORE_TYPES
 
 
@@ -81,7 +83,7 @@ class ParquetSink:
         for stale in glob.glob(os.path.join(self._parts, "*.tmp")):
             os.remove(stale)  # a part torn by a crash
         self._base = path if resume and os.path.isfile(path) else None
-        self._num_parts = len(_part_files(path))
+        self._num_parts = self._num_old_parts = len(_part_files(path))
 
     def write(self, groups: list[list[dict]]) -> None:
         for records in groups:
@@ -92,8 +94,15 @@ class ParquetSink:
                     time.monotonic() - self._buffered_at >= self._flush_interval_s):
                 self._flush()
 
-    def close(self, merge: bool = True) -> None:
-        """Write the buffered group; then (``merge``) build the target and drop the parts."""
+    def close(self, merge: bool = True, positions: Mapping[str, int] | None = None,
+              new_index: Sequence[int] = ()) -> None:
+        """Write the buffered group; then (``merge``) build the target and drop the parts.
+
+        With ``positions`` (an ordered ``--resume``: the input index of each id an earlier
+        run wrote) and ``new_index`` (the input index of each record written through this
+        sink), the target holds the records in input order
+        (:func:`~mlxpa.data.order.parquet_in_order`); else in the order they were written.
+        """
         self._flush()
         if not merge:
             return
@@ -107,14 +116,21 @@ class ParquetSink:
                 types[field.name] = _merge_type(pa, types.get(field.name, pa.null()),
                                                 field.type)
         schema = _resolved_schema(pa, types)
+
+        def load(source: int, group: int) -> Any:
+            table = pq.ParquetFile(sources[source]).read_row_group(group)
+            return table if table.schema.equals(schema) else _to_table(
+                pa, table.to_pylist(), schema)
+
+        tables = None if positions is None else parquet_in_order(
+            sources, (self._base is not None) + self._num_old_parts, positions, new_index,
+            load, self._row_group_size)
+        if tables is None:
+            tables = (load(s, i) for s in range(len(sources))
+                      for i in range(pq.ParquetFile(sources[s]).num_row_groups))
         with atomic_rewrite(self._path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
-            for src in sources:
-                pf = pq.ParquetFile(src)
-                for i in range(pf.num_row_groups):
-                    table = pf.read_row_group(i)
-                    if not table.schema.equals(schema):
-                        table = _to_table(pa, table.to_pylist(), schema)
-                    writer.write_table(table)
+            for table in tables:
+                writer.write_table(table)
             if not sources:
                 writer.write_table(schema.empty_table())
         # NOTE: a crash right here leaves parts that the new target already holds; the

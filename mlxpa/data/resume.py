@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from mlxpa.data._files import atomic_rewrite
+from mlxpa.data.schema import id_key
 
 COMPLETE = 1 << 30  # the count of a row that is done whatever its n (an OpenAI line)
 
@@ -52,11 +53,6 @@ class Existing(NamedTuple):
     tail: Tail | None
     torn: bool
     retried: int = 0
-
-
-def id_key(value: Any) -> str:
-    """The id as compared across runs (text)."""
-    return str(value)
 
 
 def read_existing(path: str, file_fmt: str) -> Existing:

@@ -7,6 +7,8 @@ extra keys (``sample_index``, ``--keep-columns`` fields) follow. ``id`` is an in
 
 from __future__ import annotations
 
+from typing import Any
+
 CORE_TYPES: dict[str, type | None] = {
     "id": None,
     "text": str,
@@ -20,3 +22,8 @@ CORE_COLUMNS = tuple(CORE_TYPES)
 # Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
 # column may not take one of these names.
 OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
+
+
+def id_key(value: Any) -> str:
+    """An id as compared across runs and formats (its text: ``7`` and ``"7"`` are one id)."""
+    return str(value)

@@ -33,7 +33,8 @@ class Validation:
         row_problems: Row index to message, for rows that are invalid beyond their own
             fields: an id an earlier row already has, or sampling fields that conflict with
             the run's defaults (``min_tokens`` above ``max_tokens``).
-        done: Id keys of rows the output already holds in full (``--resume``).
+        done: Id key to input index of each row the output already holds in full
+            (``--resume``; the index places its records when the output is put in order).
         num_done: Rows skipped because the output already holds them.
         cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
         all_openai: Every row that is not invalid is an OpenAI Batch API line (at least one is).
@@ -43,7 +44,7 @@ class Validation:
     problems: list[str] = field(default_factory=list)
     num_problems: int = 0
     row_problems: dict[int, str] = field(default_factory=dict)
-    done: set[str] = field(default_factory=set)
+    done: dict[str, int] = field(default_factory=dict)
     num_done: int = 0
     cut_at: int | None = None
     all_openai: bool = False
@@ -97,7 +98,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         # A duplicate is never done: the output's rows for this id are the first row's.
         if (key not in first_line and existing is not None
                 and _is_done(row, key, existing, default_n, v)):
-            v.done.add(key)
+            v.done[key] = row.index
             v.num_done += 1
             first_line[key] = row.line
             continue

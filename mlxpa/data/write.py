@@ -8,16 +8,20 @@ allows and nothing is held back to the end. Unordered mode writes each record as
 
 JSONL is appended to on ``--resume`` (after :mod:`mlxpa.data.resume` cut a torn last line).
 Parquet goes through :class:`~mlxpa.data.parquet.ParquetSink`: finished row groups on disk as
-they fill, one file renamed over the target at the end.
+they fill, one file renamed over the target at the end. An ordered ``--resume`` puts the whole
+output back in input order when it closes (:mod:`mlxpa.data.order`): the rows an earlier run
+wrote and the rows this run appended.
 """
 
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxpa.data.jsonl import JsonlSink
+from mlxpa.data.order import jsonl_in_order
 from mlxpa.data.read import PARQUET_EXTENSIONS, STDIN
 
 __all__ = ["ResultWriter", "output_format"]
@@ -39,6 +43,9 @@ class ResultWriter:
         ordered: Write in input order (reorder buffer); False writes records as they come.
         row_group_size: Parquet records per row group (bounds the writer's memory).
         append: Keep what the output already holds and add to it (``--resume``).
+        positions: With ``append`` and ``ordered``: the input index of each id key the output
+            already holds (``Validation.done``); ``close`` then rewrites the output in input
+            order (None: the earlier rows stay first, the new ones follow).
 
     Raises:
         ValueError: Unknown ``fmt``, or Parquet to stdout.
@@ -46,7 +53,8 @@ class ResultWriter:
     """
 
     def __init__(self, path: str | os.PathLike, *, fmt: str | None = None, ordered: bool = True,
-                 row_group_size: int = 1024, append: bool = False) -> None:
+                 row_group_size: int = 1024, append: bool = False,
+                 positions: Mapping[str, int] | None = None) -> None:
         self.path = os.fspath(path)
         self.fmt = output_format(self.path, fmt)
         if self.fmt == "parquet" and self.path == STDIN:
@@ -56,8 +64,13 @@ class ResultWriter:
         self._next = 0
         self._num_written = 0
         self._closed = False
+        self._positions = positions if append and ordered else None
+        self._new_index = array("q")  # with positions: the input index of each record written
+        self._base_end = 0
         self._sink: Any
         if self.fmt == "jsonl":
+            if self._positions is not None and os.path.isfile(self.path):
+                self._base_end = os.path.getsize(self.path)
             self._sink = JsonlSink(self.path, append)
         else:
             from mlxpa.data.parquet import ParquetSink
@@ -81,16 +94,16 @@ class ResultWriter:
             raise ValueError("the writer is closed")
         records = [dict(record)] if isinstance(record, Mapping) else [dict(r) for r in record]
         if not self._ordered:
-            self._emit([records])
+            self._emit([(index, records)])
             return
         if index < 0 or index < self._next or index in self._pending:
             raise ValueError(f"result for row {index} was already added or is invalid")
         self._pending[index] = records
         if index != self._next:
             return
-        ready: list[list[dict]] = []
+        ready: list[tuple[int, list[dict]]] = []
         while self._next in self._pending:
-            ready.append(self._pending.pop(self._next))
+            ready.append((self._next, self._pending.pop(self._next)))
             self._next += 1
         self._emit(ready)
 
@@ -98,23 +111,32 @@ class ResultWriter:
         """Mark row ``index`` as needing no output (already written by an earlier run)."""
         self.add(index, [])
 
-    def close(self, interrupted: bool = False) -> None:
+    def close(self, interrupted: bool = False, reorder: bool = True) -> None:
         """Write what is still buffered and finish the file (idempotent).
 
         Records still waiting for an earlier row that never came (an interrupted run) are
         written too, in index order, so no finished result is lost; for Parquet, the finished
-        row groups are then merged into ``path`` (unless ``interrupted``).
+        row groups are then merged into ``path`` (unless ``interrupted``). With ``positions``
+        (an ordered resume), unless ``interrupted`` or not ``reorder`` (a stopped run: the
+        next resume does it), the output is then rewritten in input order.
+
+        Raises:
+            OSError: The output cannot be written (a failed rewrite leaves it as it was).
         """
         if self._closed:
             return
         self._closed = True
+        positions = None if interrupted or not reorder else self._positions
         try:
-            self._emit([self._pending.pop(i) for i in sorted(self._pending)])
+            self._emit([(i, self._pending.pop(i)) for i in sorted(self._pending)])
         finally:
             if self.fmt == "parquet":
-                self._sink.close(merge=not interrupted)
+                self._sink.close(merge=not interrupted, positions=positions,
+                                 new_index=self._new_index)
             else:
                 self._sink.close()
+        if self.fmt == "jsonl" and positions is not None:
+            jsonl_in_order(self.path, positions, self._base_end, self._new_index)
 
     @property
     def num_written(self) -> int:
@@ -130,13 +152,17 @@ class ResultWriter:
         return self
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
-        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt),
+                   reorder=exc_type is None)
 
-    def _emit(self, groups: list[list[dict]]) -> None:
-        groups = [g for g in groups if g]
+    def _emit(self, groups: list[tuple[int, list[dict]]]) -> None:
+        groups = [(i, g) for i, g in groups if g]
         if groups:
-            self._sink.write(groups)
-            self._num_written += sum(map(len, groups))
+            self._sink.write([g for _, g in groups])
+            if self._positions is not None:  # only a resume that will be sorted needs them
+                for index, records in groups:
+                    self._new_index.extend([index] * len(records))
+            self._num_written += sum(len(g) for _, g in groups)
 
 
 JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")

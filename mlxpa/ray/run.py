@@ -103,7 +103,9 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
     extra = {"num_replicas": ray.num_replicas, "ray_init_s": 0.0, "driver_s": 0.0,
              "num_shards": 0}
     try:
-        with ResultWriter(output, ordered=options.ordered, append=options.resume) as writer:
+        should_stop = should_stop or (lambda: False)
+        with ResultWriter(output, ordered=options.ordered, append=options.resume,
+                          positions=p.validation.done) as writer:
             if p.validation.num_rows > p.validation.num_done:
                 items = _items(p, config, defaults, writer, cluster)
                 shards = _shards(items, config, ray, options.order)
@@ -111,7 +113,8 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
                 with ray_session(ray.address) as init_s:
                     extra["ray_init_s"] = init_s
                     _execute(p, config, shards, writer, cluster, ray, console,
-                             options.show_progress, should_stop or (lambda: False))
+                             options.show_progress, should_stop)
+            writer.close(reorder=not should_stop())  # a stopped run: the next resume sorts
     finally:
         if p.spooled:
             os.remove(p.path)

@@ -81,3 +81,31 @@ def test_bench_file_workload_and_bad_system(folder, tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["bench", "--model", folder, "--baselines", "vllm"])
     assert r.exit_code == 1 and "unknown system" in r.stderr
+
+
+def test_bench_progress_bars_go_to_stderr_only(folder, tmp_path):
+    """A bar per timed system, each counting every output token of the workload (the oracle:
+    its token count), on stderr; stdout is the throughput line alone; --quiet drops the bars,
+    not the results."""
+    args = ["bench", "--model", folder, "--num-prompts", "4", "--input-len", "12",
+            "--output-len", "5", "--kv-memory", "0.01", "--baselines", "mlxpa,mlx-lm,static"]
+    r = CliRunner().invoke(app, [*args, "--json", str(tmp_path / "a.json")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("Throughput: ") and r.stdout.count("\n") == 1
+    total = json.loads((tmp_path / "a.json").read_text())["workload"]["output_tokens"]
+    assert total == 20
+    bars = [line for line in r.stderr.splitlines() if " tokens " in line]
+    assert [line.split()[:2] for line in bars] == [
+        ["warm-up", "(2"], ["[1/3]", "mlxpa"], ["[2/3]", "mlx-lm"], ["[3/3]", "static"]]
+    assert all(f" {total}/{total} tokens " in line for line in bars[1:])
+    assert all(line.rstrip().endswith(" total tok/s") for line in bars[1:])
+    assert " 24/24 tokens " in bars[0]  # 3 systems x 2 prompts x 4 tokens
+    q = CliRunner().invoke(app, [*args, "--quiet", "--json", str(tmp_path / "q.json")])
+    assert q.exit_code == 0, q.output
+    assert " tokens " not in q.stderr and q.stdout.startswith("Throughput: ")
+    for name in ("mlxpa", "mlx-lm", "static"):
+        assert f"│ {name} " in r.stderr and f"│ {name} " in q.stderr
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "aq")
+    assert a["workload"] == b["workload"] and set(a["systems"]) == set(b["systems"])
+    assert all(set(a["systems"][s]) == set(b["systems"][s]) for s in a["systems"])
+    assert all(a["systems"][s]["generation_tokens"] == total for s in a["systems"])

@@ -1,6 +1,8 @@
 """``mlxpa run`` in a subprocess on a tiny model, stopped part-way: SIGKILL then ``--resume``
 (exactly one row per input id, none torn), and SIGINT (exit 130, the resume command printed,
-and that command finishes the job)."""
+and that command finishes the job); a resume that is itself interrupted leaves a valid,
+resumable file. The finished output equals an uninterrupted run's byte for byte (input order
+restored at the end of the resume; greedy, so the texts are the same)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ import pytest
 from tests.tiny_models import save_tiny_model
 
 NUM_ROWS = 120
+
+
+def max_tokens(i: int) -> int:
+    """Every 4th row is long, so later rows finish first: an interrupt finds finished rows
+    after a row still running, and writes them after the gap (out of input order)."""
+    return 48 if i % 4 == 0 else 8
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 
@@ -28,9 +36,21 @@ def job(tmp_path_factory):
     folder = save_tiny_model(root / "tiny")
     src = root / "in.jsonl"
     ids = [f"r{i}" for i in range(NUM_ROWS)]
-    src.write_text("".join(json.dumps({"id": rid, "prompt": f"row {i} of the job"}) + "\n"
+    src.write_text("".join(json.dumps({"id": rid, "prompt": f"row {i} of the job",
+                                       "max_tokens": max_tokens(i)}) + "\n"
                            for i, rid in enumerate(ids)))
     return folder, str(src), ids
+
+
+@pytest.fixture(scope="module")
+def reference(job, tmp_path_factory) -> bytes:
+    """The output of the same run, never interrupted."""
+    folder, src, ids = job
+    out = str(tmp_path_factory.mktemp("ref") / "out.jsonl")
+    r = subprocess.run(mlxpa(*run_args(folder, src, out)), capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    assert output_ids(out) == ids
+    return Path(out).read_bytes()
 
 
 def mlxpa(*args: str) -> list[str]:
@@ -38,7 +58,7 @@ def mlxpa(*args: str) -> list[str]:
 
 
 def run_args(folder: str, src: str, out: str) -> list[str]:
-    return ["run", src, "-o", out, "--model", folder, "--max-tokens", "24", "--ignore-eos",
+    return ["run", src, "-o", out, "--model", folder, "--ignore-eos",
             "--max-num-seqs", "4", "--kv-memory", "0.01", "--order", "input", "-q"]
 
 
@@ -56,11 +76,12 @@ def output_ids(path: str) -> list[str]:
     data = Path(path).read_text(encoding="utf-8")
     assert data.endswith("\n")
     rows = [json.loads(line) for line in data.splitlines()]  # every line whole
-    assert all(r["finish_reason"] == "length" and r["completion_tokens"] == 24 for r in rows)
+    assert all(r["finish_reason"] == "length"
+               and r["completion_tokens"] == max_tokens(int(r["id"][1:])) for r in rows)
     return [r["id"] for r in rows]
 
 
-def test_sigkill_then_resume(job, tmp_path):
+def test_sigkill_then_resume(job, reference, tmp_path):
     folder, src, ids = job
     out = str(tmp_path / "out.jsonl")
     proc = subprocess.Popen(mlxpa(*run_args(folder, src, out)), stdout=subprocess.DEVNULL,
@@ -75,13 +96,13 @@ def test_sigkill_then_resume(job, tmp_path):
     r = subprocess.run(mlxpa(*run_args(folder, src, out), "--resume"), capture_output=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr.decode()
-    got = output_ids(out)
-    assert sorted(got) == sorted(ids) and len(got) == len(set(got))
-    assert got[:done] == ids[:done]  # the rows of the killed run are kept as they were
+    assert output_ids(out) == ids  # in input order again
+    assert Path(out).read_bytes() == reference
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path, sig):
+def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, reference, tmp_path,
+                                                                   sig):
     folder, src, ids = job
     out = str(tmp_path / "out.jsonl")
     proc = subprocess.Popen(mlxpa(*run_args(folder, src, out)), stdout=subprocess.DEVNULL,
@@ -92,6 +113,7 @@ def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path
     err = err.decode()
     assert proc.returncode == 130, err
     first = output_ids(out)
+    assert first != ids[:len(first)]  # rows after a gap: the resume must restore the order
     assert 8 <= len(first) < NUM_ROWS and len(first) == len(set(first))
     command = next(line.strip() for line in err.splitlines() if line.strip().startswith(
         "mlxpa run"))
@@ -99,8 +121,36 @@ def test_sigint_writes_finished_rows_and_prints_the_resume_command(job, tmp_path
     assert command == shlex.join(["mlxpa", *run_args(folder, src, out), "--resume"])
     r = subprocess.run(mlxpa(*shlex.split(command)[1:]), capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr.decode()
-    got = output_ids(out)
-    assert got[:len(first)] == first and sorted(got) == sorted(ids) and len(got) == len(ids)
+    assert output_ids(out) == ids and Path(out).read_bytes() == reference
+
+
+def interrupt(args: list[str], out: str, lines: int) -> None:
+    """Run ``mlxpa args``, send SIGINT once ``out`` has ``lines`` lines, expect exit 130."""
+    proc = subprocess.Popen(mlxpa(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_lines(out, lines, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+
+
+def test_interrupted_resume_stays_resumable_and_ends_in_input_order(job, reference, tmp_path):
+    folder, src, ids = job
+    out = str(tmp_path / "out.jsonl")
+    interrupt(run_args(folder, src, out), out, 8)
+    os.chmod(out, 0o640)
+    first = Path(out).read_bytes()
+    assert output_ids(out) != ids[:first.count(b"\n")]  # rows after a gap
+    # The resume is interrupted too: its rows are appended after the first run's, unsorted.
+    interrupt([*run_args(folder, src, out), "--resume"], out, first.count(b"\n") + 8)
+    second = output_ids(out)
+    assert Path(out).read_bytes().startswith(first)
+    assert len(second) == len(set(second)) and set(second) < set(ids)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    r = subprocess.run(mlxpa(*run_args(folder, src, out), "--resume"), capture_output=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    assert output_ids(out) == ids and Path(out).read_bytes() == reference
+    assert os.stat(out).st_mode & 0o777 == 0o640  # the rewrite keeps the file's mode
 
 
 def test_signal_before_any_row_runs_stops_at_once():

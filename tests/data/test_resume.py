@@ -112,7 +112,7 @@ def test_partial_samples_of_the_last_row_are_cut_and_rerun(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": "x"}) + "\n" for i in "aebc"))
     v = validate(read_rows(str(src)), source=str(src), unit="line", existing=e, default_n=2)
-    assert v.done == {"a"} and v.num_done == 1 and v.cut_at == offset
+    assert v.done == {"a": 0} and v.num_done == 1 and v.cut_at == offset
 
 
 def test_openai_lines_count_whole_rows_and_errors_are_dropped(tmp_path):
@@ -220,7 +220,7 @@ def test_a_duplicate_id_is_never_done_on_resume(tmp_path):
     src.write_text('{"id": 1, "prompt": "a"}\n{"prompt": "b"}\n')
     v = validate(read_rows(str(src)), source=str(src), unit="line",
                  existing=read_existing(str(out), "jsonl"))
-    assert v.done == {"1"} and v.num_done == 1
+    assert v.done == {"1": 0} and v.num_done == 1
     assert v.row_problems == {1: f"{src} line 2: duplicate id 1 (first at line 1)"}
 
 

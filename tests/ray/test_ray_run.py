@@ -87,14 +87,15 @@ def test_ray_resume_appends_the_missing_rows(tmp_path, model, cluster):
     full = tmp_path / "full.jsonl"
     run_cli([src, "--model", model, "-o", str(full)])
     lines = full.read_text().splitlines(keepends=True)
-    for name in ("local.jsonl", "ray.jsonl"):  # four rows and a torn line
-        (tmp_path / name).write_text("".join(lines[:4]) + lines[4][:15])
+    for name in ("local.jsonl", "ray.jsonl"):  # rows 0, 1, 3, 4 (2 was running), a torn line
+        (tmp_path / name).write_text("".join(lines[:2] + lines[3:5]) + lines[5][:15])
     run_cli([src, "--model", model, "-o", str(tmp_path / "local.jsonl"), "--resume"])
     run_cli([src, "--model", model, "-o", str(tmp_path / "ray.jsonl"), "--ray",
              "--num-replicas", "2", "--resume"])
     local = (tmp_path / "local.jsonl").read_text()
     assert (tmp_path / "ray.jsonl").read_text() == local
-    # cached_tokens depend on which rows ran together; everything else is the full run's
+    # cached_tokens depend on which rows ran together; everything else is the full run's,
+    # in input order again
     strip = [{k: v for k, v in json.loads(line).items() if k != "cached_tokens"}
              for line in local.splitlines()]
     assert strip == [{k: v for k, v in json.loads(line).items() if k != "cached_tokens"}
