@@ -7,9 +7,10 @@ Per step the model runner
    which brings every constrained row's matcher up to the request's output tokens and fills
    the token bitmask of all of them in one ``fill_next_token_bitmask_par`` call (it releases
    the GIL, so it overlaps MLX's work, as vLLM and SGLang overlap it with the GPU);
-2. applies the bitmask to all of the step's rows in one fused MLX pass
-   (:func:`apply_bitmask`; unconstrained rows get all bits set); llguidance sets the EOS bit
-   only where the grammar accepts, so EOS ends a row only when its output is complete;
+2. the bitmask is applied to all of the step's rows in one fused MLX pass
+   (:func:`mlxpa.worker.sample_step.apply_bitmask`; unconstrained rows get all bits set);
+   llguidance sets the EOS bit only where the grammar accepts, so EOS ends a row only when
+   its output is complete;
 3. samples, then :meth:`Grammars.advance` consumes each sampled token; a matcher that is then
    stopped (nothing but EOS may follow) ends its row at once (:meth:`Grammars.is_complete`).
 
@@ -18,6 +19,12 @@ what is missing, roll back what is extra), so preemption by recompute (output to
 chunked prefill (no sampling until the last chunk), prefix-cache hits and ``n > 1`` forks (a
 child is another request with its own matcher) need no special case. Compiled grammars are
 cached by the constraint's canonical text.
+
+A ``choice`` constraint is compiled over tokens, not text (:func:`choice_grammar`): each choice
+can be written only through its canonical tokenization (the tokenizer's own encoding of the
+choice, the tokens ``choice_logprobs`` scores), so the label is never spelt through an
+unlikely split such as ``' '`` then ``'green'`` (the token healing problem that outlines and
+SGLang discuss for choice decoding).
 """
 
 from __future__ import annotations
@@ -26,9 +33,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 
-import mlx.core as mx
 import numpy as np
 
 from mlxpa.request import Request
@@ -127,6 +132,28 @@ class _Vocabulary:
         return self._hf.encode(text, add_special_tokens=False)
 
 
+def choice_grammar(choices: tuple[str, ...], hf_tokenizer) -> str:
+    """An llguidance grammar whose only outputs are the choices' canonical token sequences.
+
+    Each choice is encoded on its own (``encode(choice, add_special_tokens=False)``, as
+    :mod:`mlxpa.engine.choice_scores` scores it) and becomes one alternative of a Lark rule
+    over token ids (llguidance's ``<[id]>`` token syntax). A choice whose tokens are a prefix
+    of another's is accepted there (EOS or the longer choice's next token may follow).
+
+    Args:
+        choices: The choices (non-empty strings).
+        hf_tokenizer: The model's Hugging Face tokenizer.
+
+    Returns:
+        The grammar in llguidance's JSON grammar format.
+    """
+    from llguidance import grammar_from
+
+    alternatives = (" ".join(f"<[{t}]>" for t in hf_tokenizer.encode(c, add_special_tokens=False))
+                    for c in choices)
+    return grammar_from("lark", "start: " + " | ".join(alternatives))
+
+
 class Grammars:
     """Matchers of the constrained requests (runner-side state, like the block tables).
 
@@ -175,7 +202,8 @@ class Grammars:
 
         self.prepare()
         if so not in self._compiled:
-            self._compiled[so] = grammar_text(so)
+            self._compiled[so] = (choice_grammar(so.choices, self._hf) if so.kind == "choice"
+                                  else grammar_text(so))
         return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
 
     def _state(self, req: Request) -> _State:
@@ -243,46 +271,3 @@ class Grammars:
     def release(self, req: Request) -> None:
         """Drop ``req``'s matcher (finished)."""
         self._states.pop(req, None)
-
-
-@partial(mx.compile, shapeless=True)
-def _keep_allowed(words: mx.array, logits: mx.array) -> mx.array:
-    """``[S, W, 1]`` int32 words, ``[S, W, 32]`` logits: the logit where its bit is set, else
-    ``-inf`` (one fused pass)."""
-    bits = (words >> mx.arange(32, dtype=mx.int32)) & 1
-    return mx.where(bits.astype(mx.bool_), logits, -mx.inf)
-
-
-def apply_bitmask(logits: mx.array, bitmask: np.ndarray) -> mx.array:
-    """Set the logits of disallowed tokens to ``-inf``, in one fused MLX pass over all rows
-    (the bits are expanded inside the kernel; nothing ``[S, V]``-sized is unpacked, gathered
-    or scattered: on 2 x86 cores, 128 rows x 262,144 tokens cost a fifth of numpy unpacking
-    followed by a gather, ``where`` and scatter). The result may take over ``logits``' buffer
-    when nothing else holds it.
-
-    Semantics are llguidance's (``llguidance.numpy.apply_token_bitmask_inplace``): columns
-    past ``32 * W`` are disallowed, bits past ``V`` are ignored.
-
-    Args:
-        logits: ``[S, V]`` logits (any float dtype).
-        bitmask: ``[S, W]`` int32, bit ``t % 32`` of word ``t // 32`` set = token ``t``
-            allowed (llguidance's layout; a row of ``-1`` words leaves its row unchanged).
-
-    Returns:
-        ``[S, V]`` logits of ``logits``' dtype (a new array).
-
-    Raises:
-        ValueError: ``bitmask`` has another number of rows than ``logits``.
-    """
-    s, v = logits.shape
-    if bitmask.shape[0] != s:
-        raise ValueError(f"bitmask has {bitmask.shape[0]} rows for {s} rows of logits")
-    w = -(-v // 32)
-    words = bitmask[:, :w]
-    if words.shape[1] < w:  # a narrower bitmask disallows the columns it does not cover
-        words = np.pad(words, ((0, 0), (0, w - words.shape[1])))
-    if 32 * w != v:
-        logits = mx.pad(logits, ((0, 0), (0, 32 * w - v)))
-    out = _keep_allowed(mx.array(words).reshape(s, w, 1), logits.reshape(s, w, 32))
-    out = out.reshape(s, 32 * w)
-    return out if 32 * w == v else out[:, :v]
