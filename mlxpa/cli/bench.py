@@ -73,6 +73,7 @@ def bench(
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
+    from mlxpa.data._files import check_output_path
     from mlxpa.loader.models import load_model
     from mlxpa.progress import BenchProgress
 
@@ -85,6 +86,9 @@ def bench(
             raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
         if plot:  # before minutes of benchmark, not after
             _need_matplotlib()
+        for target in (json_path, plot):
+            if target:
+                check_output_path(target)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
         mdl, tok, _ = load_model(model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
@@ -62,7 +62,8 @@ class Validation:
 def validate(rows: Iterable[Row], *, source: str, unit: str,
              existing: Existing | None = None, default_n: int = 1,
              defaults: SamplingParams | None = None,
-             vocab_size: int | None = None) -> Validation:
+             vocab_size: int | None = None,
+             check_prompt: Callable[[Row], str | None] | None = None) -> Validation:
     """Read every row once; collect problems, duplicate ids and rows already done.
 
     Args:
@@ -76,6 +77,8 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         vocab_size: The model's vocabulary size: every token id a row gives (and every id
             of the defaults, for rows that do not set them) must be below it (None: not
             checked here; the engine still refuses such a request).
+        check_prompt: A row's prompt problem the tokenizer finds (a chat template that
+            rejects its messages: :func:`mlxpa.prompts.messages_checker`), or None.
 
     Returns:
         The :class:`Validation`.
@@ -102,7 +105,8 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_done += 1
             first_line[key] = row.line
             continue
-        problem = row.error or _run_problem(row, defaults, vocab_size)
+        problem = (row.error or _run_problem(row, defaults, vocab_size)
+                   or (check_prompt(row) if check_prompt is not None else None))
         if problem is not None and row.error is None:
             problem = f"{where(source, row.line, unit)}: {problem}"
             v.row_problems[row.index] = problem

@@ -135,6 +135,29 @@ def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
+def peek_context_len(spec: str | os.PathLike[str] | None) -> int | None:
+    """The model's context in tokens (``max_position_embeddings`` of its ``config.json``, or
+    of ``text_config``), without loading the weights; None when it cannot be read."""
+    try:
+        config = json.loads((resolve_model(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ctx = (config.get("max_position_embeddings")
+           or (config.get("text_config") or {}).get("max_position_embeddings"))
+    return ctx if isinstance(ctx, int) and ctx > 0 else None
+
+
+def peek_tokenizer(spec: str | os.PathLike[str] | None) -> Any | None:
+    """The model's mlx-lm tokenizer, without loading the weights; None when it cannot be
+    loaded (loading the model then reports the real problem)."""
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(resolve_model(spec))
+    except Exception:  # any failure here is reported by the model load that follows
+        return None
+
+
 def model_dtype(model: nn.Module) -> mx.Dtype:
     """The dtype of the model's first floating-point parameter (norms, biases, quantization
     scales; never a packed ``uint32`` weight), float32 when it has none. A label for reports;
