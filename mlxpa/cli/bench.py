@@ -22,6 +22,7 @@ from mlxpa.cli.options import (
     engine_config,
     fail,
 )
+from mlxpa.data.inputs import plural
 
 BENCH_EXAMPLES = """\b
 Examples:
@@ -74,7 +75,7 @@ def bench(
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
     from mlxpa.data._files import check_output_path
-    from mlxpa.loader.models import load_model
+    from mlxpa.loader.models import load_model, peek_tokenizer
     from mlxpa.progress import BenchProgress
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -89,20 +90,22 @@ def bench(
         for target in (json_path, plot):
             if target:
                 check_output_path(target)
+        if workload.value == "file" and not input:
+            raise ValueError("--workload file needs --input PATH")
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
+        if workload.value != LIMITS:  # the prompts are checked before the model loads
+            wl = make_workload(workload.value, peek_tokenizer(model) or load_model(model)[1],
+                               input=input, num_prompts=num_prompts, input_len=input_len,
+                               range_ratio=range_ratio, output_len=output_len,
+                               num_groups=num_groups, prompts_per_group=prompts_per_group,
+                               system_prompt_len=system_prompt_len, question_len=question_len,
+                               seed=seed)
+            _say_workload(console, wl, systems, repeats)
         mdl, tok, _ = load_model(model)
         if workload.value == LIMITS:
             _limits(console, mdl, tok, config, repeats, json_path)
             return
-        wl = make_workload(workload.value, tok, input=input, num_prompts=num_prompts,
-                           input_len=input_len, range_ratio=range_ratio, output_len=output_len,
-                           num_groups=num_groups, prompts_per_group=prompts_per_group,
-                           system_prompt_len=system_prompt_len, question_len=question_len,
-                           seed=seed)
-        console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
-                      f"tokens, {wl.num_output_tokens} output tokens; systems: "
-                      f"{', '.join(systems)}; repeats: {repeats}", markup=False)
         with BenchProgress(console, enabled=not quiet) as progress:
             figures, last = run_bench(mdl, tok, wl, config, systems, repeats,
                                       progress=progress)
@@ -111,6 +114,22 @@ def bench(
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:
+    """The workload line, after a warning naming the invalid rows a file workload skipped."""
+    skipped = wl.params.get("invalid_rows", 0)
+    if skipped:
+        shown = "".join(f"\n  {p}" for p in wl.params["problems"])
+        more = skipped - len(wl.params["problems"])
+        console.print(f"warning: skipped {skipped} invalid row(s) of {wl.params['path']} "
+                      f"(mlxpa run refuses them):{shown}"
+                      + (f"\n  ... and {more} more" if more > 0 else ""),
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"{wl.name}: {plural(len(wl.prompts), 'prompt')}, "
+                  f"{plural(wl.num_prompt_tokens, 'prompt token')}, "
+                  f"{plural(wl.num_output_tokens, 'output token')}; systems: "
+                  f"{', '.join(systems)}; repeats: {repeats}", markup=False, highlight=False)
 
 
 def _report(console, model, wl, figures: dict, last: dict, json_path: str | None,

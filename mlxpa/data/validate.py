@@ -49,14 +49,13 @@ class Validation:
     cut_at: int | None = None
     all_openai: bool = False
 
-    def report(self) -> str:
-        """The problems, listed for stopping before the run."""
+    def report(self, what: str = "nothing was run (--skip-invalid runs the rest and writes "
+               "an error row for each)") -> str:
+        """The problems, listed after ``what`` (what the command does about them)."""
         shown = "\n".join(f"  {p}" for p in self.problems)
         more = self.num_problems - len(self.problems)
         tail = f"\n  ... and {more} more" if more > 0 else ""
-        return (f"{self.num_problems} invalid row(s) of {self.num_rows}; nothing was run "
-                f"(--skip-invalid runs the rest and writes an error row for each):\n"
-                f"{shown}{tail}")
+        return f"{self.num_problems} invalid row(s) of {self.num_rows}; {what}:\n{shown}{tail}"
 
 
 def validate(rows: Iterable[Row], *, source: str, unit: str,
@@ -161,11 +160,12 @@ def _is_done(row: Row, key: str, existing: Existing, default_n: int, v: Validati
     return False
 
 
-def check(v: Validation, source: str) -> None:
-    """Raise when the validation found problems.
+def check(v: Validation, source: str, what: str | None = None) -> None:
+    """Raise when the validation found problems (``what``: what the command does about them,
+    for :meth:`Validation.report`; None: ``run``'s words).
 
     Raises:
         InputError: Listing the first problems (:meth:`Validation.report`).
     """
     if v.num_problems:
-        raise InputError(v.report(), source=source)
+        raise InputError(v.report() if what is None else v.report(what), source=source)
