@@ -10,11 +10,11 @@ import typer
 
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli.options import (
+    BenchKVMemoryOpt,
     BlasOpt,
     BlockSizeOpt,
     Kernel,
     KernelOpt,
-    KVMemoryOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
@@ -44,20 +44,23 @@ def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: ModelOpt = None,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random, annotation: prompts.")] = 128,
+    num_prompts: Annotated[int, typer.Option(
+        help="random, annotation: prompts (file: every valid row).")] = 128,
     input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
     range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
-    output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
+    output_len: Annotated[int, typer.Option(
+        help="Tokens generated per prompt (file: rows without max_tokens).")] = 64,
     num_groups: Annotated[int, typer.Option(help="shared-prefix: groups.")] = 8,
     prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: prompts each.")] = 16,
     system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: shared tokens.")] = 512,
     question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
-        help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] = ALL_SYSTEMS,
+        show_default=False, help="Systems to run, comma-separated (default: all of mlxpa, "
+        "mlxpa-noprefix, mlx-lm, static).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = None,
+    kv_memory: BenchKVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = Kernel.auto,
@@ -68,7 +71,7 @@ def bench(
     blas: BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
-    ``--workload limits`` times mlxpa's prefill and decode against the matmul limit instead."""
+    With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
     from rich.console import Console
 
     from mlxpa.bench.systems import SYSTEMS, run_bench

@@ -84,7 +84,12 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
 
     Raises:
         InputError: The input as a whole cannot be read.
+        ValueError: A default token id (``--stop-token-id``) outside the vocabulary.
     """
+    if vocab_size is not None and defaults is not None:
+        for problem in check_token_ids({n: getattr(defaults, n, ()) for n in TOKEN_ID_FIELDS},
+                                       vocab_size):
+            raise ValueError(problem.replace('field "stop_token_ids"', "--stop-token-id"))
     v = Validation()
     first_line: dict[str, int | None] = {}
     openai, any_openai = True, False
@@ -128,9 +133,7 @@ def _run_problem(row: Row, defaults: SamplingParams | None,
     vocabulary."""
     prefix = "body." if row.openai is not None else ""
     if vocab_size is not None:
-        ids = {name: row.params.get(name, getattr(defaults, name, ()))
-               for name in TOKEN_ID_FIELDS}
-        problems = check_token_ids(ids, vocab_size, prefix)
+        problems = check_token_ids(row.params, vocab_size, prefix)  # the defaults': above
         if problems:
             return "; ".join(problems)
     if defaults is not None:

@@ -9,9 +9,11 @@ import os
 import pytest
 from typer.testing import CliRunner
 
+import mlxpa
 from mlxpa.cli import app
 from tests.tiny_models import save_tiny_model
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(mlxpa.__file__)))
 # Raises on any role but user/assistant/system, as real chat templates do.
 STRICT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
@@ -134,3 +136,91 @@ def test_plan_lists_invalid_rows_and_exits_2(tmp_path, tokenizer_only):
     assert "error row" not in r.stderr
     p, _ = plan_json(src, tokenizer_only, "--skip-invalid")
     assert (p["rows"], p["invalid_rows"]) == (1, 1)
+
+
+def test_broken_pipe_says_how_many_rows_were_written_and_exits_141(tmp_path, tiny):
+    """``mlxpa run ... | head -1``: the reader goes away after one line; each row carries
+    4 KB (--keep-columns), so the pipe's buffer fills and the writer sees the closed pipe."""
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "big.jsonl",
+                      [{"prompt": "hi", "pad": "x" * 4096} for _ in range(200)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxpa", "run", src, "--model", tiny, "--max-tokens", "1",
+         "--keep-columns", "pad", "--kv-memory", "0.01", "-q", "--blas", "system"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": REPO})
+    assert json.loads(proc.stdout.readline())["pad"] == "x" * 4096
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: the output pipe was closed after ")
+    assert int(lines[0].split(" after ")[1].split()[0]) >= 1
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The sampling defaults ``mlxpa run`` builds from its options (nothing runs)."""
+    import importlib
+
+    run_cli = importlib.import_module("mlxpa.cli.run")  # the module, not the command
+    got = {}
+    monkeypatch.setattr(run_cli, "_run_command",
+                        lambda *a, **k: got.setdefault("defaults", a[3]))
+    return got
+
+
+def test_stop_interprets_backslash_escapes(captured):
+    r = cli("run", "-", "--stop", "\\n", "--stop", "a\\tb\\\\n", "--stop", "C:\\x", input="")
+    assert r.exit_code == 0, r.output
+    assert captured["defaults"].stop == ("\n", "a\tb\\n", "C:\\x")
+
+
+def test_choice_labels_are_verbatim_and_checked(captured):
+    r = cli("run", "-", "--choice", " positive, negative", input="")
+    assert r.exit_code == 0, r.output
+    assert captured["defaults"].structured.choices == (" positive", " negative")
+    for value, message in (("a,,b", "label 2 is empty"), ("a,b,", "label 3 is empty"),
+                           ("pos,pos", "label 'pos' is given twice")):
+        r = cli("run", "-", "--choice", value, input="")
+        assert r.exit_code == 2 and message in r.stderr, (value, r.output)
+
+
+def test_options_are_named_as_the_user_wrote_them(tmp_path, tiny):
+    src = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "hi"}])
+    r = cli("run", src, "--model", tiny, "--stop-token-id", 999999999)
+    assert r.exit_code == 1, r.output
+    assert "--stop-token-id: token id 999999999 is outside the model's vocabulary" in r.stderr
+    assert "stop_token_ids" not in r.stderr and "line 1" not in r.stderr
+    r = cli("run", src, "--model", tiny, "--kv-memory", 0)
+    assert r.exit_code == 2 and "--kv-memory must be > 0, got 0.0" in r.stderr
+    assert "kv_memory_gib" not in r.stderr
+    r = cli("run", src, "--model", tiny, "--max-model-len", 1)
+    assert r.exit_code == 2 and "--max-model-len must be an integer >= 2" in r.stderr
+
+
+def test_top_k_message_names_minus_one(tmp_path, tiny):
+    src = write_jsonl(tmp_path / "k.jsonl", [{"prompt": "hi", "top_k": -2}])
+    r = cli("run", src, "--model", tiny)
+    assert r.exit_code == 2
+    assert 'field "top_k" must be an integer >= 0 (or -1: off), got -2' in r.stderr
+
+
+def test_help_reads_whole_at_80_columns():
+    def help_of(*cmd):
+        r = CliRunner().invoke(app, [*cmd, "--help"], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    top = help_of()
+    assert "..." not in top.split("Commands:")[1] and "run    Generate a completion for every row" in top
+    bench = help_of("bench")
+    assert "``" not in bench and "mlx-\n" not in bench
+    assert "allocated up front" in bench and "the pool takes only" not in bench
+    for cmd in ("run", "plan"):
+        text = help_of(cmd)
+        assert ".tsv, .txt" in text and "--blas [auto|system|bundled]" in text
+    assert "Output tokens of a row that does not set max_tokens" in " ".join(
+        help_of("plan").split())
