@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
@@ -86,14 +87,11 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         InputError: The input as a whole cannot be read.
         ValueError: A default token id (``--stop-token-id``) outside the vocabulary.
     """
-    if vocab_size is not None and defaults is not None:
-        for problem in check_token_ids({n: getattr(defaults, n, ()) for n in TOKEN_ID_FIELDS},
-                                       vocab_size):
-            raise ValueError(problem.replace('field "stop_token_ids"', "--stop-token-id"))
+    _check_default_ids(defaults, vocab_size)
     v = Validation()
     first_line: dict[str, int | None] = {}
     openai, any_openai = True, False
-    for row in rows:
+    for row in _watch_kept(rows, source):
         v.num_rows += 1
         # An invalid line does not change the output format of an OpenAI Batch file.
         openai = openai and (row.openai is not None or row.error is not None)
@@ -115,8 +113,10 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             problem = f"{where(source, row.line, unit)}: {problem}"
             v.row_problems[row.index] = problem
         if key in first_line:
-            problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)} "
-                       f"(first at {unit} {first_line[key]})")
+            default = (" (a row without an id field has its index as id)"
+                       if isinstance(row.id, int) and row.id == row.index else "")
+            problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)}"
+                       f"{default} (first at {unit} {first_line[key]})")
             v.row_problems[row.index] = problem
         else:
             first_line[key] = row.line
@@ -124,6 +124,31 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             _add_problem(v, problem)
     v.all_openai = openai and any_openai
     return v
+
+
+def _check_default_ids(defaults: SamplingParams | None, vocab_size: int | None) -> None:
+    """Raise ``ValueError`` naming ``--stop-token-id`` for a default id outside the vocabulary
+    (once, not on every row that does not set its own)."""
+    if vocab_size is not None and defaults is not None:
+        for problem in check_token_ids({n: getattr(defaults, n, ()) for n in TOKEN_ID_FIELDS},
+                                       vocab_size):
+            raise ValueError(problem.replace('field "stop_token_ids"', "--stop-token-id"))
+
+
+def _watch_kept(rows: Iterable[Row], source: str) -> Iterator[Row]:
+    """``rows``, then a warning naming each ``--keep-columns`` field no row had a value for
+    (a typo there would otherwise add a column of nulls silently)."""
+    kept: set[str] = set()
+    columns: Iterable[str] = ()
+    for row in rows:
+        if row.keep:
+            kept.update(c for c, value in row.keep.items() if value is not None)
+            columns = row.keep.keys()
+        yield row
+    missing = [c for c in columns if c not in kept]
+    if missing:
+        warnings.warn(f"--keep-columns: no row of {source} has a value for "
+                      f"{', '.join(missing)} (its output column is null)", stacklevel=2)
 
 
 def _run_problem(row: Row, defaults: SamplingParams | None,

@@ -73,6 +73,9 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return _converted_gguf(path)
+    if path.is_file():
+        raise FileNotFoundError(f"--model {spec}: a file, but not a .gguf; give an MLX model "
+                                "folder (with config.json), a .gguf file or a repo id")
     if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:  # a path, not a repo id
         raise FileNotFoundError(f"--model {spec}: no such folder or file")
     return _hf_cache_snapshot(str(spec))

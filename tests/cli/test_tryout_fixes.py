@@ -215,7 +215,8 @@ def test_help_reads_whole_at_80_columns():
         return r.output
 
     top = help_of()
-    assert "..." not in top.split("Commands:")[1] and "run    Generate a completion for every row" in top
+    assert "..." not in top.split("Commands:")[1]
+    assert "run    Generate a completion for every row" in top
     bench = help_of("bench")
     assert "``" not in bench and "mlx-\n" not in bench
     assert "allocated up front" in bench and "the pool takes only" not in bench
@@ -224,3 +225,43 @@ def test_help_reads_whole_at_80_columns():
         assert ".tsv, .txt" in text and "--blas [auto|system|bundled]" in text
     assert "Output tokens of a row that does not set max_tokens" in " ".join(
         help_of("plan").split())
+
+
+def test_model_that_is_a_file_but_not_gguf_is_named(tmp_path):
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\0" * 16)
+    src = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "hi"}])
+    r = cli("run", src, "--model", garbage)
+    assert r.exit_code == 1, r.output
+    assert f"--model {garbage}: a file, but not a .gguf" in r.stderr
+    assert "no such folder or file" not in r.stderr
+
+
+def test_duplicate_of_a_default_id_says_so(tmp_path, tiny):
+    src = write_jsonl(tmp_path / "d.jsonl", [{"id": 1, "prompt": "a"}, {"prompt": "b"}])
+    r = cli("run", src, "--model", tiny)
+    assert r.exit_code == 2
+    assert (f"{src} line 2: duplicate id 1 (a row without an id field has its index as id) "
+            "(first at line 1)") in r.stderr
+
+
+def test_keep_columns_nobody_has_warns(tmp_path, tiny):
+    src = write_jsonl(tmp_path / "k.jsonl", [{"prompt": "a", "topic": "x"}])
+    with pytest.warns(UserWarning) as caught:  # `mlxpa` prints it as "warning: ..."
+        r = cli("run", src, "--model", tiny, "--max-tokens", 1, "--kv-memory", "0.01", "-q",
+                "--keep-columns", "topic,nosuch")
+    assert r.exit_code == 0, r.output
+    assert [str(w.message) for w in caught] == [
+        f"--keep-columns: no row of {src} has a value for nosuch (its output column is null)"]
+
+
+def test_wording_names_the_file_and_the_option(tmp_path):
+    arr = tmp_path / "rows.json"
+    arr.write_text('[{"prompt": "a"}]')
+    r = cli("run", arr, "--model", tmp_path / "none")
+    assert r.exit_code == 2
+    assert f"jq -c '.[]' {arr} > {tmp_path / 'rows.jsonl'}" in r.stderr
+    odd = tmp_path / "rows.xyz"
+    odd.write_text("a\n")
+    r = cli("run", odd, "--model", tmp_path / "none")
+    assert r.exit_code == 2 and "give --input-format jsonl|parquet|csv|txt|hf" in r.stderr
