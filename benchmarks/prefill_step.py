@@ -4,7 +4,9 @@ medians over repeats:
 
 - ``untiled``: attention over all keys at once, MLP whole, one CPU stream (before issue 15);
 - ``tiles``: query tiles of 64 rows over their key ranges, one stream;
-- ``tiles+streams``: tiles alternating between two CPU streams, MLP row halves on both (now).
+- ``tiles+streams``: tiles alternating between two CPU streams, MLP row halves on both, the
+  fused activations compiled ``shapeless`` (before the per-shape compile);
+- ``now``: the same with the activations compiled per input shape.
 
     python benchmarks/prefill_step.py [B] [L] [repeats]     # default 4 512 5
 """
@@ -13,25 +15,31 @@ import statistics
 import sys
 import time
 
+import mlx.core as mx
+
 from mlxpa.bench.flops import model_flops
 from mlxpa.bench.limits import gemm_flops_per_s
 from mlxpa.bench.workloads import random_workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine
-from mlxpa.kernels import cpu_paged_attention, cpu_streams
+from mlxpa.kernels import cpu_fused, cpu_paged_attention, cpu_streams
 from mlxpa.loader.models import load_model
 
 B, L, REPEATS = (int(a) for a in (sys.argv[1:] + ["4", "512", "5"][len(sys.argv) - 1:]))
 model, tok, _ = load_model(None)
 wl = random_workload(tok, B, L, 1, 0.0)
 streams = cpu_streams.cpu_streams()[:]
-VARIANTS = {"untiled": (1 << 30, 1 << 30, 1), "tiles": (64, 1 << 30, 1),
-            "tiles+streams": (64, 256, 2)}
+VARIANTS = {"untiled": (1 << 30, 1 << 30, 1, True), "tiles": (64, 1 << 30, 1, True),
+            "tiles+streams": (64, 256, 2, True), "now": (64, 256, 2, False)}
+GELU = {False: cpu_fused.gelu_tanh,
+        True: mx.compile(lambda x: 0.5 * x * (1.0 + cpu_fused._tanh(
+            cpu_fused._SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))), shapeless=True)}
 
 
-def step_seconds(tile: int, split_rows: int, num_streams: int) -> float:
+def step_seconds(tile: int, split_rows: int, num_streams: int, shapeless: bool) -> float:
     cpu_paged_attention.QUERY_TILE, cpu_streams.MIN_SPLIT_ROWS = tile, split_rows
-    cpu_streams._STREAMS[:] = streams[:num_streams]
+    cpu_fused._FastNN.gelu_approx = staticmethod(GELU[shapeless])
+    cpu_streams._LOCAL.streams = streams[:num_streams]
     engine = LLMEngine(EngineConfig(kv_memory_gib=0.5, max_num_batched_tokens=B * L), model, tok)
     for i, p in enumerate(wl.prompts):
         engine.add_request(i, p, SamplingParams(max_tokens=1, ignore_eos=True))
@@ -40,7 +48,7 @@ def step_seconds(tile: int, split_rows: int, num_streams: int) -> float:
     return time.perf_counter() - t0
 
 
-step_seconds(*VARIANTS["tiles+streams"])
+step_seconds(*VARIANTS["now"])
 times = {k: [] for k in VARIANTS}
 for _ in range(REPEATS):
     for k, v in VARIANTS.items():

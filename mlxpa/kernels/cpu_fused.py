@@ -19,6 +19,12 @@ forward pass only (mlx-lm's own calls are untouched):
   layers (the vLLM ``rotary_embedding`` cos/sin-cache design); each layer then only
   multiplies and adds.
 
+The activations are compiled per input shape, not ``shapeless``: MLX's shapeless CPU
+kernels index every input through strides, while a shape-specialised kernel over contiguous
+inputs runs one flat loop; for a ``[2048, 2048]`` gate that halved the GELU (158 ms to 76 ms,
+bit-identical output, measured interleaved on the loaded 2-core machine), and a new shape
+costs a few milliseconds once (the compiled library is shared; only the trace is new).
+
 Metal and CUDA have fast native ops, so nothing is swapped there.
 """
 
@@ -26,7 +32,6 @@ from __future__ import annotations
 
 import math
 import types
-from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -55,27 +60,27 @@ def _tanh(x: mx.array) -> mx.array:
     return x * _poly(x2, _TANH_P) / _poly(x2, _TANH_Q)
 
 
-@partial(mx.compile, shapeless=True)
+@mx.compile
 def tanh(x: mx.array) -> mx.array:
     """Rational ``tanh`` of a float array (any shape, same dtype out); absolute error below
     1e-6 against float64 ``tanh`` in float32 (Eigen's ``generic_fast_tanh_float``)."""
     return _tanh(x)
 
 
-@partial(mx.compile, shapeless=True)
+@mx.compile
 def gelu_tanh(x: mx.array) -> mx.array:
     """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the formula of ``nn.gelu_approx``
     (Hendrycks & Gimpel 2016), with the rational ``tanh``; any shape, same dtype out."""
     return 0.5 * x * (1.0 + _tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
 
 
-@partial(mx.compile, shapeless=True)
+@mx.compile
 def silu(x: mx.array) -> mx.array:
     """``x * sigmoid(x)`` as ``0.5 x (1 + tanh(x / 2))`` with the rational ``tanh``."""
     return 0.5 * x * (1.0 + _tanh(0.5 * x))
 
 
-@partial(mx.compile, shapeless=True)
+@mx.compile
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """``silu(gate) * x`` (mlx-lm's ``swiglu``), fused."""
     return 0.5 * gate * (1.0 + _tanh(0.5 * gate)) * x
@@ -136,16 +141,24 @@ class TableRoPE(nn.Module):
                            self._rope.traditional)
 
 
+@mx.compile
+def _rotate(a: mx.array, b: mx.array, cos: mx.array, sin: mx.array) -> tuple[mx.array,
+                                                                             mx.array]:
+    # One fused pass for both halves (per-shape compile: 21 -> 14 ms for Gemma 3's
+    # [4, 4, 512, 256] queries on the loaded 2-core machine, bit-identical).
+    return a * cos - b * sin, a * sin + b * cos
+
+
 def _apply_rope(x: mx.array, cos: mx.array, sin: mx.array, dims: int,
                 traditional: bool) -> mx.array:
     rot, rest = (x, None) if dims == x.shape[-1] else (x[..., :dims], x[..., dims:])
     if traditional:
         pairs = rot.reshape(*rot.shape[:-1], dims // 2, 2)
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = mx.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(rot.shape)
+        out = mx.stack(_rotate(pairs[..., 0], pairs[..., 1], cos, sin), axis=-1)
+        out = out.reshape(rot.shape)
     else:
-        a, b = rot[..., : dims // 2], rot[..., dims // 2:]
-        out = mx.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+        out = mx.concatenate(_rotate(rot[..., : dims // 2], rot[..., dims // 2:], cos, sin),
+                             axis=-1)
     return out if rest is None else mx.concatenate([out, rest], axis=-1)
 
 

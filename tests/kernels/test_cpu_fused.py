@@ -45,6 +45,21 @@ def test_silu_and_swiglu_match_float64():
     np.testing.assert_allclose(got, silu * up, atol=2e-6, rtol=2e-6)
 
 
+def test_activations_per_shape_and_strides_match_float64():
+    # Compiled per input shape: every new shape (rows of a step), a transposed and a sliced
+    # (non-contiguous) input and a broadcast ``up`` get the float64 values.
+    rng = np.random.default_rng(3)
+    base = mx.array(rng.standard_normal((6, 40, 48)).astype(np.float32) * 4)
+    for x in (base, base[:, :7], base[:1, :1], base.swapaxes(0, 2), base[:, ::3, 5:]):
+        x64 = _np(x)
+        want = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+        np.testing.assert_allclose(_np(cpu_fused.gelu_tanh(x)), want, atol=2e-6, rtol=2e-6)
+        up = x[..., :1] * 0.5  # broadcast along the last axis; silu error 2e-6 times up
+        silu = x64 * (0.5 + 0.5 * np.tanh(0.5 * x64))
+        np.testing.assert_allclose(_np(cpu_fused.swiglu(x, up)), silu * _np(up), atol=2e-5,
+                                   rtol=2e-6)
+
+
 def _rope_oracle(x: np.ndarray, offsets: np.ndarray, dims: int, base: float, scale: float,
                  traditional: bool) -> np.ndarray:
     """RoFormer rotation in float64, one row at a time (independent of both implementations)."""
