@@ -89,7 +89,7 @@ class Job:
                 yield None
                 continue
             self.in_flight[row.index] = row
-            yield PromptInput(row.index, ids, params)
+            yield PromptInput(row.index, ids, params, row.id)
 
 
 def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,

@@ -78,6 +78,9 @@ class Request:
         logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
         choice_first_tokens: For a ``choice`` row (sample 0), the first token of each choice:
             their log-probabilities are read from the logits of its first sampled token.
+        seed_key: What a request without a ``seed`` derives its seed from, with the engine
+            seed and ``sample_index`` (the input row's id, so inserting another row does not
+            change its samples; None: ``request_id``).
     """
 
     request_id: object
@@ -97,6 +100,7 @@ class Request:
     num_scored_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     choice_first_tokens: tuple[int, ...] = ()
+    seed_key: object = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -63,7 +63,7 @@ TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
-    "its row index (vLLM's LLM(seed=...)).")]
+    "its id (its index when it has none; vLLM's LLM(seed=...)).")]
 NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
 StopOpt = Annotated[list[str] | None, typer.Option(
     help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]

@@ -163,15 +163,40 @@ class Scheduler:
                 return True
         return False
 
+    def add_samples(self, parent: Request, children: list[Request], fork: bool = True) -> None:
+        """Start ``children`` (samples 1..n-1 of ``parent``'s prompt) within ``max_num_seqs``.
+
+        As many children as there are free sequence slots fork ``parent``'s prompt blocks
+        (:meth:`fork_request`); the others join the waiting queue like any request and are
+        admitted when slots and blocks allow, reading the prompt's full blocks from the prefix
+        cache (vLLM v1 fans ``n`` out into independent requests the same way). A child's
+        output does not depend on which way it starts: its seed comes from its identity.
+
+        Args:
+            parent: Sample 0, whose prefill has just run (its prompt K/V written).
+            children: The other samples, in sample order.
+            fork: False when blocks cannot be shared (a recurrent state): all are queued.
+        """
+        for child in children:
+            if fork and len(self.running) < self.max_num_seqs:
+                self.fork_request(parent, child)
+            else:
+                self.add_request(child)
+
     def fork_request(self, parent: Request, child: Request) -> None:
         """Start ``child``, another sample of ``parent``'s prompt, sharing its prompt blocks.
 
-        ``parent``'s prefill must have run (its prompt K/V written). The child shares every
-        prompt block and recomputes only the last prompt token (to sample its own first token): that
-        write lands in the shared last block, so the KV cache manager copies it first
-        (copy-on-write). The child joins the running batch directly (it may exceed
-        ``max_num_seqs`` by the fork's size for a while).
+        ``parent``'s prefill must have run (its prompt K/V written) and a sequence slot must
+        be free (``len(running) < max_num_seqs``). The child shares every prompt block and
+        recomputes only the last prompt token (to sample its own first token): that write
+        lands in the shared last block, so the KV cache manager copies it first
+        (copy-on-write) when the child is next scheduled.
+
+        Raises:
+            RuntimeError: No sequence slot is free.
         """
+        if len(self.running) >= self.max_num_seqs:
+            raise RuntimeError(f"fork would exceed max_num_seqs={self.max_num_seqs}")
         bs = self.kv_cache_manager.block_size
         assert len(parent.block_table) * bs >= parent.num_prompt_tokens
         self.kv_cache_manager.fork(parent, child)

@@ -15,10 +15,11 @@ OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``):
                   "body": {"id", "object": "chat.completion" | "text_completion", "created",
                            "model", "choices": [...], "usage": {...}}}}
 
-and for a failed row ``"response": null, "error": {"code", "message"}``. A choice's
+and for a failed row ``"response": null, "error": {"code", "message"}``. A chat choice's
 ``logprobs`` is OpenAI's ``{"content": [{"token", "logprob", "bytes", "top_logprobs":
-[{"token", "logprob", "bytes"}]}]}`` (for chat and completions bodies alike), and a choice row's
-choices also carry ``choice_logprobs``.
+[{"token", "logprob", "bytes"}]}]}``; a completions choice's is OpenAI's (legacy) completions
+shape ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
+(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``.
 """
 
 from __future__ import annotations
@@ -144,6 +145,37 @@ def _entry(lp: TokenLogprob, token_text: Callable[[int], str], with_bytes: bool)
             "top_logprobs": [one(t, v) for t, v in lp.top]}
 
 
+def completions_logprobs(logprobs: list[TokenLogprob],
+                         token_text: Callable[[int], str]) -> dict[str, list]:
+    """OpenAI's completions ``logprobs`` object for one choice's tokens.
+
+    Args:
+        logprobs: One :class:`TokenLogprob` per generated token.
+        token_text: A token id's text.
+
+    Returns:
+        ``{"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
+        "text_offset": [int]}``, one entry per token: its text, its log-probability, its most
+        likely alternatives by text (most likely first; of alternatives with the same text the
+        more likely one is kept, a dict holding one value per key) and the character offset of
+        its text in the completion (vLLM's rule without ``echo``: 0 for the first token, then
+        the sum of the previous tokens' text lengths).
+    """
+    tokens = [token_text(lp.token_id) for lp in logprobs]
+    offsets, pos = [], 0
+    for text in tokens:
+        offsets.append(pos)
+        pos += len(text)
+    tops = []
+    for lp in logprobs:
+        top: dict[str, float] = {}
+        for token_id, value in lp.top:
+            top.setdefault(token_text(token_id), value)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
 def _openai_body(row: Row, outs: list[RequestOutput], model: str,
                  token_text: Callable[[int], str]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
@@ -155,8 +187,10 @@ def _openai_body(row: Row, outs: list[RequestOutput], model: str,
         else:
             choice["text"] = out.text
         logprobs = None
-        if out.logprobs is not None:
+        if out.logprobs is not None and chat:
             logprobs = {"content": [_entry(lp, token_text, True) for lp in out.logprobs]}
+        elif out.logprobs is not None:
+            logprobs = completions_logprobs(out.logprobs, token_text)
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
         if out.choice_logprobs is not None:
             choice["choice_logprobs"] = out.choice_logprobs

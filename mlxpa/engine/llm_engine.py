@@ -25,11 +25,14 @@ from mlxpa.worker.structured import Grammars
 
 
 class PromptInput(NamedTuple):
-    """One request to run: caller id, prompt token ids, sampling parameters."""
+    """One request to run: caller id, prompt token ids, sampling parameters, and the key an
+    unseeded request's seed is derived from (None: ``request_id``; see
+    :attr:`mlxpa.request.Request.seed_key`)."""
 
     request_id: object
     prompt_token_ids: list[int]
     params: SamplingParams
+    seed_key: object = None
 
 
 class LLMEngine:
@@ -72,9 +75,11 @@ class LLMEngine:
         return self.scheduler.max_model_len
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[RequestOutput] | None:
-        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill,
-        the others fork its blocks when it is done).
+                    params: SamplingParams, seed_key: object = None,
+                    ) -> list[RequestOutput] | None:
+        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
+        when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
+        the rest wait, reading the prompt from the prefix cache when admitted).
 
         Returns:
             Finished :class:`RequestOutput` s (one per sample) right away when the request
@@ -83,7 +88,8 @@ class LLMEngine:
             otherwise None.
         """
         req = Request(request_id, list(prompt_token_ids), params,
-                      arrival_time=time.perf_counter())
+                      arrival_time=time.perf_counter(),
+                      seed_key=request_id if seed_key is None else seed_key)
         try:
             self._check_token_ids(req)
             self.scheduler.add_request(req)
@@ -142,16 +148,15 @@ class LLMEngine:
                     except ValueError:
                         scorer.status = RequestStatus.FINISHED_ABORTED
                         self._released.extend(self.choice_scores.finished(scorer))
-            for i in range(1, parent.sampling_params.n):
-                child = Request(parent.request_id, parent.prompt_token_ids,
+            children = [Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i)
-                if self.runner.states is None:
-                    self.scheduler.fork_request(parent, child)
-                else:  # a recurrent state cannot be forked: the sample computes its prompt
-                    self.scheduler.add_request(child)
+                                sample_index=i, seed_key=parent.seed_key)
+                        for i in range(1, parent.sampling_params.n)]
+            for child in children:
                 self._detok[child] = self._detokenizer(parent.sampling_params)
                 self.choice_scores.add_child(parent, child)
+            # A recurrent state cannot be forked: such samples compute their prompt.
+            self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
     def has_unfinished_requests(self) -> bool:

@@ -54,8 +54,8 @@ class ReplicaEngine:
         c = self.engine.counters
         before = snapshot(c)
         order = prefix_order([it.prompt_token_ids for it in items], self.engine.config.block_size)
-        prompts = (PromptInput(items[i].index, items[i].prompt_token_ids, items[i].params)
-                   for i in order)
+        prompts = (PromptInput(items[i].index, items[i].prompt_token_ids, items[i].params,
+                               items[i].row.id) for i in order)
         outs: dict[int, list[RequestOutput]] = {}
         for out in self.engine.generate(prompts):
             outs.setdefault(out.request_id, []).append(out)

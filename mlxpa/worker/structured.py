@@ -17,6 +17,12 @@ what is missing, roll back what is extra), so preemption by recompute (output to
 chunked prefill (no sampling until the last chunk), prefix-cache hits and ``n > 1`` forks (a
 child is another request with its own matcher) need no special case. Compiled grammars are
 cached by the constraint's canonical text.
+
+A ``choice`` constraint is compiled over tokens, not text (:func:`choice_grammar`): each choice
+can be written only through its canonical tokenization (the tokenizer's own encoding of the
+choice, the tokens ``choice_logprobs`` scores), so the label is never spelt through an
+unlikely split such as ``' '`` then ``'green'`` (the token healing problem that outlines and
+SGLang discuss for choice decoding).
 """
 
 from __future__ import annotations
@@ -96,6 +102,28 @@ class _Vocabulary:
         return self._hf.encode(text, add_special_tokens=False)
 
 
+def choice_grammar(choices: tuple[str, ...], hf_tokenizer) -> str:
+    """An llguidance grammar whose only outputs are the choices' canonical token sequences.
+
+    Each choice is encoded on its own (``encode(choice, add_special_tokens=False)``, as
+    :mod:`mlxpa.engine.choice_scores` scores it) and becomes one alternative of a Lark rule
+    over token ids (llguidance's ``<[id]>`` token syntax). A choice whose tokens are a prefix
+    of another's is accepted there (EOS or the longer choice's next token may follow).
+
+    Args:
+        choices: The choices (non-empty strings).
+        hf_tokenizer: The model's Hugging Face tokenizer.
+
+    Returns:
+        The grammar in llguidance's JSON grammar format.
+    """
+    from llguidance import grammar_from
+
+    alternatives = (" ".join(f"<[{t}]>" for t in hf_tokenizer.encode(c, add_special_tokens=False))
+                    for c in choices)
+    return grammar_from("lark", "start: " + " | ".join(alternatives))
+
+
 class Grammars:
     """Matchers of the constrained requests (runner-side state, like the block tables).
 
@@ -135,7 +163,8 @@ class Grammars:
 
         self.prepare()
         if so not in self._compiled:
-            self._compiled[so] = grammar_text(so)
+            self._compiled[so] = (choice_grammar(so.choices, self._hf) if so.kind == "choice"
+                                  else grammar_text(so))
         return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
 
     def _state(self, req: Request) -> _State:

@@ -599,3 +599,57 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
     sched.kv_cache_manager.pool.check_invariants([])
     assert sorted(sched.kv_cache_manager.pool._free) == list(range(1, num_blocks))
     event(f"preempted: {sched.num_preemptions > 0}")
+
+
+# ----------------------------------------------------------------------------- n > 1 samples
+
+
+def test_n_samples_never_exceed_max_num_seqs():
+    """n = 50 samples with max_num_seqs = 4: after sample 0's prefill, 3 children fork its
+    blocks (the free slots) and 46 wait; the waiting ones read the prompt's full block from
+    the prefix cache. Running never exceeds 4, every sample finishes with its 3 tokens and
+    every block goes back to the pool."""
+    config = EngineConfig(num_blocks=NB, max_num_seqs=4, max_num_batched_tokens=64)
+    kv = KVCacheManager(BlockPool(NB, BS), enable_prefix_caching=True)
+    sched = Scheduler(config, kv, max_model_len=1000, eos_token_ids=frozenset({EOS}))
+    params = SamplingParams(max_tokens=3, n=50)
+    parent = Request(0, list(range(100, 106)), params)  # 6 tokens: 1 full block + 2
+    sched.add_request(parent)
+    children = [Request(0, parent.prompt_token_ids, params, sample_index=i)
+                for i in range(1, 50)]
+    out = sched.schedule()
+    assert out.requests == [parent] and out.sampling == [True]
+    sched.add_samples(parent, children)
+    assert sched.running == [parent, *children[:3]]
+    assert list(sched.waiting) == children[3:]
+    assert [c.num_computed_tokens for c in children[:3]] == [5, 5, 5]
+    sched.update_from_output(out, [TOK])
+    num_steps, most = 1, 4
+    while sched.has_unfinished_requests():
+        assert num_steps < 200
+        out = sched.schedule()
+        assert len(out.requests) <= 4
+        sched.update_from_output(out, [TOK] * sum(out.sampling))
+        kv.check_invariants(sched.running + list(sched.waiting))
+        most = max(most, len(sched.running))
+        num_steps += 1
+    assert most == 4
+    everyone = [parent, *children]
+    assert all(r.output_token_ids == [TOK] * 3 for r in everyone)
+    assert all(r.status == RequestStatus.FINISHED_LENGTH_CAPPED for r in everyone)
+    assert [r.num_cached_tokens for r in everyone] == [0] * 4 + [4] * 46
+    assert kv.num_active_blocks == 0
+    kv.tree.evict(USABLE)
+    assert kv.pool.num_free_blocks == USABLE
+    kv.check_invariants([])
+
+
+def test_fork_request_refuses_a_full_batch():
+    sched = make_scheduler(max_num_seqs=1)
+    parent = make_request("p", 6)
+    add(sched, parent)
+    step(sched)
+    with pytest.raises(RuntimeError, match="max_num_seqs=1"):
+        sched.fork_request(parent, make_request("c", 6))
+    sched.add_samples(parent, [make_request("c", 6)], fork=False)
+    assert [r.request_id for r in sched.waiting] == ["c"]

@@ -76,3 +76,19 @@ def test_constraints_labels_and_probabilities(default_model):
     row = lp[len(label_ids) - 1]
     assert abs(first.logprob - row[first.token_id].item()) < 1e-4
     assert [t for t, _ in first.top] == mx.argsort(-row)[:3].tolist()
+
+
+def test_choice_label_is_a_canonical_tokenization(default_model):
+    """The tester's row: the string grammar let greedy decoding spell " green" as " " then
+    "green" (log-probability -19.7) although " red" was the most likely label; the choice
+    grammar over canonical tokens writes " red", the argmax of ``choice_logprobs``."""
+    model, tok, _ = default_model
+    choices = [" red", " green", " blue.dark", "ü €"]
+    so = StructuredOutput.make("choice", choices)
+    eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
+    (out,) = eng.generate([PromptInput("c", tok.encode("Pick a colour:"), SamplingParams(
+        max_tokens=8, structured=so, logprobs=True))])
+    assert out.token_ids == tok.encode(out.text, add_special_tokens=False)
+    scores = out.choice_logprobs
+    assert out.text == max(scores, key=scores.get) == " red"
+    assert len({tok.encode(c, add_special_tokens=False)[0] for c in choices}) == len(choices)
