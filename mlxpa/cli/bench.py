@@ -7,6 +7,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli.options import (
@@ -72,51 +73,65 @@ def bench(
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
     With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
-    from rich.console import Console
-
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
-    from mlxpa.data._files import check_output_path
     from mlxpa.loader.models import load_model, peek_tokenizer
     from mlxpa.progress import BenchProgress
 
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
+    console = _console()
     try:
-        bad = [s for s in systems if s not in SYSTEMS]
-        if bad or not systems:
-            raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
-        if plot:  # before minutes of benchmark, not after
-            _need_matplotlib()
-        for target in (json_path, plot):
-            if target:
-                check_output_path(target)
-        if workload.value == "file" and not input:
-            raise ValueError("--workload file needs --input PATH")
+        systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
         if workload.value != LIMITS:  # the prompts are checked before the model loads
-            wl = make_workload(workload.value, peek_tokenizer(model) or load_model(model)[1],
-                               input=input, num_prompts=num_prompts, input_len=input_len,
-                               range_ratio=range_ratio, output_len=output_len,
-                               num_groups=num_groups, prompts_per_group=prompts_per_group,
-                               system_prompt_len=system_prompt_len, question_len=question_len,
-                               seed=seed)
+            wl = make_workload(
+                workload.value, peek_tokenizer(model) or load_model(model)[1], input=input,
+                num_prompts=num_prompts, input_len=input_len, range_ratio=range_ratio,
+                output_len=output_len, num_groups=num_groups, prompts_per_group=prompts_per_group,
+                system_prompt_len=system_prompt_len, question_len=question_len, seed=seed)
             _say_workload(console, wl, systems, repeats)
         mdl, tok, _ = load_model(model)
         if workload.value == LIMITS:
-            _limits(console, mdl, tok, config, repeats, json_path)
-            return
+            return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:
-            figures, last = run_bench(mdl, tok, wl, config, systems, repeats,
-                                      progress=progress)
+            figures, last = run_bench(mdl, tok, wl, config, systems, repeats, progress=progress)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _console() -> Console:
+    """The stderr console (full width on a terminal), with log lines going to stderr too."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _check_options(baselines: str, known, workload: str, input: str | None,
+                   json_path: str | None, plot: str | None) -> tuple[str, ...]:
+    """Everything about the options that can fail, before minutes of benchmark; returns the
+    systems ``--baselines`` names.
+
+    Raises:
+        ValueError: An unknown system, ``--workload file`` without ``--input``, a missing
+            plotting extra, an output path whose folder does not exist.
+    """
+    from mlxpa.data._files import check_output_path
+
+    systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
+    bad = [s for s in systems if s not in known]
+    if bad or not systems:
+        raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(known)}")
+    if plot:
+        _need_matplotlib()
+    for target in (json_path, plot):
+        if target:
+            check_output_path(target)
+    if workload == "file" and not input:
+        raise ValueError("--workload file needs --input PATH")
+    return systems
 
 
 def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:

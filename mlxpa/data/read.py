@@ -37,13 +37,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.inputs import (
-    InputError,
-    InputOptions,
-    RowSpec,
-    check_columns,
-    check_format,
-)
+from mlxpa.data.inputs import InputError, InputOptions, RowSpec, check_columns, check_format
 from mlxpa.data.params import coerce_text_fields
 from mlxpa.data.rows import Row, bad_record_row, json_type, parse_row
 

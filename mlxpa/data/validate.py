@@ -59,6 +59,14 @@ class Validation:
         return f"{self.num_problems} invalid row(s) of {self.num_rows}; {what}:\n{shown}{tail}"
 
 
+def _duplicate(row: Row, source: str, unit: str, first: int | None) -> str:
+    """The problem of a row whose id an earlier row (at ``first``) has."""
+    default = (" (a row without an id field has its index as id)"
+               if isinstance(row.id, int) and row.id == row.index else "")
+    return (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)}{default} "
+            f"(first at {unit} {first})")
+
+
 def validate(rows: Iterable[Row], *, source: str, unit: str,
              existing: Existing | None = None, default_n: int = 1,
              defaults: SamplingParams | None = None,
@@ -74,15 +82,13 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         default_n: Samples per row for rows that do not set ``n``.
         defaults: The run's sampling defaults: each row's fields are checked merged with
             them (None: not checked).
-        vocab_size: The model's vocabulary size: every token id a row gives (and every id
-            of the defaults, for rows that do not set them) must be below it (None: not
-            checked here; the engine still refuses such a request).
-        check_prompt: A row's prompt problem the tokenizer finds (a chat template that
-            rejects its messages: :func:`mlxpa.prompts.messages_checker`), or None.
+        vocab_size: The model's vocabulary size: every token id a row (or the defaults)
+            gives must be below it (None: not checked here; the engine refuses them).
+        check_prompt: A row's prompt problem found by the tokenizer (a chat template that
+            rejects its messages), or None.
 
     Returns:
         The :class:`Validation`.
-
     Raises:
         InputError: The input as a whole cannot be read.
         ValueError: A default token id (``--stop-token-id``) outside the vocabulary.
@@ -113,11 +119,8 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             problem = f"{where(source, row.line, unit)}: {problem}"
             v.row_problems[row.index] = problem
         if key in first_line:
-            default = (" (a row without an id field has its index as id)"
-                       if isinstance(row.id, int) and row.id == row.index else "")
-            problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)}"
-                       f"{default} (first at {unit} {first_line[key]})")
-            v.row_problems[row.index] = problem
+            problem = v.row_problems[row.index] = _duplicate(row, source, unit,
+                                                            first_line[key])
         else:
             first_line[key] = row.line
         if problem is not None:
