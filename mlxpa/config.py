@@ -90,7 +90,7 @@ class SamplingParams:
         _check(_finite(self.top_p) and 0 < self.top_p <= 1,
                "top_p", self.top_p, "a number in (0, 1]")
         _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
-               "an integer >= 0")
+               "an integer >= 0 (or -1: off)")
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1,
                "min_p", self.min_p, "a number in [0, 1]")
         _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
@@ -178,8 +178,9 @@ class EngineConfig:
                "max_num_seqs", self.max_num_seqs, "an integer >= 1")
         _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
                "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
-        _check(self.max_model_len is None or self.max_model_len >= 1,
-               "max_model_len", self.max_model_len, "an integer >= 1 or None")
+        _check(self.max_model_len is None or self.max_model_len >= 2,
+               "max_model_len", self.max_model_len,
+               "an integer >= 2 (a prompt token and an output token) or None")
         _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")

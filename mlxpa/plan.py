@@ -8,6 +8,7 @@ exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -15,10 +16,14 @@ from mlxpa.core.block_pool import cdiv
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data import InputOptions, read_rows
+from mlxpa.data.inputs import where
+from mlxpa.data.read import LINE_FORMATS
 from mlxpa.prompts import prompt_token_ids
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+MAX_LISTED = 20  # rows over the context named in a plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,19 +43,25 @@ class Plan:
     Attributes:
         rows: Rows that can run (invalid rows are counted in ``invalid_rows``).
         invalid_rows: Rows with a validation error.
+        over_context_rows: Rows whose prompt leaves no room for an output token in the
+            context (``run`` writes an error row for each); not in the figures.
         prompt_tokens: Sum of prompt lengths.
         computed_prompt_tokens: Prompt tokens left to compute after prefix cache hits.
         predicted_hit_rate: ``1 - computed / prompt`` tokens.
-        kv_blocks_without_sharing: Blocks to hold every row at once (prompt + ``max_tokens``)
-            with no sharing.
+        kv_blocks_without_sharing: Blocks to hold every sample of every row at once (prompt +
+            ``max_tokens`` each, clamped to the context as ``run`` clamps it; ``n`` samples per
+            row) with no sharing.
         kv_blocks_with_sharing: The same with full prompt blocks shared (each distinct one
-            counted once).
+            counted once, also across a row's ``n`` samples).
         block_size: Tokens per block used for the figures.
         shared_prefixes: Longest shared prefixes, longest first.
+        over_context: The first :data:`MAX_LISTED` rows over the context, named like
+            ``run``'s problems (``file line N: prompt has T tokens; ...``).
     """
 
     rows: int
     invalid_rows: int
+    over_context_rows: int
     prompt_tokens: int
     computed_prompt_tokens: int
     predicted_hit_rate: float
@@ -58,59 +69,87 @@ class Plan:
     kv_blocks_with_sharing: int
     block_size: int
     shared_prefixes: list[SharedPrefixReport]
+    over_context: list[str]
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
-                     block_size: int) -> tuple[int, int, int, int]:
+                     block_size: int, n: list[int] | None = None) -> tuple[int, int, int, int]:
     """``(prompt_tokens, computed_prompt_tokens, blocks_without, blocks_with)`` for prompts
-    admitted in prefix order with ``max_tokens`` outputs each."""
+    admitted in prefix order with ``max_tokens`` outputs (already clamped to the context) and
+    ``n`` samples each (None: one)."""
+    n = n or [1] * len(token_lists)
     tree = RadixCache(None, block_size)
     computed = 0
     for i in prefix_order(token_lists, block_size):
         ids = token_lists[i]
         computed += len(ids) - tree.match_prefix(ids[:len(ids) - 1]).num_tokens
         tree.insert(ids)
-    without = sum(cdiv(len(t) + m, block_size) for t, m in zip(token_lists, max_tokens))
-    tails = sum(cdiv(len(t) + m, block_size) - len(t) // block_size
-                for t, m in zip(token_lists, max_tokens))
+    without = sum(k * cdiv(len(t) + m, block_size)
+                  for t, m, k in zip(token_lists, max_tokens, n))
+    tails = sum(k * (cdiv(len(t) + m, block_size) - len(t) // block_size)
+                for t, m, k in zip(token_lists, max_tokens, n))
     return sum(map(len, token_lists)), computed, without, tree.total_blocks + tails
 
 
 def plan_file(source: str, tokenizer: TokenizerWrapper, *, inputs: InputOptions | None = None,
-              block_size: int = 16, max_tokens: int = 256, top_k: int = 5) -> Plan:
+              block_size: int = 16, max_tokens: int = 256, top_k: int = 5,
+              max_model_len: int | None = None, invalid: Container[int] = (),
+              name: str | None = None) -> Plan:
     """Predict prefix sharing for every row of ``source``.
 
     Args:
-        source: Input path or ``"-"``.
+        source: Input path (stdin spooled to a file first).
         tokenizer: The model's mlx-lm ``TokenizerWrapper``.
         inputs: How to read the input (the same settings as ``mlxpa run``; a ``system``
             message changes which blocks are shared).
         block_size: Tokens per KV block.
         max_tokens: Output tokens per row when the row does not set ``max_tokens``.
         top_k: Shared prefixes to report.
+        max_model_len: The context in tokens (prompt + output); each row's output is clamped
+            to it, and a prompt that leaves no room is counted over the context (None: no cap).
+        invalid: Indices of rows the validation pass found invalid (counted, not planned).
+        name: The input's name in messages (default ``source``).
 
     Raises:
         InputError: The input is malformed.
     """
-    rows, ids, caps, invalid = [], [], [], 0
-    for row in read_rows(source, inputs or InputOptions()):
+    inputs = inputs or InputOptions()
+    name = name or source
+    unit = "line" if inputs.fmt in LINE_FORMATS else "row"
+    rows, ids, caps, ns, bad, over = [], [], [], [], 0, []
+    for row in read_rows(source, inputs, name=name):
         try:
-            if row.error is not None:
+            if row.error is not None or row.index in invalid:
                 raise ValueError(row.error)
-            ids.append(prompt_token_ids(row, tokenizer))
+            prompt = prompt_token_ids(row, tokenizer, inputs.split_special_tokens)
         except ValueError:
-            invalid += 1
+            bad += 1
             continue
+        cap = row.params.get("max_tokens", max_tokens)
+        if max_model_len is not None:
+            if len(prompt) >= max_model_len:
+                over.append(f"{where(name, row.line, unit)}: prompt has {len(prompt)} tokens; "
+                            f"the limit is {max_model_len - 1} (the context holds "
+                            f"{max_model_len} tokens)")
+                continue
+            cap = min(cap, max_model_len - len(prompt))
         rows.append(row)
-        caps.append(row.params.get("max_tokens", max_tokens))
-    prompt, computed, without, with_sharing = plan_token_lists(ids, caps, block_size)
+        ids.append(prompt)
+        caps.append(cap)
+        ns.append(row.params.get("n", 1))
+    return _plan(rows, ids, caps, ns, bad, over, tokenizer, block_size, top_k)
+
+
+def _plan(rows, ids, caps, ns, bad: int, over: list[str], tokenizer, block_size: int,
+          top_k: int) -> Plan:
+    prompt, computed, without, with_sharing = plan_token_lists(ids, caps, block_size, ns)
     stats = shared_prefix_stats(ids, block_size, top_k)
     shared = [SharedPrefixReport(s.num_tokens, s.num_rows, rows[s.first_row].id,
                                  tokenizer.decode(ids[s.first_row][:s.num_tokens])[:80])
               for s in stats.top_prefixes]
-    return Plan(len(rows), invalid, prompt, computed,
+    return Plan(len(rows), bad, len(over), prompt, computed,
                 1 - computed / prompt if prompt else 0.0, without, with_sharing, block_size,
-                shared)
+                shared, over[:MAX_LISTED])

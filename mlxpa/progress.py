@@ -174,7 +174,9 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
 def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
     """``mlxpa plan``'s report: the predicted figures, and the longest shared prefixes."""
     t = Table(title=title, show_header=False, box=None)
-    for k, v in [("rows", f"{plan.rows} (+{plan.invalid_rows} invalid)"),
+    skipped = f"{plan.invalid_rows} invalid" + (
+        f", {plan.over_context_rows} over the context" if plan.over_context_rows else "")
+    for k, v in [("rows", f"{plan.rows} (+{skipped})"),
                  ("prompt tokens", f"{plan.prompt_tokens}"),
                  ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
                  ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),

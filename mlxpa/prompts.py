@@ -41,6 +41,32 @@ def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) ->
     return _encode(tokenizer, row.prompt, _adds_bos(tokenizer, row.prompt))
 
 
+def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Row], str | None]:
+    """A validation-pass check of chat rows without the weights: ``check(row)`` is the error
+    :func:`prompt_token_ids` would raise for ``row``'s ``messages`` (no chat template, or the
+    template rejects them), else None. ``get_tokenizer`` is called once, at the first chat
+    row (text-only inputs never load the tokenizer); None from it turns the check off."""
+    held: list = []
+
+    def check(row: Row) -> str | None:
+        if row.messages is None:
+            return None
+        if not held:
+            held.append(get_tokenizer())
+        tokenizer = held[0]
+        if tokenizer is None:
+            return None
+        try:
+            if not tokenizer.has_chat_template:
+                _chat_token_ids(row.messages, tokenizer)
+            _render(row.messages, tokenizer)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    return check
+
+
 def control_tokens(tokenizer) -> list[str]:
     """The tokenizer's special (control) token strings, longest first."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}

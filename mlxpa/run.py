@@ -37,6 +37,7 @@ from mlxpa.data import (
     read_rows,
     spool_stdin,
 )
+from mlxpa.data._files import check_output_path
 from mlxpa.data.inputs import where
 from mlxpa.data.read import LINE_FORMATS
 from mlxpa.data.records import resolve_output_format
@@ -47,6 +48,7 @@ from mlxpa.engine.metrics import Counters, Stats, summarize
 from mlxpa.engine_setup import build_engine
 from mlxpa.job import Job, close_in_order, report_written
 from mlxpa.progress import RunProgress, summary_table
+from mlxpa.prompts import messages_checker
 
 PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 
@@ -137,8 +139,10 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     try:
         src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
         vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
+        chat = messages_checker(lambda: engine.tokenizer if engine is not None
+                                else _peek_tokenizer(config.model))
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
-                                      console, vocab)
+                                      console, vocab, chat)
         if v.num_rows == v.num_done:  # nothing to run: no model load
             return _empty_run(output, src.name, v, options, console)
         engine = engine or build_engine(config, src.rows(), v, defaults, console,
@@ -165,13 +169,8 @@ def check_targets(source: str, output: str, options: RunOptions) -> None:
         raise OptionError(f"the output {output} is the input file; writing it would destroy "
                           "the input")
     for target in (output, options.metrics_json):
-        if target is None or target == STDIN:
-            continue
-        if os.path.isdir(target):
-            raise ValueError(f"{target} is a folder; give a file path")
-        folder = os.path.dirname(os.path.abspath(target))
-        if not os.path.isdir(folder):
-            raise ValueError(f"{target}: the output folder {folder} does not exist")
+        if target is not None and target != STDIN:
+            check_output_path(target)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -212,16 +211,18 @@ def _read_existing(output: str, file_fmt: str, resume: bool, console: Console) -
 
 def _validation_pass(src: _Source, existing: Existing, defaults: SamplingParams, output: str,
                      file_fmt: str, options: RunOptions, console: Console,
-                     vocab_size: int | None) -> tuple[Validation, str]:
+                     vocab_size: int | None, check_prompt) -> tuple[Validation, str]:
     """Pass 1, before the model loads: every row checked (token ids against ``vocab_size``;
-    unless ``skip_invalid``, the first problems raise :class:`InputError`), the output format
+    chat rows against the template; unless ``skip_invalid``, the first problems raise
+    :class:`InputError`), the output format
     resolved, then a resumed output's partial last row cut. Returns the validation and the
     output format."""
     if options.show_progress:
         console.print(f"Reading {src.name}: checking every row before the model loads ...",
                       markup=False, highlight=False, soft_wrap=True)
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
-                 default_n=defaults.n, defaults=defaults, vocab_size=vocab_size)
+                 default_n=defaults.n, defaults=defaults, vocab_size=vocab_size,
+                 check_prompt=check_prompt)
     if not options.skip_invalid:
         check(v, src.name)
     if options.show_progress:
@@ -267,6 +268,12 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
                        options.show_progress, console)
     report_written(engine, writer.num_written, output, should_stop(), options.show_progress,
                    console)
+
+
+def _peek_tokenizer(spec: str | None):
+    from mlxpa.loader.models import peek_tokenizer
+
+    return peek_tokenizer(spec)
 
 
 def _peek_vocab(spec: str | None) -> int | None:

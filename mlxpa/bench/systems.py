@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.data.inputs import plural
 from mlxpa.engine.metrics import percentile
 from mlxpa.progress import BenchProgress
 
@@ -215,7 +216,8 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
     if warmup:
         small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
                             output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
-        bar = progress.bar("warm-up (2 prompts each)", len(systems) * sum(small.output_lens))
+        bar = progress.bar(f"warm-up ({plural(len(small.prompts), 'prompt')} each)",
+                           len(systems) * sum(small.output_lens))
         for name in systems:
             run_system(name, model, tokenizer, small, config, bar.advance)
         bar.done("")

@@ -100,17 +100,35 @@ def shared_prefix_workload(tokenizer, num_groups: int = 8, prompts_per_group: in
 
 
 def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
-    """Every valid row of an input file ``mlxpa run`` accepts.
+    """Every valid row of an input file ``mlxpa run`` accepts, checked as ``run`` checks it
+    (:func:`~mlxpa.data.validate.validate`, chat rows against the template); a row that sets
+    ``max_tokens`` generates that many tokens, the others ``output_len``. Invalid rows are
+    left out: ``params["invalid_rows"]`` counts them, ``params["problems"]`` names the
+    first of them by file, line and field.
 
     Raises:
-        InputError: The file is malformed.
+        InputError: The file is malformed, or has no valid row.
     """
-    from mlxpa.data import read_rows
-    from mlxpa.prompts import prompt_token_ids
+    from mlxpa.config import SamplingParams
+    from mlxpa.data import InputError, InputOptions, input_format, read_rows
+    from mlxpa.data.read import LINE_FORMATS
+    from mlxpa.data.validate import validate
+    from mlxpa.prompts import messages_checker, prompt_token_ids
 
-    prompts = [prompt_token_ids(r, tokenizer) for r in read_rows(path) if r.error is None]
-    return Workload("file", prompts, [output_len] * len(prompts),
-                    dict(path=path, output_len=output_len))
+    inputs = InputOptions(fmt=input_format(path, None))
+    v = validate(read_rows(path, inputs, name=path), source=path,
+                 unit="line" if inputs.fmt in LINE_FORMATS else "row",
+                 defaults=SamplingParams(max_tokens=output_len),
+                 check_prompt=messages_checker(lambda: tokenizer))
+    rows = [r for r in read_rows(path, inputs, name=path)
+            if r.error is None and r.index not in v.row_problems]
+    if not rows:
+        raise InputError(v.report(what="nothing to time") if v.num_problems else "no rows",
+                         source=path)
+    prompts = [prompt_token_ids(r, tokenizer) for r in rows]
+    return Workload("file", prompts, [r.params.get("max_tokens", output_len) for r in rows],
+                    dict(path=path, output_len=output_len, invalid_rows=v.num_problems,
+                         problems=v.problems))
 
 
 def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,

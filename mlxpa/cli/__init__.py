@@ -38,9 +38,13 @@ def _root(version: Annotated[bool, typer.Option(
     """Offline batch LLM inference on MLX with a paged KV cache."""
 
 
-app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand)(run)
-app.command(cls=PlainUsageCommand)(plan)
-app.command(epilog=BENCH_EXAMPLES, cls=PlainUsageCommand)(bench)
+# Short summaries: click cuts a docstring's first sentence with "..." at 80 columns.
+app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Generate a completion for every row of an input file.")(run)
+app.command(cls=PlainUsageCommand,
+            short_help="Predict prefix sharing and KV blocks without the model.")(plan)
+app.command(epilog=BENCH_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Time mlxpa against mlx-lm and static allocation.")(bench)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

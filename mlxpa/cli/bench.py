@@ -7,14 +7,15 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli.options import (
+    BenchKVMemoryOpt,
     BlasOpt,
     BlockSizeOpt,
     Kernel,
     KernelOpt,
-    KVMemoryOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
@@ -22,6 +23,7 @@ from mlxpa.cli.options import (
     engine_config,
     fail,
 )
+from mlxpa.data.inputs import plural
 
 BENCH_EXAMPLES = """\b
 Examples:
@@ -43,20 +45,23 @@ def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: ModelOpt = None,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="random, annotation: prompts.")] = 128,
+    num_prompts: Annotated[int, typer.Option(
+        help="random, annotation: prompts (file: every valid row).")] = 128,
     input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
     range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
-    output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
+    output_len: Annotated[int, typer.Option(
+        help="Tokens generated per prompt (file: rows without max_tokens).")] = 64,
     num_groups: Annotated[int, typer.Option(help="shared-prefix: groups.")] = 8,
     prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: prompts each.")] = 16,
     system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: shared tokens.")] = 512,
     question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
-        help="Systems to run: mlxpa, mlxpa-noprefix, mlx-lm, static.")] = ALL_SYSTEMS,
+        show_default=False, help="Systems to run, comma-separated (default: all of mlxpa, "
+        "mlxpa-noprefix, mlx-lm, static).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
-    kv_memory: KVMemoryOpt = None,
+    kv_memory: BenchKVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = Kernel.auto,
@@ -67,46 +72,82 @@ def bench(
     blas: BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
-    ``--workload limits`` times mlxpa's prefill and decode against the matmul limit instead."""
-    from rich.console import Console
-
+    With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
-    from mlxpa.loader.models import load_model
+    from mlxpa.loader.models import load_model, peek_tokenizer
     from mlxpa.progress import BenchProgress
 
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
+    console = _console()
     try:
-        bad = [s for s in systems if s not in SYSTEMS]
-        if bad or not systems:
-            raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
-        if plot:  # before minutes of benchmark, not after
-            _need_matplotlib()
+        systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel)
+        if workload.value != LIMITS:  # the prompts are checked before the model loads
+            wl = make_workload(
+                workload.value, peek_tokenizer(model) or load_model(model)[1], input=input,
+                num_prompts=num_prompts, input_len=input_len, range_ratio=range_ratio,
+                output_len=output_len, num_groups=num_groups, prompts_per_group=prompts_per_group,
+                system_prompt_len=system_prompt_len, question_len=question_len, seed=seed)
+            _say_workload(console, wl, systems, repeats)
         mdl, tok, _ = load_model(model)
         if workload.value == LIMITS:
-            _limits(console, mdl, tok, config, repeats, json_path)
-            return
-        wl = make_workload(workload.value, tok, input=input, num_prompts=num_prompts,
-                           input_len=input_len, range_ratio=range_ratio, output_len=output_len,
-                           num_groups=num_groups, prompts_per_group=prompts_per_group,
-                           system_prompt_len=system_prompt_len, question_len=question_len,
-                           seed=seed)
-        console.print(f"{wl.name}: {len(wl.prompts)} prompts, {wl.num_prompt_tokens} prompt "
-                      f"tokens, {wl.num_output_tokens} output tokens; systems: "
-                      f"{', '.join(systems)}; repeats: {repeats}", markup=False)
+            return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:
-            figures, last = run_bench(mdl, tok, wl, config, systems, repeats,
-                                      progress=progress)
+            figures, last = run_bench(mdl, tok, wl, config, systems, repeats, progress=progress)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _console() -> Console:
+    """The stderr console (full width on a terminal), with log lines going to stderr too."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _check_options(baselines: str, known, workload: str, input: str | None,
+                   json_path: str | None, plot: str | None) -> tuple[str, ...]:
+    """Everything about the options that can fail, before minutes of benchmark; returns the
+    systems ``--baselines`` names.
+
+    Raises:
+        ValueError: An unknown system, ``--workload file`` without ``--input``, a missing
+            plotting extra, an output path whose folder does not exist.
+    """
+    from mlxpa.data._files import check_output_path
+
+    systems = tuple(s.strip() for s in baselines.split(",") if s.strip())
+    bad = [s for s in systems if s not in known]
+    if bad or not systems:
+        raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(known)}")
+    if plot:
+        _need_matplotlib()
+    for target in (json_path, plot):
+        if target:
+            check_output_path(target)
+    if workload == "file" and not input:
+        raise ValueError("--workload file needs --input PATH")
+    return systems
+
+
+def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:
+    """The workload line, after a warning naming the invalid rows a file workload skipped."""
+    skipped = wl.params.get("invalid_rows", 0)
+    if skipped:
+        shown = "".join(f"\n  {p}" for p in wl.params["problems"])
+        more = skipped - len(wl.params["problems"])
+        console.print(f"warning: skipped {skipped} invalid row(s) of {wl.params['path']} "
+                      f"(mlxpa run refuses them):{shown}"
+                      + (f"\n  ... and {more} more" if more > 0 else ""),
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"{wl.name}: {plural(len(wl.prompts), 'prompt')}, "
+                  f"{plural(wl.num_prompt_tokens, 'prompt token')}, "
+                  f"{plural(wl.num_output_tokens, 'output token')}; systems: "
+                  f"{', '.join(systems)}; repeats: {repeats}", markup=False, highlight=False)
 
 
 def _report(console, model, wl, figures: dict, last: dict, json_path: str | None,

@@ -36,6 +36,9 @@ BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
 KVMemoryOpt = Annotated[float | None, typer.Option(
     "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
     "4); the pool takes only what the input can use.")]
+BenchKVMemoryOpt = Annotated[float | None, typer.Option(
+    "--kv-memory", help="Memory for each system's KV pool in GiB, allocated up front "
+    "(default: 15% of memory, at most 4).")]
 MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
 MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
@@ -43,7 +46,7 @@ MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
 KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
 BlasOpt = Annotated[str, typer.Option(
-    help="Linux CPU: auto (re-run with an installed OpenBLAS/MKL), system, bundled.")]
+    metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 
 # How to read the input: the same options for `run` and `plan`.
 InputFormatOpt = Annotated[InputFormat, typer.Option(
@@ -83,11 +86,20 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
     share; ``more`` are further ``EngineConfig`` fields.
 
     Raises:
-        ValueError: A field out of range (named).
+        ValueError: A field out of range (named by its option: ``--kv-memory``).
     """
-    return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
-                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                        kernel=kernel.value, **more)
+    try:
+        return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
+                            max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            kernel=kernel.value, **more)
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0]
+        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+        raise ValueError(f"{flag}{str(e)[len(field):]}") from None
+
+
+_FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching"}
 
 
 _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}

@@ -13,6 +13,7 @@ from mlxpa.cli.options import (
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
+    MaxModelLenOpt,
     MessagesColumnOpt,
     ModelOpt,
     PromptColumnOpt,
@@ -24,10 +25,13 @@ from mlxpa.cli.options import (
 
 def plan(
     input: Annotated[str, typer.Argument(
-        help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or -.")],
+        help="Prompts: as for mlxpa run (.jsonl, .json, .csv, .tsv, .txt, .parquet, a "
+        "datasets folder, or -).")],
     model: ModelOpt = None,
     block_size: BlockSizeOpt = 16,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per row (KV estimate).")] = 256,
+    max_tokens: Annotated[int, typer.Option(
+        help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
+    max_model_len: MaxModelLenOpt = None,
     top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
@@ -41,28 +45,34 @@ def plan(
     blas: BlasOpt = "auto",
 ) -> None:
     """Predict prefix sharing without running the model: prompt tokens, tokens after
-    sharing, hit rate, KV blocks with and without sharing, the longest shared prefixes."""
+    sharing, hit rate, KV blocks with and without sharing, the longest shared prefixes.
+    Invalid rows are listed as run lists them (exit 2); rows over the context are named."""
     import json
 
-    from mlx_lm.utils import load_tokenizer
     from rich.console import Console
 
     from mlxpa.data import InputError
-    from mlxpa.loader.models import resolve_model
     from mlxpa.plan import plan_file
     from mlxpa.progress import plan_tables
 
     console = Console(stderr=True)
     try:
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
-        with _checked_input(input, inputs, max_tokens, skip_invalid) as (path, inputs):
-            tokenizer = load_tokenizer(resolve_model(model))
+        tokenizer, context = _tokenizer_and_context(model, max_model_len)
+        with _checked_input(input, inputs, max_tokens, skip_invalid, tokenizer) as (
+                path, inputs, name, v):
             p = plan_file(path, tokenizer, inputs=inputs, block_size=block_size,
-                          max_tokens=max_tokens, top_k=top)
+                          max_tokens=max_tokens, top_k=top, max_model_len=context,
+                          invalid=v.row_problems, name=name)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
         fail(console, e, 1)
+    if p.over_context_rows:
+        shown = "".join(f"\n  {line}" for line in p.over_context)
+        console.print(f"warning: {p.over_context_rows} row(s) over the context (run writes an "
+                      f"error row for each; not planned):{shown}", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
     if json_out:
         print(json.dumps(p.to_dict(), indent=2, ensure_ascii=False))
         return
@@ -71,10 +81,29 @@ def plan(
         out.print(table)
 
 
+def _tokenizer_and_context(model: str | None, max_model_len: int | None):
+    """The model's tokenizer (no weights) and its context capped by ``--max-model-len``.
+
+    Raises:
+        FileNotFoundError, ValueError: The model cannot be found or read.
+    """
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxpa.loader.models import peek_context_len, resolve_model
+
+    if max_model_len is not None and max_model_len < 2:
+        raise ValueError(f"--max-model-len must be >= 2 (a prompt token and an output "
+                         f"token), got {max_model_len}")
+    tokenizer = load_tokenizer(resolve_model(model))
+    ctx = peek_context_len(model)
+    return tokenizer, min(filter(None, (ctx, max_model_len)), default=None)
+
+
 @contextlib.contextmanager
-def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool):
-    """The input checked as ``run`` checks it (stdin spooled to a file, since it is read
-    twice): yields ``(path, inputs)`` with the format decided.
+def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool, tokenizer):
+    """The input checked as ``run`` checks it, chat rows against the template (stdin spooled
+    to a file, since it is read twice): yields ``(path, inputs, name, validation)`` with the
+    format decided.
 
     Raises:
         InputError: Invalid rows (the first 20 listed), unless ``skip_invalid``.
@@ -86,6 +115,7 @@ def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool):
     from mlxpa.data import STDIN, input_format, read_rows, spool_stdin
     from mlxpa.data.read import LINE_FORMATS
     from mlxpa.data.validate import check, validate
+    from mlxpa.prompts import messages_checker
 
     fmt = input_format(source, inputs.fmt)
     spooled = source == STDIN and fmt != "hf"
@@ -95,10 +125,11 @@ def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool):
     try:
         v = validate(read_rows(path, inputs, name=name), source=name,
                      unit="line" if fmt in LINE_FORMATS else "row",
-                     defaults=SamplingParams(max_tokens=max_tokens))
+                     defaults=SamplingParams(max_tokens=max_tokens),
+                     check_prompt=messages_checker(lambda: tokenizer))
         if not skip_invalid:
-            check(v, name)
-        yield path, inputs
+            check(v, name, "nothing was planned (--skip-invalid plans the rest)")
+        yield path, inputs, name, v
     finally:
         if spooled:
             os.remove(path)

@@ -51,7 +51,7 @@ Examples:
 """
 
 InputArg = Annotated[str, typer.Argument(
-    help="Prompts: .jsonl, .parquet, .csv, a Hugging Face datasets folder, or - (stdin).")]
+    help="Prompts: .jsonl, .json, .csv, .tsv, .txt, .parquet, a datasets folder, or -.")]
 OutputOpt = Annotated[str, typer.Option(
     "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL). An existing "
     "file is refused unless --overwrite or --resume.")]
@@ -66,7 +66,7 @@ SeedOpt = Annotated[int, typer.Option(
     "its id (its index when it has none; vLLM's LLM(seed=...)).")]
 NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
 StopOpt = Annotated[list[str] | None, typer.Option(
-    help="Default stop string (repeatable; the earliest match ends the text).")]
+    help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]
 StopTokenIdOpt = Annotated[list[int] | None, typer.Option(
     help="Default token id that ends the completion like EOS (repeatable).")]
 MinTokensOpt = Annotated[int, typer.Option(
@@ -100,7 +100,8 @@ OverwriteOpt = Annotated[bool, typer.Option(
     "--overwrite", help="Replace an existing output file.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
 ChoiceOpt = Annotated[str | None, typer.Option(
-    metavar="A,B,..", help="Default: one of these labels (+ choice_logprobs).")]
+    metavar="A,B,..", help="Default: one of these labels (+ choice_logprobs), spaces kept: "
+    "' yes, no'.")]
 JsonSchemaOpt = Annotated[str | None, typer.Option(
     metavar="PATH", help="Default: JSON valid under this schema file.")]
 RegexOpt = Annotated[str | None, typer.Option(
@@ -155,7 +156,8 @@ def run(
                                kernel, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching, seed=seed)
         defaults = SamplingParams(
-            max_tokens, temperature, top_p, top_k, min_p, n=n, stop=tuple(stop or ()),
+            max_tokens, temperature, top_p, top_k, min_p, n=n,
+            stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
             structured=cli_constraint(choice, json_schema, regex, grammar))
@@ -168,6 +170,32 @@ def run(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_command(input, output, config, defaults, inputs, options, ray_options)
+
+
+def _pipe_closed(console, num_written: int | None) -> None:
+    """The reader of stdout went away (``| head``): say so in one line, exit 141 (128 +
+    SIGPIPE, as a Unix tool killed by the signal exits)."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, ValueError):  # no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    done = "" if num_written is None else f" after {num_written} result row(s)"
+    console.print(f"error: the output pipe was closed{done}; stopping", style="red",
+                  markup=False, highlight=False)
+    raise typer.Exit(141)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(value: str) -> str:
+    """``value`` with the backslash escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` replaced
+    (``--stop '\\n'`` in a shell passes the two characters; a stop string of them never
+    matches what users mean); any other backslash stays as it is."""
+    import re
+
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], value)
 
 
 def _ray_options(ray: bool, address: str | None, num_replicas: int):
@@ -225,9 +253,8 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
             raise typer.BadParameter(str(e)) from None
         except InputError as e:
             fail(console, e, 2)
-        except BrokenPipeError:
-            sys.stderr.close()
-            raise typer.Exit(0) from None
+        except BrokenPipeError as e:
+            _pipe_closed(console, getattr(e, "num_written", None))
         except (OSError, ValueError) as e:
             fail(console, e, 1)
         except KeyboardInterrupt:

@@ -39,3 +39,17 @@ def atomic_rewrite(path: str) -> Iterator[str]:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def check_output_path(target: str) -> None:
+    """Check, before any work, that a file can be created at ``target``: it is not a folder
+    and its folder exists.
+
+    Raises:
+        ValueError: ``target`` is a folder, or its folder does not exist (both named).
+    """
+    if os.path.isdir(target):
+        raise ValueError(f"{target} is a folder; give a file path")
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{target}: the output folder {folder} does not exist")

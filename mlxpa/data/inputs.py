@@ -135,3 +135,8 @@ def sampling_like(key: str) -> bool:
 def where(source: str, line: int | None, unit: str) -> str:
     """``source``, or ``source line N`` / ``source row N``."""
     return source if line is None else f"{source} {unit} {line}"
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 prompt"``, ``"2 prompts"``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

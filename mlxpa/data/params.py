@@ -92,7 +92,8 @@ def _param(name: str, value: Any) -> tuple[Any, str | None]:
         if name == "top_k" and v == -1:  # vLLM's "disabled"
             v = 0
         ok = v is not None and v >= _INT_MIN[name]
-        return (v, None) if ok else (None, f"an integer >= {_INT_MIN[name]}")
+        off = " (or -1: off)" if name == "top_k" else ""
+        return (v, None) if ok else (None, f"an integer >= {_INT_MIN[name]}{off}")
     if name in _FLOAT_RANGE:
         ok, wanted = _FLOAT_RANGE[name]
         v = _as_float(value)

@@ -30,19 +30,14 @@ import csv
 import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.inputs import (
-    InputError,
-    InputOptions,
-    RowSpec,
-    check_columns,
-    check_format,
-)
+from mlxpa.data.inputs import InputError, InputOptions, RowSpec, check_columns, check_format
 from mlxpa.data.params import coerce_text_fields
 from mlxpa.data.rows import Row, bad_record_row, json_type, parse_row
 
@@ -113,7 +108,8 @@ def input_format(source: str, fmt: str | None = None) -> str:
         if ext in exts:
             return kind
     raise InputError(f"cannot tell the format from the extension {ext or '(none)'!r}; "
-                     "use .jsonl, .parquet, .csv or .txt, or give the format", source=source)
+                     "use .jsonl, .parquet, .csv or .txt, or give --input-format "
+                     "jsonl|parquet|csv|txt|hf", source=source)
 
 
 def spool_stdin(fmt: str) -> str:
@@ -189,9 +185,11 @@ def _jsonl_lines(lines: Any, name: str) -> Records:
         if not raw.strip():
             continue
         if not seen and _starts_json_array(raw):
+            stem = os.path.splitext(name)[0] if name != "<stdin>" else "input"
+            stem += ".lines" if stem + ".jsonl" == name else ""
             raise InputError("the file is a JSON array ([...]), not JSON Lines (one object per "
-                             "line); convert it with: jq -c '.[]' FILE > FILE.jsonl",
-                             source=name)
+                             f"line); convert it with: jq -c '.[]' {shlex.quote(name)} > "
+                             f"{shlex.quote(stem + '.jsonl')}", source=name)
         seen = True
         try:
             obj = json.loads(raw)

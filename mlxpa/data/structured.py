@@ -100,6 +100,23 @@ def _logprobs(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
     return out
 
 
+def choice_labels(value: str) -> list[str]:
+    """The labels of ``--choice A,B,..``: split at commas and kept verbatim, spaces included
+    (a base model writes ``" positive"`` after ``"Sentiment:"``: ``--choice ' positive,
+    negative'`` gives both labels a leading space).
+
+    Raises:
+        ValueError: An empty label (``a,,b``, a trailing comma) or a label given twice.
+    """
+    labels = value.split(",")
+    for i, label in enumerate(labels):
+        if not label:
+            raise ValueError(f"--choice {value!r}: label {i + 1} is empty")
+        if label in labels[:i]:
+            raise ValueError(f"--choice {value!r}: label {label!r} is given twice")
+    return labels
+
+
 def cli_constraint(choice: str | None, json_schema: str | None, regex: str | None,
                    grammar: str | None) -> StructuredOutput | None:
     """The run's default constraint from ``--choice a,b,c``, ``--json-schema FILE``,
@@ -125,7 +142,7 @@ def cli_constraint(choice: str | None, json_schema: str | None, regex: str | Non
         except OSError as e:
             raise ValueError(f"{where}: {e.strerror or e}") from None
     if option == "--choice":
-        value = [c.strip() for c in value.split(",") if c.strip()]
+        value = choice_labels(value)
     kind = {"--choice": "choice", "--json-schema": "json", "--regex": "regex",
             "--grammar": "grammar"}[option]
     try:

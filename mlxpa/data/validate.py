@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
@@ -51,20 +52,28 @@ class Validation:
     all_openai: bool = False
     constrained: bool = False
 
-    def report(self) -> str:
-        """The problems, listed for stopping before the run."""
+    def report(self, what: str = "nothing was run (--skip-invalid runs the rest and writes "
+               "an error row for each)") -> str:
+        """The problems, listed after ``what`` (what the command does about them)."""
         shown = "\n".join(f"  {p}" for p in self.problems)
         more = self.num_problems - len(self.problems)
         tail = f"\n  ... and {more} more" if more > 0 else ""
-        return (f"{self.num_problems} invalid row(s) of {self.num_rows}; nothing was run "
-                f"(--skip-invalid runs the rest and writes an error row for each):\n"
-                f"{shown}{tail}")
+        return f"{self.num_problems} invalid row(s) of {self.num_rows}; {what}:\n{shown}{tail}"
+
+
+def _duplicate(row: Row, source: str, unit: str, first: int | None) -> str:
+    """The problem of a row whose id an earlier row (at ``first``) has."""
+    default = (" (a row without an id field has its index as id)"
+               if isinstance(row.id, int) and row.id == row.index else "")
+    return (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)}{default} "
+            f"(first at {unit} {first})")
 
 
 def validate(rows: Iterable[Row], *, source: str, unit: str,
              existing: Existing | None = None, default_n: int = 1,
              defaults: SamplingParams | None = None,
-             vocab_size: int | None = None) -> Validation:
+             vocab_size: int | None = None,
+             check_prompt: Callable[[Row], str | None] | None = None) -> Validation:
     """Read every row once; collect problems, duplicate ids and rows already done.
 
     Args:
@@ -75,20 +84,22 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         default_n: Samples per row for rows that do not set ``n``.
         defaults: The run's sampling defaults: each row's fields are checked merged with
             them (None: not checked).
-        vocab_size: The model's vocabulary size: every token id a row gives (and every id
-            of the defaults, for rows that do not set them) must be below it (None: not
-            checked here; the engine still refuses such a request).
+        vocab_size: The model's vocabulary size: every token id a row (or the defaults)
+            gives must be below it (None: not checked here; the engine refuses them).
+        check_prompt: A row's prompt problem found by the tokenizer (a chat template that
+            rejects its messages), or None.
 
     Returns:
         The :class:`Validation`.
-
     Raises:
         InputError: The input as a whole cannot be read.
+        ValueError: A default token id (``--stop-token-id``) outside the vocabulary.
     """
+    _check_default_ids(defaults, vocab_size)
     v = Validation()
     first_line: dict[str, int | None] = {}
     openai, any_openai = True, False
-    for row in rows:
+    for row in _watch_kept(rows, source):
         v.num_rows += 1
         # An invalid line does not change the output format of an OpenAI Batch file.
         openai = openai and (row.openai is not None or row.error is not None)
@@ -104,14 +115,14 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_done += 1
             first_line[key] = row.line
             continue
-        problem = row.error or _run_problem(row, defaults, vocab_size)
+        problem = (row.error or _run_problem(row, defaults, vocab_size)
+                   or (check_prompt(row) if check_prompt is not None else None))
         if problem is not None and row.error is None:
             problem = f"{where(source, row.line, unit)}: {problem}"
             v.row_problems[row.index] = problem
         if key in first_line:
-            problem = (f"{where(source, row.line, unit)}: duplicate id {json.dumps(row.id)} "
-                       f"(first at {unit} {first_line[key]})")
-            v.row_problems[row.index] = problem
+            problem = v.row_problems[row.index] = _duplicate(row, source, unit,
+                                                            first_line[key])
         else:
             first_line[key] = row.line
         if problem is not None:
@@ -122,6 +133,31 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
     return v
 
 
+def _check_default_ids(defaults: SamplingParams | None, vocab_size: int | None) -> None:
+    """Raise ``ValueError`` naming ``--stop-token-id`` for a default id outside the vocabulary
+    (once, not on every row that does not set its own)."""
+    if vocab_size is not None and defaults is not None:
+        for problem in check_token_ids({n: getattr(defaults, n, ()) for n in TOKEN_ID_FIELDS},
+                                       vocab_size):
+            raise ValueError(problem.replace('field "stop_token_ids"', "--stop-token-id"))
+
+
+def _watch_kept(rows: Iterable[Row], source: str) -> Iterator[Row]:
+    """``rows``, then a warning naming each ``--keep-columns`` field no row had a value for
+    (a typo there would otherwise add a column of nulls silently)."""
+    kept: set[str] = set()
+    columns: Iterable[str] = ()
+    for row in rows:
+        if row.keep:
+            kept.update(c for c, value in row.keep.items() if value is not None)
+            columns = row.keep.keys()
+        yield row
+    missing = [c for c in columns if c not in kept]
+    if missing:
+        warnings.warn(f"--keep-columns: no row of {source} has a value for "
+                      f"{', '.join(missing)} (its output column is null)", stacklevel=2)
+
+
 def _run_problem(row: Row, defaults: SamplingParams | None,
                  vocab_size: int | None) -> str | None:
     """What stops a well-formed row from running with the run's defaults and model: fields
@@ -129,9 +165,7 @@ def _run_problem(row: Row, defaults: SamplingParams | None,
     vocabulary."""
     prefix = "body." if row.openai is not None else ""
     if vocab_size is not None:
-        ids = {name: row.params.get(name, getattr(defaults, name, ()))
-               for name in TOKEN_ID_FIELDS}
-        problems = check_token_ids(ids, vocab_size, prefix)
+        problems = check_token_ids(row.params, vocab_size, prefix)  # the defaults': above
         if problems:
             return "; ".join(problems)
     if defaults is not None:
@@ -161,11 +195,12 @@ def _is_done(row: Row, key: str, existing: Existing, default_n: int, v: Validati
     return False
 
 
-def check(v: Validation, source: str) -> None:
-    """Raise when the validation found problems.
+def check(v: Validation, source: str, what: str | None = None) -> None:
+    """Raise when the validation found problems (``what``: what the command does about them,
+    for :meth:`Validation.report`; None: ``run``'s words).
 
     Raises:
         InputError: Listing the first problems (:meth:`Validation.report`).
     """
     if v.num_problems:
-        raise InputError(v.report(), source=source)
+        raise InputError(v.report() if what is None else v.report(what), source=source)

@@ -24,7 +24,16 @@ from mlxpa.data.jsonl import JsonlSink
 from mlxpa.data.order import jsonl_in_order
 from mlxpa.data.read import PARQUET_EXTENSIONS, STDIN
 
-__all__ = ["ResultWriter", "output_format"]
+__all__ = ["OutputClosedError", "ResultWriter", "output_format"]
+
+
+class OutputClosedError(BrokenPipeError):
+    """The reader of the output went away (``mlxpa run x.jsonl | head -1``): the pipe is
+    closed. ``num_written`` records were written before it closed."""
+
+    def __init__(self, num_written: int) -> None:
+        super().__init__(f"the output was closed after {num_written} record(s)")
+        self.num_written = num_written
 
 
 class ResultWriter:
@@ -63,7 +72,7 @@ class ResultWriter:
         self._pending: dict[int, list[dict]] = {}
         self._next = 0
         self._num_written = 0
-        self._closed = False
+        self._closed = self._broken = False
         self._positions = positions if append and ordered else None
         self._new_index = array("q")  # with positions: the input index of each record written
         self._base_end = 0
@@ -126,6 +135,8 @@ class ResultWriter:
         if self._closed:
             return
         self._closed = True
+        if self._broken:  # nothing more can be written (or flushed) to a closed pipe
+            return
         positions = None if interrupted or not reorder else self._positions
         try:
             self._emit([(i, self._pending.pop(i)) for i in sorted(self._pending)])
@@ -158,7 +169,11 @@ class ResultWriter:
     def _emit(self, groups: list[tuple[int, list[dict]]]) -> None:
         groups = [(i, g) for i, g in groups if g]
         if groups:
-            self._sink.write([g for _, g in groups])
+            try:
+                self._sink.write([g for _, g in groups])
+            except BrokenPipeError:
+                self._broken = True
+                raise OutputClosedError(self._num_written) from None
             if self._positions is not None:  # only a resume that will be sorted needs them
                 for index, records in groups:
                     self._new_index.extend([index] * len(records))

@@ -74,6 +74,9 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return _converted_gguf(path)
+    if path.is_file():
+        raise FileNotFoundError(f"--model {spec}: a file, but not a .gguf; give an MLX model "
+                                "folder (with config.json), a .gguf file or a repo id")
     if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:  # a path, not a repo id
         raise FileNotFoundError(f"--model {spec}: no such folder or file")
     return _hf_cache_snapshot(str(spec))
@@ -146,6 +149,29 @@ def vocab_size_of(config: dict) -> int | None:
     None when it does not say."""
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return size if isinstance(size, int) and size > 0 else None
+
+
+def peek_context_len(spec: str | os.PathLike[str] | None) -> int | None:
+    """The model's context in tokens (``max_position_embeddings`` of its ``config.json``, or
+    of ``text_config``), without loading the weights; None when it cannot be read."""
+    try:
+        config = json.loads((resolve_model(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ctx = (config.get("max_position_embeddings")
+           or (config.get("text_config") or {}).get("max_position_embeddings"))
+    return ctx if isinstance(ctx, int) and ctx > 0 else None
+
+
+def peek_tokenizer(spec: str | os.PathLike[str] | None) -> Any | None:
+    """The model's mlx-lm tokenizer, without loading the weights; None when it cannot be
+    loaded (loading the model then reports the real problem)."""
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(resolve_model(spec))
+    except Exception:  # any failure here is reported by the model load that follows
+        return None
 
 
 def model_dtype(model: nn.Module) -> mx.Dtype:

@@ -95,7 +95,8 @@ def test_row_errors_do_not_stop_the_run(tiny, tmp_path):
         {"messages": [{"role": "user", "content": "hi"}]}, {"prompt": PROMPTS[1]}])
     out = tmp_path / "out.jsonl"
     r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "8"])
-    assert r.exit_code == 2 and "1 invalid row(s) of 5" in r.stderr and not out.exists()
+    assert r.exit_code == 2 and "2 invalid row(s) of 5" in r.stderr and not out.exists()
+    assert "line 4: field \"messages\": this model has no chat template" in r.stderr
     r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "8", "--skip-invalid"])
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -221,7 +221,8 @@ def test_a_duplicate_id_is_never_done_on_resume(tmp_path):
     v = validate(read_rows(str(src)), source=str(src), unit="line",
                  existing=read_existing(str(out), "jsonl"))
     assert v.done == {"1": 0} and v.num_done == 1
-    assert v.row_problems == {1: f"{src} line 2: duplicate id 1 (first at line 1)"}
+    assert v.row_problems == {1: f"{src} line 2: duplicate id 1 (a row without an id field "
+                                 "has its index as id) (first at line 1)"}
 
 
 def test_sampling_fields_are_checked_against_the_defaults(tmp_path):
