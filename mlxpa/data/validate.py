@@ -125,12 +125,19 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
                                                             first_line[key])
         else:
             first_line[key] = row.line
-        if problem is not None:
-            _add_problem(v, problem)
-        elif row.params.get("structured", getattr(defaults, "structured", None)) is not None:
-            v.constrained = True
+        _record(v, row, problem, defaults)
     v.all_openai = openai and any_openai
     return v
+
+
+def _record(v: Validation, row: Row, problem: str | None,
+            defaults: SamplingParams | None) -> None:
+    """Count the row's problem, or note its constraint (its own or the defaults') when it
+    will run."""
+    if problem is not None:
+        _add_problem(v, problem)
+    elif row.params.get("structured", getattr(defaults, "structured", None)) is not None:
+        v.constrained = True
 
 
 def _check_default_ids(defaults: SamplingParams | None, vocab_size: int | None) -> None:
