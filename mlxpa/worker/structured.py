@@ -202,9 +202,28 @@ class Grammars:
 
         self.prepare()
         if so not in self._compiled:
-            self._compiled[so] = (choice_grammar(so.choices, self._hf) if so.kind == "choice"
-                                  else grammar_text(so))
+            self._compiled[so] = self._compile(so)
         return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
+
+    def _compile(self, so: StructuredOutput) -> str:
+        """The grammar of ``so``: a choice over canonical token sequences when llguidance's
+        matcher accepts every choice's own tokens through it, else the text grammar (some
+        token grammars reject a canonical sequence, e.g. a choice whose tokens include a
+        ``,`` or ``.`` after a word: llguidance lexes the token there as another lexeme)."""
+        import llguidance
+
+        if so.kind != "choice":
+            return grammar_text(so)
+        grammar = choice_grammar(so.choices, self._hf)
+        for choice in so.choices:
+            m = llguidance.LLMatcher(self._ll, grammar, log_level=0)
+            for token in self._hf.encode(choice, add_special_tokens=False):
+                m.compute_bitmask()  # as each step does: the forced-token path runs here
+                if not m.consume_token(token) or m.is_error():
+                    return grammar_text(so)
+            if not m.is_accepting():
+                return grammar_text(so)
+        return grammar
 
     def _state(self, req: Request) -> _State:
         st = self._states.get(req)

@@ -83,7 +83,9 @@ def test_choice_label_is_a_canonical_tokenization(default_model):
     "green" (log-probability -19.7) although " red" was the most likely label; the choice
     grammar over canonical tokens writes " red", the argmax of ``choice_logprobs``."""
     model, tok, _ = default_model
-    choices = [" red", " green", " blue.dark", "ü €"]
+    # (" blue.dark" in the tester's row: its "." token sends the whole choice list to the
+    # text grammar, see test_choice_labels_with_punctuation_tokens_finish)
+    choices = [" red", " green", " blue", "ü €"]
     so = StructuredOutput.make("choice", choices)
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
     (out,) = eng.generate([PromptInput("c", tok.encode("Pick a colour:"), SamplingParams(
@@ -92,3 +94,21 @@ def test_choice_label_is_a_canonical_tokenization(default_model):
     scores = out.choice_logprobs
     assert out.text == max(scores, key=scores.get) == " red"
     assert len({tok.encode(c, add_special_tokens=False)[0] for c in choices}) == len(choices)
+
+
+def test_choice_labels_with_punctuation_tokens_finish(default_model):
+    """Labels whose canonical tokens put ``,`` or ``.`` after a word (" Paris, France",
+    " Paris."): llguidance's token grammar rejects such a sequence when its token is forced, so
+    these choices fall back to the text grammar; every row ends with ``stop`` and its text is
+    one of the choices, never an error row."""
+    model, tok, _ = default_model
+    prompt = tok.encode("The capital of France is")
+    eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
+    cases = {"comma": [" Paris, France", " Rome"], "period": [" Paris.", " Rome"],
+             "words": [" Paris is nice", " Rome"]}
+    outs = list(eng.generate([PromptInput(k, prompt, SamplingParams(
+        max_tokens=8, structured=StructuredOutput.make("choice", v))) for k, v in cases.items()]))
+    for out in outs:
+        assert out.finish_reason == "stop", (out.request_id, out.error)
+        assert out.text in cases[out.request_id]
+    assert {o.request_id: o.text for o in outs}["period"] == " Paris."
