@@ -35,13 +35,15 @@ class Job:
     progress: RunProgress
     split_special_tokens: bool = False  # control-token text in prompts is ordinary text
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
+    # finished samples of rows whose other samples still run (a row is written whole)
+    pending: dict[int, list[RequestOutput]] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
 
     def run(self, rows: Iterable[Row], order: str, window: int,
             should_stop: Callable[[], bool]) -> None:
         model = _model_name(self.engine.config.model)
-        samples: dict[int, list[RequestOutput]] = {}
+        samples = self.pending
         items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
         for out in self.engine.generate(items, should_stop=should_stop):
             group = samples.setdefault(out.request_id, [])
@@ -131,14 +133,21 @@ def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, st
 
 
 def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
-                   verbose: bool, console: Console) -> None:
-    """Say where the rows went; after an interrupt, take the requests in flight (dropped:
-    a resume runs them) out of the prompt-token count, so the report counts what was
-    written, and say what was dropped."""
+                   verbose: bool, console: Console,
+                   pending: Iterable[list[RequestOutput]] = ()) -> None:
+    """Say where the rows went; after an interrupt, take the requests in flight and the
+    finished samples of rows not written (``pending``; a resume runs both) out of the
+    counters, so the report counts what was written, and say what was dropped."""
     if interrupted:
-        dropped = [*engine.scheduler.running, *engine.scheduler.waiting]
+        done = [o for group in pending for o in group]
+        dropped = [*engine.scheduler.running, *engine.scheduler.waiting, *done]
         lost = sum(r.num_prompt_tokens for r in dropped if r.sample_index == 0)
         engine.counters.prompt_tokens -= lost
+        engine.counters.requests -= len(done)
+        engine.counters.generation_tokens -= (
+            sum(len(o.token_ids) for o in done)
+            + sum(r.num_output_tokens for r in (*engine.scheduler.running,
+                                                 *engine.scheduler.waiting)))
         if verbose:
             console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
                           "prompt tokens; --resume runs them); the report counts the "

@@ -267,7 +267,7 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
         close_in_order(writer, output, options.resume and options.ordered, should_stop(),
                        options.show_progress, console)
     report_written(engine, writer.num_written, output, should_stop(), options.show_progress,
-                   console)
+                   console, job.pending.values())
 
 
 def _peek_tokenizer(spec: str | None):
