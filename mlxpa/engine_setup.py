@@ -77,14 +77,15 @@ def _start_grammar_tokenizer(tokenizer, config: dict) -> None:
 def _join_grammar_tokenizer(engine: LLMEngine, console: Console, verbose: bool) -> None:
     """Wait for the grammar tokenizer before the first step, saying so when it is not ready."""
     start = time.perf_counter()
-    if verbose and not engine.grammars.tokenizer_ready():
+    say = verbose and not engine.grammars.tokenizer_ready()
+    if say:
         console.print(f"building the grammar tokenizer (llguidance, "
                       f"{engine.grammars.vocab_size:,} tokens) ...", markup=False,
                       highlight=False, soft_wrap=True)
-        engine.grammars.prepare()
+    engine.grammars.prepare()
+    if say:
         console.print(f"grammar tokenizer built ({time.perf_counter() - start:.1f} s more "
                       "after the model loaded)", markup=False, highlight=False)
-    engine.grammars.prepare()
 
 
 def _lengths(rows: Iterable[Row], validation: Validation, defaults: SamplingParams,

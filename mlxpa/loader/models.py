@@ -137,11 +137,16 @@ def peek_vocab_size(spec: str | os.PathLike[str] | None) -> int | None:
     """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
     or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
     resolved or its config does not say (the load then reports the real problem)."""
+    config = _peek_config(spec)
+    return None if config is None else vocab_size_of(config)
+
+
+def _peek_config(spec: str | os.PathLike[str] | None) -> dict | None:
+    """The model folder's ``config.json`` contents, or None when it cannot be read."""
     try:
-        config = json.loads((resolve_model(spec) / "config.json").read_text())
+        return json.loads((resolve_model(spec) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return vocab_size_of(config)
 
 
 def vocab_size_of(config: dict) -> int | None:
@@ -154,9 +159,8 @@ def vocab_size_of(config: dict) -> int | None:
 def peek_context_len(spec: str | os.PathLike[str] | None) -> int | None:
     """The model's context in tokens (``max_position_embeddings`` of its ``config.json``, or
     of ``text_config``), without loading the weights; None when it cannot be read."""
-    try:
-        config = json.loads((resolve_model(spec) / "config.json").read_text())
-    except (OSError, ValueError):
+    config = _peek_config(spec)
+    if config is None:
         return None
     ctx = (config.get("max_position_embeddings")
            or (config.get("text_config") or {}).get("max_position_embeddings"))
