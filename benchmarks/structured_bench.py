@@ -128,7 +128,7 @@ def overhead(model: str | None, n: int) -> dict:
     from mlxpa.engine import LLMEngine, PromptInput
     from mlxpa.engine.metrics import summarize
     from mlxpa.loader.models import load_model
-    from mlxpa.structured_spec import StructuredOutput
+    from mlxpa.structured.spec import StructuredOutput
 
     mdl, tok, _ = load_model(model)
     so = StructuredOutput.make("json", SCHEMAS["nested"])
@@ -140,7 +140,7 @@ def overhead(model: str | None, n: int) -> dict:
     def timed(params: list[SamplingParams]) -> tuple[dict, dict]:
         eng = LLMEngine(EngineConfig(model=model), mdl, tok)
         if any(p.structured for p in params):  # tokenizer built before the clock starts
-            eng.grammars.prepare()
+            eng.prepare()
         eng.counters.start_time = time.perf_counter()
         outs = {o.request_id: o for o in eng.generate(
             PromptInput(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params)))}

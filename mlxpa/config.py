@@ -1,15 +1,20 @@
 """Engine and sampling configuration: flat frozen dataclasses validated with real errors.
 
 Every check raises ``ValueError`` naming the offending field, so the CLI can map it to a
-clear message.
+clear message. The rules are stated once, here: a row's sampling fields are checked by
+building a :class:`SamplingParams` from them (:class:`FieldError` says what the field
+wants), and :func:`token_id_problem` is the one wording of a token id outside the vocabulary.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from mlxpa.structured_spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput
 
 # Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
 KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
@@ -19,15 +24,89 @@ SAMPLING_EPS = 1e-5
 # Most samples of one prompt: each is a request, so a row with n = 10**9 would stall the run
 # (and hold its memory) instead of failing.
 MAX_N = 1024
+_MAX_SHOWN = 60  # characters of an offending value quoted in a message
+
+
+class FieldError(ValueError):
+    """One configuration field outside its range: ``"<field> must be <wanted>, got <value>"``.
+
+    Attributes:
+        field: The field's name.
+        wanted: What the field must be (``"an integer >= 0"``), the words row messages use.
+    """
+
+    def __init__(self, field: str, wanted: str, value: object) -> None:
+        super().__init__(f"{field} must be {wanted}, got {value!r}")
+        self.field = field
+        self.wanted = wanted
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _check(ok: bool, name: str, value: object, want: str) -> None:
     if not ok:
-        raise ValueError(f"{name} must be {want}, got {value!r}")
+        raise FieldError(name, want, value)
+
+
+def show(value: Any) -> str:
+    """``value`` as JSON, cut to a readable length (how messages quote a user's value)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = _cut(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _cut(value: Any) -> str:
+    """A short description of a value ``json.dumps`` cannot write (a huge int, deep nesting)."""
+    if isinstance(value, int):
+        return f"an integer of {value.bit_length()} bits"
+    return f"a nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a value"
+
+
+def bad(field: str, wanted: str, value: Any) -> str:
+    """``field "x" must be <wanted>, got <value>`` (a row's field)."""
+    return f'field "{field}" must be {wanted}, got {show(value)}'
+
+
+def token_id_problem(field: str, ids: Iterable[object], vocab_size: int) -> str | None:
+    """The problem with the first of ``ids`` that does not index the model's vocabulary (an
+    int in ``[0, vocab_size)``), or None when every id does.
+
+    Returns:
+        ``field "<field>": token id <id> is outside the model's vocabulary (<V> ids,
+        0..<V - 1>)``, or None.
+    """
+    bad_id = next((t for t in ids if not (_int(t) and 0 <= t < vocab_size)), None)
+    if bad_id is None:
+        return None
+    return (f'field "{field}": token id {show(bad_id)} is outside the model\'s vocabulary '
+            f"({vocab_size} ids, 0..{vocab_size - 1})")
+
+
+def sampling_field_problem(name: str, value: object) -> str | None:
+    """What :class:`SamplingParams` wants of field ``name`` when ``value`` breaks its rule
+    (the ``wanted`` of :class:`FieldError`), else None. Rules between two fields
+    (``min_tokens <= max_tokens``) are not checked: they hold once a row's fields are merged
+    with the run's defaults."""
+    try:
+        SamplingParams(**{name: value})
+    except FieldError as e:
+        return e.wanted
+    except ValueError:  # a rule between fields
+        pass
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +127,7 @@ class SamplingParams:
         n: Number of samples of the prompt (1 to :data:`MAX_N`).
         ignore_eos: Keep generating past the model's EOS ids (benchmarks).
         stop_token_ids: Token ids that end the completion like EOS (the token is kept in
-            ``token_ids``, its text is not in ``text``).
+            ``token_ids``, its text is not in ``text``); one id or a list of them.
         include_stop_str_in_output: Keep the matched stop string at the end of ``text``.
         min_tokens: Tokens to generate before EOS, stop token ids or stop strings may end
             the completion (EOS and stop token ids are masked out until then, as in vLLM).
@@ -77,40 +156,47 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.top_k == -1:  # vLLM's and the rows' "disabled"
             object.__setattr__(self, "top_k", 0)
-        if isinstance(self.stop_token_ids, list):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.stop_token_ids, list) or _int(self.stop_token_ids):
+            ids = self.stop_token_ids
+            object.__setattr__(self, "stop_token_ids", tuple(ids) if isinstance(ids, list)
+                               else (ids,))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 0,
+        _check(_int(self.max_tokens) and self.max_tokens >= 0,
                "max_tokens", self.max_tokens, "an integer >= 0")
         _check(_finite(self.temperature) and self.temperature >= 0,
                "temperature", self.temperature, "a finite number >= 0")
         _check(_finite(self.top_p) and 0 < self.top_p <= 1,
                "top_p", self.top_p, "a number in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
+        _check(_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k,
                "an integer >= 0 (or -1: off)")
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1,
                "min_p", self.min_p, "a number in [0, 1]")
-        _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
-               "seed", self.seed, "an integer >= 0 or null")
+        _check(self.seed is None or (_int(self.seed) and self.seed >= 0),
+               "seed", self.seed, "an integer >= 0")
         _check(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
-               "stop", self.stop, "a list of non-empty strings")
-        _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", self.n,
+               "stop", self.stop, "a non-empty string or a list of them")
+        _check(_int(self.n) and 1 <= self.n <= MAX_N, "n", self.n,
                f"an integer from 1 to {MAX_N}")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "true or false")
         _check(isinstance(self.stop_token_ids, tuple)
-               and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-               "stop_token_ids", self.stop_token_ids, "a list of token ids")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               and all(_int(t) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids", self.stop_token_ids,
+               "a token id (an integer >= 0) or a list of them")
+        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output",
+               self.include_stop_str_in_output, "true or false")
+        _check(_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
                self.min_tokens, "an integer >= 0")
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
-               self.min_tokens, f"<= max_tokens ({self.max_tokens}), as in vLLM")
         _check(self.structured is None or isinstance(self.structured, StructuredOutput),
                "structured", self.structured, "a StructuredOutput or None")
         _check(isinstance(self.logprobs, bool), "logprobs", self.logprobs, "true or false")
-        _check(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
+        _check(_int(self.top_logprobs) and 0 <= self.top_logprobs <= 20,
                "top_logprobs", self.top_logprobs, "an integer from 0 to 20")
+        if self.min_tokens > self.max_tokens:  # a rule between fields: a plain ValueError
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), as in "
+                             f"vLLM, got {self.min_tokens!r}")
 
     @property
     def greedy(self) -> bool:

@@ -41,10 +41,11 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
         FileNotFoundError, ValueError: As :func:`mlxpa.loader.models.load_model`.
     """
     from mlxpa.loader.models import load_model
+    from mlxpa.structured.matchers import start_grammar_tokenizer
     from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype,
-                                     _start_grammar_tokenizer if validation.constrained else None)
+                                     start_grammar_tokenizer if validation.constrained else None)
     if config.num_blocks is None:
         budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
         need = kv_blocks_needed(_lengths(rows, validation, defaults, tokenizer),
@@ -63,27 +64,15 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
     return engine
 
 
-def _start_grammar_tokenizer(tokenizer, config: dict) -> None:
-    """Start llguidance's tokenizer build (seconds for a large vocabulary) in the
-    background, keyed as the engine's :class:`~mlxpa.worker.structured.Grammars` asks."""
-    from mlxpa.loader.models import vocab_size_of
-    from mlxpa.worker.structured import start_ll_tokenizer
-
-    vocab = vocab_size_of(config)
-    if vocab is not None:
-        start_ll_tokenizer(tokenizer._tokenizer, vocab, sorted(tokenizer.eos_token_ids))
-
-
 def _join_grammar_tokenizer(engine: LLMEngine, console: Console, verbose: bool) -> None:
     """Wait for the grammar tokenizer before the first step, saying so when it is not ready."""
     start = time.perf_counter()
-    say = verbose and not engine.grammars.tokenizer_ready()
-    if say:
-        console.print(f"building the grammar tokenizer (llguidance, "
-                      f"{engine.grammars.vocab_size:,} tokens) ...", markup=False,
-                      highlight=False, soft_wrap=True)
-    engine.grammars.prepare()
-    if say:
+
+    def say(vocab_size: int) -> None:
+        console.print(f"building the grammar tokenizer (llguidance, {vocab_size:,} tokens) ...",
+                      markup=False, highlight=False, soft_wrap=True)
+
+    if engine.prepare(say if verbose else None) and verbose:
         console.print(f"grammar tokenizer built ({time.perf_counter() - start:.1f} s more "
                       "after the model loaded)", markup=False, highlight=False)
 

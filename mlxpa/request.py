@@ -72,12 +72,15 @@ class Request:
         num_preemptions: Times this request was preempted (its blocks freed, recomputed later).
         token_times: ``perf_counter`` seconds of every sampled token (TTFT and ITL).
         stop_reason: The matched stop string or token id, when stopped by one.
-        num_scored_tokens: For a scoring request (``choice_logprobs``), how many tokens at
-            the end of the prompt are scored (teacher-forced); their logits are computed, so
-            a prefix-cache hit stops before them. 0 for a normal request.
+        num_scored_tokens: How many tokens at the end of the prompt are scored: the runner
+            returns the log-probability of each given the tokens before it (teacher-forced,
+            as vLLM's ``prompt_logprobs``). Their logits are always computed: a prefix-cache
+            hit stops before them. 0: none.
+        scored_top_logprobs: For each scored token, also this many most likely tokens at its
+            position (vLLM's ``prompt_logprobs`` count; 0: the scored token's alone).
         logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
-        choice_first_tokens: For a ``choice`` row (sample 0), the first token of each choice:
-            their log-probabilities are read from the logits of its first sampled token.
+        target_token_ids: Token ids whose log-probabilities the runner returns at the
+            request's first sampled position (from the logits of the last prompt token).
         seed_key: What a request without a ``seed`` derives its seed from, with the engine
             seed and ``sample_index`` (the input row's id, so inserting another row does not
             change its samples; None: ``request_id``).
@@ -98,8 +101,9 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     stop_reason: object = None
     num_scored_tokens: int = 0
+    scored_top_logprobs: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    choice_first_tokens: tuple[int, ...] = ()
+    target_token_ids: tuple[int, ...] = ()
     seed_key: object = None
 
     @property

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlxpa.structured_spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput
 
 LABELS = ("positive", "negative", "neutral")
 _SHOTS = (("Awful, it stopped working on day two.", "negative"),

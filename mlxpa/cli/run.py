@@ -149,8 +149,8 @@ def run(
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
     Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
-    from mlxpa.data.structured import cli_constraint
     from mlxpa.run import RunOptions
+    from mlxpa.structured.fields import cli_constraint
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,

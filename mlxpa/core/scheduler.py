@@ -25,26 +25,27 @@ _ADMISSION_LOOKAHEAD = 256
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step's work, read by the model runner (which never mutates it)."""
+    """One step's work, read by the model runner (which never mutates it). Every field is a
+    value fixed by :meth:`Scheduler.schedule` (vLLM v1's ``SchedulerOutput``), so it reads the
+    same before and after ``update_from_output`` advances the requests."""
 
     # Requests to run this step, decodes and prefill chunks mixed, in running order.
     requests: list[Request] = field(default_factory=list)
     # Tokens each request computes this step (1 for a decode, the chunk for a prefill).
     num_scheduled_tokens: list[int] = field(default_factory=list)
+    # Their sum (the runner returns its empty result when 0).
+    total_num_scheduled_tokens: int = 0
+    # Per request: its chunk reaches its last token, so a token is sampled (the runner's
+    # LM-head rows, update_from_output's appends, the engine's forks).
+    sampling: list[bool] = field(default_factory=list)
     # (src, dst) block copies to apply before the forward pass (copy-on-write).
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    # Requests preempted while building this step (their blocks are already free).
+    # Requests preempted while building this step (their blocks are already free): the
+    # runner drops their recurrent states.
     preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens)
-
-    @property
-    def sampling(self) -> list[bool]:
-        """Per request: does this step's chunk reach its last token (so a token is sampled)?"""
-        return [r.num_computed_tokens + n == r.num_tokens
-                for r, n in zip(self.requests, self.num_scheduled_tokens)]
+    # Requests finished since the previous step (vLLM's finished_req_ids): the runner frees
+    # its state of them.
+    finished: list[Request] = field(default_factory=list)
 
 
 class Scheduler:
@@ -68,6 +69,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._finished: list[Request] = []  # since the last schedule()
 
     def add_request(self, req: Request) -> None:
         """Queue ``req``; clamp its output so prompt + output fits ``max_model_len``.
@@ -91,6 +93,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_finished_requests(self) -> bool:
+        """Whether requests finished since the last :meth:`schedule`, which the next step
+        hands to the runner (``SchedulerOutput.finished``) so it frees their state."""
+        return bool(self._finished)
+
     def schedule(self) -> SchedulerOutput:
         """Build one step: running requests first, then admissions from ``waiting``."""
         out = SchedulerOutput()
@@ -112,6 +119,10 @@ class Scheduler:
         if not out.preempted:
             budget = self._admit(out, budget)
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens)
+        out.sampling = [r.num_computed_tokens + n == r.num_tokens
+                        for r, n in zip(out.requests, out.num_scheduled_tokens)]
+        out.finished, self._finished = self._finished, []
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
@@ -228,11 +239,10 @@ class Scheduler:
             Requests that received a token this step (finished ones included; their blocks
             are already freed).
         """
-        sampling = out.sampling
         tokens = iter(sampled_token_ids)
         now = time.perf_counter()
         updated = []
-        for req, n, samples in zip(out.requests, out.num_scheduled_tokens, sampling):
+        for req, n, samples in zip(out.requests, out.num_scheduled_tokens, out.sampling):
             req.num_computed_tokens += n
             self.kv_cache_manager.cache_blocks(req)
             if not samples:
@@ -252,7 +262,8 @@ class Scheduler:
         return updated
 
     def finish_request(self, req: Request, status: RequestStatus) -> None:
-        """Mark ``req`` finished and free its blocks (stop string, EOS, length, abort)."""
+        """Mark ``req`` finished and free its blocks (stop string, EOS, length, abort); the
+        next step tells the runner (``SchedulerOutput.finished``)."""
         if req.is_finished:
             return
         if req.status == RequestStatus.RUNNING:
@@ -261,3 +272,4 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         self.kv_cache_manager.free(req)
+        self._finished.append(req)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, NamedTuple
 
-from mlxpa.data.params import SAMPLING_FIELDS, bad, show
+from mlxpa.config import bad, show
+from mlxpa.data.params import SAMPLING_FIELDS
 
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
@@ -51,7 +52,7 @@ FIELD_SUPPORT: dict[str, FieldRule] = {
     # a batch never streams: stream false (the default) and its options are meaningless
     "stream": FieldRule("unsupported", (False,)),
     "stream_options": _IGNORED,
-    # structured outputs and log-probabilities (mlxpa.data.structured reads them)
+    # structured outputs and log-probabilities (mlxpa.structured.fields reads them)
     "response_format": _SUPPORTED, "logprobs": _SUPPORTED, "top_logprobs": _SUPPORTED,
     "guided_json": _SUPPORTED, "guided_regex": _SUPPORTED, "guided_choice": _SUPPORTED,
     "guided_grammar": _SUPPORTED, "structured_outputs": _SUPPORTED,

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from mlxpa.data.fields import unsupported_fields
-from mlxpa.data.params import SAMPLING_FIELDS, STRUCTURED_FIELDS
+from mlxpa.data.params import SAMPLING_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
+from mlxpa.structured.fields import STRUCTURED_FIELDS
 
 FORMATS = ("jsonl", "parquet", "csv", "txt", "hf")
 

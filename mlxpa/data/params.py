@@ -1,41 +1,25 @@
-"""Per-row sampling fields: type and range checks, and typing of text-only rows (CSV).
+"""Per-row sampling fields: parsed from JSON types, checked by :class:`SamplingParams` itself.
 
 Each field of :data:`SAMPLING_FIELDS` maps onto :class:`~mlxpa.config.SamplingParams`; a row
-sets only what it needs, and the run's defaults (the CLI options) fill the rest.
+sets only what it needs, and the run's defaults (the CLI options) fill the rest. The ranges
+are :class:`~mlxpa.config.SamplingParams`' own (one definition): a row's field is checked by
+building the parameters from it alone (:func:`mlxpa.config.sampling_field_problem`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-from mlxpa.config import MAX_N
+from mlxpa.config import bad, sampling_field_problem, token_id_problem
+from mlxpa.structured.fields import JSON_TEXT_FIELDS
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
 # Fields whose values are token ids (indices into the model's vocabulary): each id is checked
 # against the model's vocabulary size by :func:`check_token_ids` before the model runs.
 TOKEN_ID_FIELDS = ("stop_token_ids",)
-# Constraint and log-probability fields whose CSV text is JSON (mlxpa.data.structured).
-JSON_TEXT_FIELDS = ("response_format", "structured_outputs", "guided_choice", "guided_json",
-                    "logprobs", "top_logprobs")
-# Constraint and log-probability fields (parsed by mlxpa.data.structured).
-GUIDED_FIELDS = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
-                 "guided_grammar": "grammar"}
-STRUCTURED_FIELDS = ("response_format", "structured_outputs", *GUIDED_FIELDS, "logprobs",
-                     "top_logprobs")
-_MAX_SHOWN = 60  # characters of an offending value quoted in a message
-
-
-_INT_MIN = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": 0,
-            "min_tokens": 0}
-_FLOAT_RANGE = {  # name: (ok, wanted); NaN and +-Infinity are never accepted
-    "temperature": (lambda x: x >= 0, "a finite number >= 0"),
-    "top_p": (lambda x: 0 < x <= 1, "a number in (0, 1]"),
-    "min_p": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
-}
-_BOOLS = ("ignore_eos", "include_stop_str_in_output")
+_FLOATS = ("temperature", "top_p", "min_p")
 
 
 def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
@@ -50,7 +34,9 @@ def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, An
         value = fields.get(name)
         if value is None:
             continue
-        v, wanted = _param(name, value)
+        v = _from_json(name, value)
+        wanted = sampling_field_problem(
+            "max_tokens" if name == "max_completion_tokens" else name, v)
         if wanted is not None:
             problems.append(bad(prefix + name, wanted, value))
             continue
@@ -70,63 +56,35 @@ def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -
         prefix: Put before field names (``"body."`` for OpenAI Batch lines).
 
     Returns:
-        One message per offending field, naming it, the first bad id and the vocabulary size.
+        One message per offending field (:func:`mlxpa.config.token_id_problem`).
     """
-    problems = []
-    for name in TOKEN_ID_FIELDS:
-        bad_ids = [t for t in params.get(name, ()) if not 0 <= t < vocab_size]
-        if bad_ids:
-            problems.append(f'field "{prefix}{name}": token id {show(bad_ids[0])} is outside '
-                            f"the model's vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
-    return problems
+    found = (token_id_problem(prefix + name, params.get(name, ()), vocab_size)
+             for name in TOKEN_ID_FIELDS)
+    return [p for p in found if p is not None]
 
 
-def _param(name: str, value: Any) -> tuple[Any, str | None]:
-    """``(parsed value, None)``, or ``(None, what was wanted)``."""
-    if name == "n":
-        v = _as_int(value)
-        ok = v is not None and 1 <= v <= MAX_N
-        return (v, None) if ok else (None, f"an integer from 1 to {MAX_N}")
-    if name in _INT_MIN:
-        v = _as_int(value)
-        if name == "top_k" and v == -1:  # vLLM's "disabled"
-            v = 0
-        ok = v is not None and v >= _INT_MIN[name]
-        off = " (or -1: off)" if name == "top_k" else ""
-        return (v, None) if ok else (None, f"an integer >= {_INT_MIN[name]}{off}")
-    if name in _FLOAT_RANGE:
-        ok, wanted = _FLOAT_RANGE[name]
-        v = _as_float(value)
-        return (v, None) if v is not None and ok(v) else (None, wanted)
-    if name in _BOOLS:
-        return (value, None) if isinstance(value, bool) else (None, "true or false")
+def _from_json(name: str, value: Any) -> Any:
+    """``value`` in the field's Python type where JSON's number types differ from it (an
+    integral float such as ``10.0`` for an int field, an int for a float field; one
+    ``stop`` string or one stop id as a list); anything else unchanged, for
+    :class:`~mlxpa.config.SamplingParams` to judge."""
+    if name in _FLOATS and isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # beyond float's range: not a finite number
+            return value
     if name == "stop":
-        v = [value] if isinstance(value, str) else value
-        if isinstance(v, list) and all(isinstance(s, str) and s for s in v):
-            return v, None
-        return None, "a non-empty string or a list of them"
-    # stop_token_ids
-    v = value if isinstance(value, list) else [value]
-    ids = [_as_int(t) for t in v]
-    if all(t is not None and t >= 0 for t in ids):
-        return ids, None
-    return None, "a token id (an integer >= 0) or a list of them"
+        return [value] if isinstance(value, str) else value
+    if name == "stop_token_ids":
+        return [_as_int(t) for t in value] if isinstance(value, list) else [_as_int(value)]
+    return _as_int(value)
 
 
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
+def _as_int(value: Any) -> Any:
+    """An integral float as an int; anything else unchanged."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return None
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    return value
 
 
 def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, Any]:
@@ -152,24 +110,3 @@ def _loads(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):  # kept as text: validation names the field
         return text
-
-
-def bad(field: str, wanted: str, value: Any) -> str:
-    """``field "x" must be <wanted>, got <value>``."""
-    return f'field "{field}" must be {wanted}, got {show(value)}'
-
-
-def _cut(value: Any) -> str:
-    """A short description of a value ``json.dumps`` cannot write (a huge int, deep nesting)."""
-    if isinstance(value, int):
-        return f"an integer of {value.bit_length()} bits"
-    return f"a nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a value"
-
-
-def show(value: Any) -> str:
-    """``value`` as JSON, cut to a readable length."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        text = _cut(value)
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

@@ -7,7 +7,7 @@ a validation pass can list them all before any model work:
   ``{"role", "content"}`` strings), nulls reported as such;
 * the id (a string or an integer; default: the row index);
 * per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked; constraint and
-  log-probability fields (:mod:`mlxpa.data.structured`), compiled;
+  log-probability fields (:mod:`mlxpa.structured.fields`), compiled;
 * sampling fields mlxpa does not support (``presence_penalty``, ``logprobs``, ...) and near
   misses of supported names (``temprature``) are errors; any other field passes through (it
   can be carried to the output with ``--keep-columns``);
@@ -21,6 +21,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from mlxpa.config import bad, show
 from mlxpa.data.fields import (
     FIELD_SUPPORT,
     check_body_fields,
@@ -29,8 +30,8 @@ from mlxpa.data.fields import (
     unknown_field,
 )
 from mlxpa.data.inputs import RowSpec, sampling_like, where
-from mlxpa.data.params import bad, parse_params, show
-from mlxpa.data.structured import parse_structured
+from mlxpa.data.params import parse_params
+from mlxpa.structured.fields import parse_structured
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class Row:
         messages: Chat messages (``[{"role": str, "content": str, ...}]``, null keys dropped),
             or None when ``prompt`` is given.
         params: Per-row sampling overrides, only the fields the row sets (nulls are absent):
-            ints for ``max_tokens`` (>= 0), ``top_k`` (>= 0; -1 is read as 0), ``seed``
+            ints for ``max_tokens`` (>= 0), ``top_k`` (>= 0, or -1: off), ``seed``
             (>= 0), ``n`` (>= 1), ``min_tokens`` (>= 0); floats for ``temperature`` (>= 0),
             ``top_p`` (in (0, 1]), ``min_p`` (in [0, 1]); ``stop`` a list of non-empty strings
             and ``stop_token_ids`` a list of ints >= 0 (a single value becomes a one-element

@@ -8,14 +8,20 @@ writes exactly those tokens next, not that it stops after them; it does not add 
 tokenizations of the same text. When no choice's tokens are a prefix of another's, these are
 disjoint events, so ``sum(exp(v)) <= 1``.
 
-Mechanics: every choice's first token is scored from the logits of the row's own first sampled
-token (no extra work: single-token labels cost nothing). Once the row's prefill has run, the
-engine adds one scoring request per choice of two or more tokens (prompt + choice tokens,
-``max_tokens`` 1, ``num_scored_tokens`` = the choice's length - 1). Its prompt's full blocks are
-prefix-cache hits on the row's own blocks, so such a choice costs about one decode step per
-further token plus the prompt's partial last block. The model runner reads the
-logits before each scored token (:func:`mlxpa.worker.logprobs.score_columns`) and the engine
-sums them here (per position, so a recompute after preemption does not count twice).
+Mechanics, on the worker's generic scoring (only this module knows about choices): every
+choice's first token is a ``target_token_ids`` entry of the row, scored from the logits of its
+own first sampled token (no extra work: single-token labels cost nothing). Once the row's
+prefill has run, one scoring request per choice of two or more tokens is added (prompt + choice
+tokens, ``max_tokens`` 1, ``num_scored_tokens`` = the choice's length - 1). Its prompt's full
+blocks are prefix-cache hits on the row's own blocks, so such a choice costs about one decode
+step per further token plus the prompt's partial last block. The model runner returns the
+log-probability of each scored token (:func:`mlxpa.worker.logprobs.score_columns`) and they
+are summed here (per position, so a recompute after preemption does not count twice).
+
+The engine calls :meth:`ChoiceScores.on_add` (a new request), :meth:`~ChoiceScores.on_prefilled`
+(its prefill ran: the scoring requests to queue), :meth:`~ChoiceScores.on_step` (a step's
+scores; the scoring requests' own tokens taken out) and :meth:`~ChoiceScores.hold` (a finished
+output waits for its row's scores).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
 from mlxpa.request import Request, RequestOutput
+from mlxpa.worker.outputs import StepResult
 
 
 @dataclass(slots=True)
@@ -32,6 +39,12 @@ class _Pending:
     by_choice: list[dict[int, float]]
     left: int
     held: list[RequestOutput] = field(default_factory=list)
+
+
+def _is_choice_row(req: Request) -> bool:
+    """Whether ``req`` is sample 0 of a ``choice`` row (its choices are scored)."""
+    so = req.sampling_params.structured
+    return so is not None and so.kind == "choice" and req.sample_index == 0
 
 
 class ChoiceScores:
@@ -53,13 +66,19 @@ class ChoiceScores:
         self._tokens: dict[object, list[list[int]]] = {}
         self.num_cached_tokens = 0
 
-    def wants(self, req: Request) -> bool:
-        """Whether ``req`` (sample 0) is a choice row whose choices must be scored."""
-        so = req.sampling_params.structured
-        return so is not None and so.kind == "choice" and req.sample_index == 0
+    def on_add(self, req: Request) -> bool:
+        """A new request: a choice row (sample 0) gets each choice's first token as its
+        ``target_token_ids``.
 
-    def is_scorer(self, req: Request) -> bool:
-        return req in self._scorer
+        Returns:
+            Whether its scoring requests start once its prefill has run
+            (:meth:`on_prefilled`).
+        """
+        if not _is_choice_row(req):
+            return False
+        so = req.sampling_params.structured
+        req.target_token_ids = tuple(ids[0] for ids in self._choice_tokens(so))
+        return True
 
     def _choice_tokens(self, so) -> list[list[int]]:
         if so not in self._tokens:
@@ -67,14 +86,19 @@ class ChoiceScores:
                                 for c in so.choices]
         return self._tokens[so]
 
-    def first_tokens(self, so) -> tuple[int, ...]:
-        """The first token of each choice of ``so`` (a ``choice`` constraint)."""
-        return tuple(ids[0] for ids in self._choice_tokens(so))
+    def on_prefilled(self, parent: Request, children: list[Request]) -> list[Request]:
+        """``parent``'s prefill has run; ``children`` are its other samples (their outputs
+        wait for the same scores).
 
-    def start(self, parent: Request) -> list[Request]:
-        """The scoring requests of ``parent`` (one per choice of two or more tokens) to add to
-        the scheduler."""
+        Returns:
+            The scoring requests to queue (one per choice of two or more tokens); none
+            unless :meth:`on_add` returned True for ``parent``.
+        """
+        if not _is_choice_row(parent):
+            return []
         so = parent.sampling_params.structured
+        for child in children:
+            self._family[child] = parent
         pend = _Pending(so.choices, [{} for _ in so.choices], 0)
         self._pending[parent] = pend
         scorers = []
@@ -89,22 +113,36 @@ class ChoiceScores:
         pend.left = len(scorers)
         return scorers
 
-    def record_first(self, parent: Request, values: list[float]) -> None:
-        """Log-probabilities of each choice's first token, after ``parent``'s prompt."""
-        pend = self._pending.get(parent)
-        if pend is not None:
-            for by_pos, v in zip(pend.by_choice, values):
-                by_pos[parent.num_prompt_tokens] = v
+    def on_step(self, result: StepResult,
+                updated: list[Request]) -> tuple[list[Request], list[RequestOutput]]:
+        """Record a step's scores: each choice's first token (the rows' ``targets``) and the
+        scoring requests' tokens (``scored``).
 
-    def add_child(self, parent: Request, child: Request) -> None:
-        """``child`` is another sample of ``parent``: its output waits for the same scores."""
-        if parent in self._pending:
-            self._family[child] = parent
+        Args:
+            result: The step's result.
+            updated: The requests that received a token in the step.
 
-    def record(self, scorer: Request, position: int, logprob: float) -> None:
-        """The scored log-probability of ``scorer``'s token at ``position``."""
-        parent, k = self._scorer[scorer]
-        self._pending[parent].by_choice[k][position] = logprob
+        Returns:
+            ``(updated without the scoring requests, outputs the finished scoring requests
+            completed)``.
+        """
+        for parent, values in result.targets.items():
+            pend = self._pending.get(parent)
+            if pend is not None:
+                for by_pos, v in zip(pend.by_choice, values):
+                    by_pos[parent.num_prompt_tokens] = v
+        for scorer, by_pos in result.scored.items():
+            if scorer in self._scorer:
+                parent, k = self._scorer[scorer]
+                self._pending[parent].by_choice[k].update(
+                    (p, lp.logprob) for p, lp in by_pos.items())
+        own, released = [], []
+        for req in updated:
+            if req not in self._scorer:
+                own.append(req)
+            elif req.is_finished:
+                released.extend(self.finished(req))
+        return own, released
 
     def finished(self, scorer: Request) -> list[RequestOutput]:
         """``scorer`` is done (or could not run); returns outputs that became complete."""

@@ -1,9 +1,10 @@
 """The engine: the only glue between requests, scheduler, model runner and outputs.
 
-``LLMEngine.step()`` runs ``Scheduler.schedule()`` → ``ModelRunner.execute()`` →
-``Scheduler.update_from_output()`` → incremental detokenization and stop strings, and
-returns the requests that finished. ``generate()`` streams requests in from any iterable,
-admitting more only while the waiting queue is short, so large inputs never sit in memory.
+``LLMEngine.step()`` reads as vLLM's: ``Scheduler.schedule()`` → ``ModelRunner.execute()`` →
+update (forks, log-probabilities, scores, ``Scheduler.update_from_output()``) → stops
+(incremental detokenization and stop strings, grammar endings), and returns the requests that
+finished. ``generate()`` streams requests in from any iterable, admitting more only while the
+waiting queue is short, so large inputs never sit in memory.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig, SamplingParams, token_id_problem
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
@@ -20,8 +21,8 @@ from mlxpa.engine.choice_scores import ChoiceScores
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestOutput, RequestStatus
-from mlxpa.worker.model_runner import ModelRunner, StepResult
-from mlxpa.worker.structured import Grammars
+from mlxpa.worker.model_runner import ModelRunner
+from mlxpa.worker.outputs import StepResult
 
 
 class PromptInput(NamedTuple):
@@ -52,10 +53,8 @@ class LLMEngine:
             model, tokenizer, _ = load_model(config.model, config.dtype)
         self.config = config
         self.tokenizer = tokenizer
-        eos = sorted(tokenizer.eos_token_ids)
-        vocab = getattr(getattr(model, "args", None), "vocab_size", None)  # None: from logits
-        self.grammars = Grammars(tokenizer._tokenizer, vocab, eos)
-        self.runner = ModelRunner(model, config, frozenset(eos), self.grammars)
+        self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
+                                  tokenizer._tokenizer)
         self.choice_scores = ChoiceScores(tokenizer)
         # A recurrent state exists only at the position its request reached: no prefix
         # cache hits (and no forked samples, see _fork_samples) for such models.
@@ -73,6 +72,19 @@ class LLMEngine:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
+        """Make the first constrained step ready now, so its wait is not counted as a step:
+        wait for the grammar tokenizer's background build (:meth:`ModelRunner.prepare`).
+
+        Args:
+            on_wait: Called with the vocabulary size before waiting, when the build is not
+                done yet.
+
+        Returns:
+            Whether it had to wait.
+        """
+        return self.runner.prepare(on_wait)
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
                     params: SamplingParams, seed_key: object = None,
@@ -100,9 +112,7 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if self.choice_scores.wants(req):
-            req.choice_first_tokens = self.choice_scores.first_tokens(params.structured)
-        if params.n > 1 or self.choice_scores.wants(req):
+        if self.choice_scores.on_add(req) or params.n > 1:
             self._pending_forks.append(req)
         return None
 
@@ -111,15 +121,14 @@ class LLMEngine:
         would read another row of the embedding, or scatter into another request's logits).
 
         Raises:
-            ValueError: Naming the field, the first bad id and the vocabulary size.
+            ValueError: Naming the field, the first bad id and the vocabulary size
+                (:func:`mlxpa.config.token_id_problem`).
         """
-        vocab = self.runner.vocab_size
         for name, ids in (("prompt_token_ids", req.prompt_token_ids),
                           ("stop_token_ids", req.sampling_params.stop_token_ids)):
-            bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
-            if bad is not None:
-                raise ValueError(f'field "{name}": token id {bad} is outside the model\'s '
-                                 f"vocabulary ({vocab} ids, 0..{vocab - 1})")
+            problem = token_id_problem(name, ids, self.runner.vocab_size)
+            if problem is not None:
+                raise ValueError(problem)
 
     def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
@@ -141,20 +150,18 @@ class LLMEngine:
             if id(parent) not in done:
                 still.append(parent)
                 continue
-            if self.choice_scores.wants(parent):
-                for scorer in self.choice_scores.start(parent):
-                    try:
-                        self.scheduler.add_request(scorer)
-                    except ValueError:
-                        scorer.status = RequestStatus.FINISHED_ABORTED
-                        self._released.extend(self.choice_scores.finished(scorer))
             children = [Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
                                 sample_index=i, seed_key=parent.seed_key)
                         for i in range(1, parent.sampling_params.n)]
             for child in children:
                 self._detok[child] = self._detokenizer(parent.sampling_params)
-                self.choice_scores.add_child(parent, child)
+            for scorer in self.choice_scores.on_prefilled(parent, children):
+                try:
+                    self.scheduler.add_request(scorer)
+                except ValueError:
+                    scorer.status = RequestStatus.FINISHED_ABORTED
+                    self._released.extend(self.choice_scores.finished(scorer))
             # A recurrent state cannot be forked: such samples compute their prompt.
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
@@ -168,47 +175,51 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; return the requests that finished in it."""
-        sched = self.scheduler
-        out = sched.schedule()
-        result = self.runner.execute(out) if out.requests else StepResult([], {}, [], {})
+        out = self.scheduler.schedule()
+        result = self.runner.execute(out)
+        updated = self._update(out, result)
+        return self._check_stops(updated, result.grammar_ended)
+
+    def _update(self, out: SchedulerOutput, result: StepResult) -> list[Request]:
+        """Fork what finished its prefill, keep the step's log-probabilities and scores,
+        advance the scheduler, count; return the requests (not the choice scoring ones) that
+        received a token."""
         if self._pending_forks:
             self._fork_samples(out)
         for req, lp in result.logprobs.items():
             req.logprobs.append(lp)
-        for parent, values in result.first_scores.items():
-            self.choice_scores.record_first(parent, values)
-        for scorer, position, value in result.scores:
-            self.choice_scores.record(scorer, position, value)
-        self.counters.scored_tokens += len(result.scores) + sum(
-            map(len, result.first_scores.values()))
-        num_scoring = sum(1 for r, last in zip(out.requests, out.sampling)
-                          if last and self.choice_scores.is_scorer(r))
-        updated = sched.update_from_output(out, result.sampled)
-        self._count(out, len(result.sampled) - num_scoring)
+        self.counters.scored_tokens += (sum(map(len, result.scored.values()))
+                                        + sum(map(len, result.targets.values())))
+        updated = self.scheduler.update_from_output(out, result.sampled)
+        updated, released = self.choice_scores.on_step(result, updated)
+        self._released.extend(released)
+        self._count(out, result, len(updated))
+        return updated
+
+    def _check_stops(self, updated: list[Request],
+                     grammar_ended: dict[Request, str | None]) -> list[RequestOutput]:
+        """Stop strings and grammar endings of each request's new token; return the outputs
+        of the requests that finished (and of those released since the last step)."""
         finished, self._released = self._released, []
         for req in updated:
-            if self.choice_scores.is_scorer(req):
-                if req.is_finished:
-                    finished.extend(self.choice_scores.finished(req))
-                continue
-            self._check_stops(req)
+            self._check_stop(req, grammar_ended)
             if req.is_finished:
                 finished.extend(self.choice_scores.hold(
                     req, self._output(req, self._detok.pop(req).finalize())))
-        if finished:
-            self.runner.release_finished()
         return finished
 
-    def _check_stops(self, req: Request) -> None:
-        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token.
+    def _check_stop(self, req: Request, grammar_ended: dict[Request, str | None]) -> None:
+        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token
+        (``grammar_ended``: the runner's report, :attr:`StepResult.grammar_ended`).
 
         An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
         else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
         """
         sched, detok = self.scheduler, self._detok[req]
         tok = req.output_token_ids[-1]
-        if (not req.is_finished and tok in sched.eos_token_ids
-                and self.grammars.is_complete(req)):
+        ended = req in grammar_ended
+        if (not req.is_finished and tok in sched.eos_token_ids and ended
+                and grammar_ended[req] is None):
             req.stop_reason = tok
             sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
         is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
@@ -218,15 +229,15 @@ class LLMEngine:
                 req.status = RequestStatus.FINISHED_STOPPED
             else:
                 sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        if req.is_finished or req.sampling_params.structured is None:
+        if req.is_finished or not ended:
             return
-        if self.grammars.is_complete(req):  # only EOS may follow: done without sampling it
+        if grammar_ended[req] is None:  # complete, only EOS may follow: done without it
             sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        elif (error := self.grammars.error(req)) is not None:
+        else:
             sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
-            req.stop_reason = f"structured output failed: {error}"
+            req.stop_reason = f"structured output failed: {grammar_ended[req]}"
 
-    def _count(self, out: SchedulerOutput, num_sampled: int) -> None:
+    def _count(self, out: SchedulerOutput, result: StepResult, num_sampled: int) -> None:
         sched, c = self.scheduler, self.counters
         c.num_steps += 1
         c.generation_tokens += num_sampled
@@ -237,7 +248,9 @@ class LLMEngine:
         c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
         c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
                               * self.kv_cache_manager.block_size)
-        c.mask_time_s, c.mask_steps = self.grammars.mask_time_s, self.grammars.num_mask_steps
+        if result.mask_time_s is not None:
+            c.mask_time_s += result.mask_time_s
+            c.mask_steps += 1
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
@@ -286,6 +299,8 @@ class LLMEngine:
                     yield from done
             if not self.has_unfinished_requests():
                 if exhausted:
+                    if self.scheduler.has_finished_requests():
+                        yield from self.step()  # the runner frees the last ones' state
                     return
                 continue
             yield from self.step()

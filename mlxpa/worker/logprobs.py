@@ -1,9 +1,15 @@
-"""Log-probabilities of generated and scored tokens, only for the rows that ask.
+"""Log-probabilities of sampled, scored and target tokens, only for the requests that ask.
 
 Values are the model's own ``log_softmax`` of the raw logits, before the grammar mask,
 ``min_tokens`` and the sampling filters (temperature, top-p/k, min-p): vLLM's default
 ``raw_logprobs`` mode. A log-softmax over Gemma 3's 262,144-token vocabulary is the costliest op
-of a CPU step, so rows that do not ask never pay for it.
+of a CPU step, so requests that do not ask never pay for it.
+
+Three uses share :func:`token_logprobs`: each sampled token of a request with ``logprobs``; each
+scored prompt token (:attr:`~mlxpa.request.Request.num_scored_tokens`: the logits at position
+``p - 1`` score the prompt token at ``p``, as vLLM's ``prompt_logprobs``), with its
+``scored_top_logprobs`` alternatives; and :func:`gather_logprobs` reads the
+``target_token_ids`` at a request's first sampled position.
 """
 
 from __future__ import annotations
@@ -19,30 +25,24 @@ def log_softmax(logits: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
-def wants_logprobs(req: Request) -> bool:
-    """Whether ``req`` returns per-token log-probabilities."""
-    return req.sampling_params.logprobs
-
-
-def token_logprobs(logits: mx.array, rows: list[int], tokens: mx.array,
-                   reqs: list[Request]) -> dict[int, TokenLogprob]:
-    """Log-probabilities of the sampled tokens of rows ``rows``.
+def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
+                   num_top: list[int]) -> list[TokenLogprob]:
+    """The log-probability of one token per row, with the row's most likely tokens.
 
     Args:
-        logits: ``[S, V]`` raw logits of the step's sampling rows.
-        rows: Indices of the rows that ask (``reqs[i]`` for row ``i``).
-        tokens: ``[S]`` sampled token ids.
-        reqs: The ``S`` requests (their ``top_logprobs``).
+        logits: ``[R, V]`` raw logits.
+        token_ids: ``[R]`` token ids (a list or an int array), one per row.
+        num_top: Per row, how many most likely ``(token_id, logprob)`` pairs to return.
 
     Returns:
-        Row index to :class:`TokenLogprob` (with the ``top_logprobs`` most likely tokens).
+        Per row, the :class:`TokenLogprob` of its token (``top``: most likely first).
     """
-    if not rows:
-        return {}
-    idx = mx.array(rows)
-    lp = log_softmax(logits[idx])
-    chosen = mx.take_along_axis(lp, tokens[idx][:, None].astype(mx.int32), axis=-1)[:, 0]
-    k = max(reqs[i].sampling_params.top_logprobs for i in rows)
+    if not num_top:
+        return []
+    lp = log_softmax(logits)
+    ids = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
+    chosen = mx.take_along_axis(lp, ids[:, None].astype(mx.int32), axis=-1)[:, 0]
+    k = max(num_top)
     top_ids = top_lp = None
     if k > 0:
         top_ids = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
@@ -51,15 +51,12 @@ def token_logprobs(logits: mx.array, rows: list[int], tokens: mx.array,
         top_ids = mx.take_along_axis(top_ids, order, axis=-1)
         top_lp = mx.take_along_axis(top_lp, order, axis=-1)
         mx.eval(chosen, top_ids, top_lp)
-    chosen_l, tok_l = chosen.tolist(), tokens[idx].tolist()
+    chosen_l, tok_l = chosen.tolist(), ids.tolist()
     ids_l = top_ids.tolist() if top_ids is not None else None
     lps_l = top_lp.tolist() if top_lp is not None else None
-    result = {}
-    for j, i in enumerate(rows):
-        n = reqs[i].sampling_params.top_logprobs
-        top = tuple(zip(ids_l[j][:n], lps_l[j][:n])) if n and ids_l is not None else ()
-        result[i] = TokenLogprob(int(tok_l[j]), float(chosen_l[j]), top)
-    return result
+    return [TokenLogprob(int(tok_l[r]), float(chosen_l[r]),
+                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else ())
+            for r, n in enumerate(num_top)]
 
 
 def gather_logprobs(logits: mx.array, token_ids: list[int]) -> list[float]:
@@ -68,20 +65,11 @@ def gather_logprobs(logits: mx.array, token_ids: list[int]) -> list[float]:
     return lp[mx.array(token_ids)].tolist()
 
 
-def target_logprobs(logits: mx.array, targets: list[int]) -> list[float]:
-    """``log_softmax(logits)[r, targets[r]]`` for every row ``r`` of ``[R, V]`` logits."""
-    if not targets:
-        return []
-    lp = log_softmax(logits)
-    picked = mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
-    return picked.tolist()
-
-
 def score_columns(req: Request, start: int, num_tokens: int) -> list[tuple[int, int, int]]:
-    """Columns of a scheduled chunk whose logits score a token of ``req``.
+    """Columns of a scheduled chunk whose logits score a prompt token of ``req``.
 
     Args:
-        req: A scoring request (``num_scored_tokens > 0``), else nothing is scored.
+        req: A request; only its ``num_scored_tokens`` last prompt tokens are scored.
         start: First position of the chunk (``num_computed_tokens``).
         num_tokens: Tokens in the chunk.
 

@@ -1,9 +1,11 @@
 """Model runner: KV pool sizing, step inputs, one forward pass per group of requests, sampling.
 
-The runner reads a :class:`SchedulerOutput` and returns sampled token ids; it never mutates
-requests, blocks or the scheduler. Per step it:
+The runner reads a :class:`SchedulerOutput` and returns a :class:`StepResult`; it never mutates
+requests, blocks or the scheduler. It owns the runner-side state of requests (block-table
+copies, grammar matchers, recurrent states) and frees exactly what the scheduler tells it
+(``finished`` and ``preempted``, vLLM's ``finished_req_ids``). Per step it:
 
-1. applies copy-on-write block copies;
+1. frees that state and applies copy-on-write block copies;
 2. splits the scheduled requests into a decode group (one token each) and prefill groups of
    similar chunk length (requests of one group are right-padded to the group's longest chunk;
    padding a decode to a prefill chunk would cost the chunk's FLOPs);
@@ -12,13 +14,14 @@ requests, blocks or the scheduler. Per step it:
 4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
    of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
-5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``.
+5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``, and
+   reads the log-probabilities of the scored tokens (:mod:`mlxpa.worker.logprobs`).
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import NamedTuple
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -27,14 +30,15 @@ from mlxpa.blas import host_memory_bytes
 from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
+from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
 from mlxpa.worker.load_check import check_paged_path
-from mlxpa.worker.logprobs import score_columns, target_logprobs
+from mlxpa.worker.logprobs import score_columns, token_logprobs
 from mlxpa.worker.model_probe import probe_model
+from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
 from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
-from mlxpa.worker.sample_step import sample_step
+from mlxpa.worker.sample_step import Sampled, sample_step
 from mlxpa.worker.state_store import RecurrentStateStore
-from mlxpa.worker.structured import Grammars
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
@@ -100,21 +104,7 @@ def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> li
     return groups
 
 
-class StepResult(NamedTuple):
-    """What one step produced.
-
-    Attributes:
-        sampled: One token id per request whose chunk reached its last token, in order.
-        logprobs: Per request that asks, the sampled token's :class:`TokenLogprob`.
-        scores: ``(scoring request, position, log-probability)`` of each scored token.
-        first_scores: Per choice row sampling its first token, the log-probability of each
-            choice's first token.
-    """
-
-    sampled: list[int]
-    logprobs: dict[Request, TokenLogprob]
-    scores: list[tuple[Request, int, float]]
-    first_scores: dict[Request, list[float]]
+_NOTHING_SAMPLED = Sampled([], {}, {}, {}, None)
 
 
 class ModelRunner:
@@ -130,7 +120,8 @@ class ModelRunner:
             layers of any mode ``nn.quantize`` supports).
         config: Engine configuration (block size, pool budget, seed).
         eos_token_ids: The model's EOS ids (masked for requests below ``min_tokens``).
-        grammars: Matchers of constrained rows (None: rows cannot be constrained).
+        hf_tokenizer: The model's Hugging Face tokenizer, for the grammar matchers of
+            constrained requests (None: requests cannot be constrained).
 
     Attributes:
         num_blocks: Blocks per pool, null block included:
@@ -138,7 +129,8 @@ class ModelRunner:
         budget_blocks: Blocks the memory budget allows (:func:`kv_budget_blocks`).
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
-            model or used as a logits index is below it.
+            model or used as a logits index is below it; the grammar bitmask's width.
+        grammars: The matchers of constrained requests (:class:`Grammars`), or None.
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
         states: The per-request recurrent-state store of a hybrid or state-space model
@@ -150,10 +142,8 @@ class ModelRunner:
     """
 
     def __init__(self, model, config: EngineConfig,
-                 eos_token_ids: frozenset[int] = frozenset(),
-                 grammars: Grammars | None = None) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(), hf_tokenizer=None) -> None:
         self.model = model
-        self.grammars = grammars
         self.eos_token_ids = sorted(eos_token_ids)
         self.config = config
         self.block_size = config.block_size
@@ -172,8 +162,16 @@ class ModelRunner:
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         self.vocab_size = vocab_size(model, self.geometry.logits_width)
+        self.grammars = (Grammars(hf_tokenizer, self.vocab_size, self.eos_token_ids)
+                         if hf_tokenizer is not None else None)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
+
+    def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
+        """Make the first constrained step ready now: wait for the grammar tokenizer's build
+        (:meth:`Grammars.prepare`; ``on_wait`` is called with the vocabulary size before
+        waiting). Returns whether it had to wait."""
+        return self.grammars is not None and self.grammars.prepare(on_wait)
 
     def _block_table(self, req: Request) -> np.ndarray:
         """Runner-side numpy copy of ``req.block_table``, synced incrementally: full blocks
@@ -215,16 +213,18 @@ class ModelRunner:
             self.config.seed, ident, req.sample_index)
         return zlib.crc32(repr(key).encode())
 
-    def release_finished(self, preempted: list[Request] = ()) -> None:
-        """Forget the block-table copies, grammar matchers and recurrent states of finished
-        requests, and the states of ``preempted`` ones (recomputed from position 0 when they
-        run again)."""
-        for req in [r for r in self._tables if r.is_finished]:
-            del self._tables[req]
-            if self.grammars is not None:
+    def _free(self, finished: list[Request], preempted: list[Request]) -> None:
+        """Forget the block-table copies of ``finished`` and ``preempted`` requests, the
+        grammar matchers of finished ones (a preempted request keeps its matcher: its output
+        tokens stay) and the recurrent states of both (a preempted request recomputes from
+        position 0)."""
+        for req in (*finished, *preempted):
+            self._tables.pop(req, None)
+        if self.grammars is not None:
+            for req in finished:
                 self.grammars.release(req)
         if self.states is not None:
-            self.states.drop([r for r in self.states.keys() if r.is_finished] + list(preempted))
+            self.states.drop([*finished, *preempted])
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one scheduled step.
@@ -232,22 +232,53 @@ class ModelRunner:
         Returns:
             The sampled tokens (one per request whose chunk reaches its last token,
             ``out.sampling``, in ``out.requests`` order), their log-probabilities where asked,
-            and the scored tokens of scoring requests.
+            the scored and target tokens' log-probabilities, and the grammar endings;
+            :data:`EMPTY_STEP_RESULT` when no token is scheduled.
         """
-        self.release_finished(out.preempted)
+        self._free(out.finished, out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
-        sampling = out.sampling
+        if not out.total_num_scheduled_tokens:
+            return EMPTY_STEP_RESULT
+        order, logits, scored, score_logits = self._forward(out)
+        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                 *(self.states.arrays() if self.states is not None else [])]
+        reqs = [out.requests[i] for i in order]
+        if reqs:
+            res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
+                              self.eos_token_ids, self.grammars, pools)
+        else:
+            mx.eval(*pools)
+            res = _NOTHING_SAMPLED
+        by_row = dict(zip(order, res.tokens))
+        return StepResult(
+            sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
+            logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
+            scored=_scored(scored, score_logits),
+            targets={reqs[j]: v for j, v in res.targets.items()},
+            grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
+
+    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array],
+                                                      list[tuple[Request, int, int]],
+                                                      list[mx.array]]:
+        """Run the step's groups (lazily).
+
+        Returns:
+            ``(order, logits, scored, score_logits)``: the indices in ``out.requests`` of
+            the requests that sample, their ``[S_k, V]`` logits per group, the ``(request,
+            position, token id)`` of each scored prompt token and its ``[N_k, V]`` logits
+            per group.
+        """
         order, logits, scored, score_logits = [], [], [], []
+        pad = _MAX_PAD_TOKENS if self.states is None else 0
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
-            pad = _MAX_PAD_TOKENS if self.states is None else 0
             for group in group_by_length(out.num_scheduled_tokens, pad):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
-                tokens, meta = self._metadata(reqs, counts)
-                rows = [k for k, i in enumerate(group) if sampling[i]]
-                extra = [(k, *c) for k, r in enumerate(reqs)
-                         for c in score_columns(r, r.num_computed_tokens, counts[k])]
                 starts = [r.num_computed_tokens for r in reqs]
+                tokens, meta = self._metadata(reqs, counts)
+                rows = [k for k, i in enumerate(group) if out.sampling[i]]
+                extra = [(k, *c) for k, r in enumerate(reqs)
+                         for c in score_columns(r, starts[k], counts[k])]
                 states = (self.states.caches(reqs, starts, counts)
                           if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
@@ -261,22 +292,19 @@ class ModelRunner:
                     logits.append(result[:len(rows)] if extra else result)
                 if extra:
                     score_logits.append(result[len(rows):])
-                    scored.extend((reqs[k], p) for k, _, _, p in extra)
+                    scored.extend((reqs[k], p, t) for k, _, t, p in extra)
                 del result  # sample_step alone holds the logits (the mask may reuse them)
-        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                 *(self.states.arrays() if self.states is not None else [])]
-        scores = []
-        if scored:
-            values = target_logprobs(mx.concatenate(score_logits),
-                                     [r.prompt_token_ids[p] for r, p in scored])
-            scores = [(r, p, v) for (r, p), v in zip(scored, values)]
-        if not order:
-            mx.eval(*pools)
-            return StepResult([], {}, scores, {})
-        reqs = [out.requests[i] for i in order]
-        res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
-                          self.eos_token_ids, self.grammars, pools)
-        by_row = dict(zip(order, res.tokens))
-        return StepResult([by_row[i] for i in range(len(out.requests)) if sampling[i]],
-                          {reqs[j]: lp for j, lp in res.logprobs.items()}, scores,
-                          {reqs[j]: v for j, v in res.first_scores.items()})
+        return order, logits, scored, score_logits
+
+
+def _scored(scored: list[tuple[Request, int, int]],
+            score_logits: list[mx.array]) -> dict[Request, dict[int, TokenLogprob]]:
+    """Per request, position to the :class:`TokenLogprob` of its scored prompt token."""
+    if not scored:
+        return {}
+    values = token_logprobs(mx.concatenate(score_logits), [t for _, _, t in scored],
+                            [r.scored_top_logprobs for r, _, _ in scored])
+    by_request: dict[Request, dict[int, TokenLogprob]] = {}
+    for (req, position, _), value in zip(scored, values):
+        by_request.setdefault(req, {})[position] = value
+    return by_request

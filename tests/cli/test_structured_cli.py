@@ -142,7 +142,7 @@ def test_grammar_tokenizer_builds_while_the_weights_load(tmp_path, tiny, monkeyp
     from typer.testing import CliRunner
 
     from mlxpa.cli import app
-    from mlxpa.worker import structured
+    from mlxpa.structured import matchers as structured
 
     folder, _, _ = tiny
     events = []

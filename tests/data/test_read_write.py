@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlxpa.config import SamplingParams
 from mlxpa.data import SAMPLING_FIELDS, InputError, ResultWriter, Row, read_rows
 
 
@@ -170,7 +171,8 @@ def test_top_k_minus_one_and_message_nulls(tmp_path):
         {"messages": [{"role": "user", "content": "a", "name": None}], "top_k": -1})])
     (row,) = read_rows(src)
     assert (row.messages, row.params, row.error) == ([{"role": "user", "content": "a"}],
-                                                     {"top_k": 0}, None)
+                                                     {"top_k": -1}, None)
+    assert SamplingParams(**row.params).top_k == 0  # -1 is off: SamplingParams' one rule
 
 
 def test_openai_batch_lines(tmp_path):

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured_spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
 MERGED = [" r", " re", " red", " g", " gr", " gre", " gree", " green"]

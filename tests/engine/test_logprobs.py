@@ -10,7 +10,7 @@ import pytest
 
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured_spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured_spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput
 
 pytestmark = pytest.mark.real_model
 

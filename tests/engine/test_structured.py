@@ -12,7 +12,7 @@ import pytest
 
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured_spec import StructuredOutput, check
+from mlxpa.structured.spec import StructuredOutput, check
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 SCHEMA = {"type": "object", "properties": {
@@ -140,7 +140,7 @@ def test_n_forks_prefix_hits_stop_strings_min_and_max_tokens(model):
     assert len(mn.token_ids) >= 12 and re.fullmatch("[a-c]+", mn.text)
     (mx_,) = outs["max"]
     assert mx_.finish_reason == "length" and len(mx_.token_ids) == 4
-    assert eng.grammars.num_mask_steps > 0 and eng.grammars.mask_time_s > 0
+    assert eng.counters.mask_steps > 0 and eng.counters.mask_time_s > 0
 
 
 def test_grammar_outranks_min_tokens_when_it_must_end(model):

@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from mlxpa.worker import structured
-from mlxpa.worker.structured import ll_tokenizer, start_ll_tokenizer
+from mlxpa.structured import matchers
+from mlxpa.structured.matchers import start_ll_tokenizer
 from tests.tiny_models import byte_tokenizer
 
 VOCAB = 259
@@ -33,7 +33,7 @@ def byte_level_bpe() -> PreTrainedTokenizerFast:
 def test_background_build_matches_llguidance_and_is_cached():
     hf = byte_level_bpe()
     future = start_ll_tokenizer(hf, VOCAB, [258])
-    ours = ll_tokenizer(hf, VOCAB, [258])
+    ours = start_ll_tokenizer(hf, VOCAB, [258]).result()
     assert future.done() and ours is future.result()
     assert start_ll_tokenizer(hf, VOCAB, [258]) is future  # once per tokenizer
     ref = llguidance.hf.from_tokenizer(hf, n_vocab=VOCAB, eos_token=[258])
@@ -56,8 +56,8 @@ def test_build_runs_in_a_thread_and_its_error_reaches_the_waiter(monkeypatch):
         threads.append(threading.current_thread())
         raise ValueError("no vocabulary")
 
-    monkeypatch.setattr(structured, "_build_ll_tokenizer", fail)
+    monkeypatch.setattr(matchers, "_build_ll_tokenizer", fail)
     hf = byte_tokenizer()._tokenizer  # a new tokenizer object: not cached
     with pytest.raises(ValueError, match="no vocabulary"):
-        ll_tokenizer(hf, VOCAB, [1])
+        start_ll_tokenizer(hf, VOCAB, [1]).result()
     assert threads and threads[0] is not threading.main_thread()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from llguidance.numpy import apply_token_bitmask_inplace
 
-from mlxpa.worker.sample_step import apply_bitmask, ban_in_bitmask
+from mlxpa.structured.mask import apply_bitmask, ban_in_bitmask
 
 
 def reference(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:

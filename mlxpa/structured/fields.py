@@ -13,20 +13,29 @@ Constraint fields (at most one per row; it overrides the run's ``--choice`` / ``
 Log-probabilities: ``logprobs`` (true/false; an integer, as in OpenAI's completions API, also
 sets ``top_logprobs``) and ``top_logprobs`` (0 to 20).
 
-Each constraint is compiled here (:func:`mlxpa.structured_spec.check`, cached by canonical
+Each constraint is compiled here (:func:`mlxpa.structured.spec.check`, cached by canonical
 text), so an invalid schema, regex or grammar is a validation error naming the field before
-any model work.
+any model work. No mlx here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxpa.data.params import GUIDED_FIELDS as GUIDED
-from mlxpa.data.params import STRUCTURED_FIELDS, bad, show
-from mlxpa.structured_spec import JSON_OBJECT, StructuredOutput, check
+from mlxpa.config import bad, sampling_field_problem, show
+from mlxpa.structured.spec import JSON_OBJECT, StructuredOutput, check
 
-__all__ = ["STRUCTURED_FIELDS", "cli_constraint", "parse_structured"]
+# vLLM's older per-kind constraint fields and the kind each gives.
+GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
+          "guided_grammar": "grammar"}
+# Constraint and log-probability fields (parsed by :func:`parse_structured`).
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", *GUIDED, "logprobs",
+                     "top_logprobs")
+# Those whose CSV text is JSON.
+JSON_TEXT_FIELDS = ("response_format", "structured_outputs", "guided_choice", "guided_json",
+                    "logprobs", "top_logprobs")
+
+__all__ = ["JSON_TEXT_FIELDS", "STRUCTURED_FIELDS", "cli_constraint", "parse_structured"]
 
 
 def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
@@ -91,12 +100,13 @@ def _logprobs(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
     elif lp is not None:
         problems.append(bad(prefix + "logprobs", "true, false or an integer from 0 to 20", lp))
     if top is not None:
-        if isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= 20:
+        wanted = sampling_field_problem("top_logprobs", top)
+        if wanted is None:
             out["top_logprobs"] = top
             if top:
                 out.setdefault("logprobs", True)
         else:
-            problems.append(bad(prefix + "top_logprobs", "an integer from 0 to 20", top))
+            problems.append(bad(prefix + "top_logprobs", wanted, top))
     return out
 
 

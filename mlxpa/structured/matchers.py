@@ -1,18 +1,20 @@
 """Constrained decoding with llguidance: one matcher per running request, one bitmask per step.
 
 Backend: llguidance (guidance-ai/llguidance; used by vLLM, SGLang, TensorRT-LLM, llama.cpp).
-Per step the model runner
+The model runner owns the :class:`Grammars` (the mask must overlap its forward pass). Per
+step it
 
 1. starts the forward pass (``mx.async_eval``) and meanwhile calls :meth:`Grammars.fill`,
-   which brings every constrained row's matcher up to the request's output tokens and fills
-   the token bitmask of all of them in one ``fill_next_token_bitmask_par`` call (it releases
+   which brings every constrained request's matcher up to its output tokens and fills the
+   token bitmask of all of them in one ``fill_next_token_bitmask_par`` call (it releases
    the GIL, so it overlaps MLX's work, as vLLM and SGLang overlap it with the GPU);
-2. the bitmask is applied to all of the step's rows in one fused MLX pass
-   (:func:`mlxpa.worker.sample_step.apply_bitmask`; unconstrained rows get all bits set);
-   llguidance sets the EOS bit only where the grammar accepts, so EOS ends a row only when
-   its output is complete;
-3. samples, then :meth:`Grammars.advance` consumes each sampled token; a matcher that is then
-   stopped (nothing but EOS may follow) ends its row at once (:meth:`Grammars.is_complete`).
+2. the bitmask is applied to all of the step's requests in one fused MLX pass
+   (:func:`mlxpa.structured.mask.apply_bitmask`; unconstrained requests get all bits set);
+   llguidance sets the EOS bit only where the grammar accepts, so EOS ends a request only
+   when its output is complete;
+3. samples, then :meth:`Grammars.advance` consumes each sampled token and reports the
+   grammars that ended: complete (nothing but EOS may follow: the engine ends the request
+   at once) or failed.
 
 Matchers are keyed by the :class:`Request` object and synced to ``output_token_ids`` (consume
 what is missing, roll back what is extra), so preemption by recompute (output tokens kept),
@@ -31,13 +33,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from mlxpa.request import Request
-from mlxpa.structured_spec import StructuredOutput, grammar_text
+from mlxpa.structured.spec import StructuredOutput, grammar_text
 
 
 @dataclass(slots=True)
@@ -52,10 +56,10 @@ _LL_TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], tuple[object, Future]] = 
 def start_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) -> Future:
     """Start building the ``llguidance.LLTokenizer`` of a Hugging Face tokenizer in a daemon
     thread, once per tokenizer object, vocabulary size and EOS ids (kept for later engines);
-    :func:`ll_tokenizer` waits for it. The build takes seconds for Gemma's 262k vocabulary
-    (3 to 18 s on 2 shared x86 cores), so ``mlxpa run`` starts it as soon as the tokenizer
-    has loaded and it overlaps the weights' load and the engine's set-up (llguidance holds
-    the GIL while it builds; MLX's work releases it).
+    :meth:`Grammars.prepare` waits for it. The build takes seconds for Gemma's 262k
+    vocabulary, so ``mlxpa run`` starts it as soon as the tokenizer has loaded
+    (:func:`start_grammar_tokenizer`) and it overlaps the weights' load and the engine's
+    set-up (llguidance holds the GIL while it builds; MLX's work releases it).
 
     ``llguidance.hf.from_tokenizer`` is used when llguidance knows the tokenizer's decoder
     (without its copy of the tokenizer when the tokenizer pads and truncates nothing);
@@ -64,7 +68,7 @@ def start_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) 
 
     Args:
         hf_tokenizer: A ``transformers.PreTrainedTokenizerFast``.
-        vocab_size: Width of the model's logits (bitmask width).
+        vocab_size: Token ids the model takes and scores (the bitmask's width).
         eos_token_ids: Ids the grammar allows once it accepts.
 
     Returns:
@@ -88,10 +92,24 @@ def start_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) 
     return future
 
 
-def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
-    """The ``llguidance.LLTokenizer`` of :func:`start_ll_tokenizer` (started now if it was
-    not), waiting for its build."""
-    return start_ll_tokenizer(hf_tokenizer, vocab_size, eos_token_ids).result()
+def start_grammar_tokenizer(tokenizer, config: dict) -> None:
+    """Start llguidance's tokenizer build for a model whose tokenizer has just loaded (the
+    ``on_tokenizer`` hook of :func:`mlxpa.loader.models.load_model`), so it overlaps the
+    weights' load.
+
+    The build is keyed by the vocabulary size of the model's ``config.json`` (``config``),
+    which for mlx-lm's models is the width of the logits the runner's :class:`Grammars` asks
+    for after the load; a model whose logits differ only pays for a second build.
+
+    Args:
+        tokenizer: The model's mlx-lm ``TokenizerWrapper``.
+        config: The model's ``config.json`` contents.
+    """
+    from mlxpa.loader.models import vocab_size_of
+
+    vocab = vocab_size_of(config)
+    if vocab is not None:
+        start_ll_tokenizer(tokenizer._tokenizer, vocab, sorted(tokenizer.eos_token_ids))
 
 
 def _build_ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: list[int]):
@@ -154,22 +172,33 @@ def choice_grammar(choices: tuple[str, ...], hf_tokenizer) -> str:
     return grammar_from("lark", "start: " + " | ".join(alternatives))
 
 
+class Bitmask(NamedTuple):
+    """One step's token bitmask (llguidance's layout).
+
+    Attributes:
+        rows: Indices of the constrained requests among the step's sampling requests.
+        words: ``[S, ceil(V / 32)]`` int32: bit ``t % 32`` of word ``t // 32`` set = token
+            ``t`` allowed (every bit of an unconstrained request; the bits past ``V`` clear).
+        fill_s: Seconds spent syncing the matchers and filling it (grammar compiles
+            included, the one-time tokenizer build not).
+    """
+
+    rows: list[int]
+    words: np.ndarray
+    fill_s: float
+
+
 class Grammars:
     """Matchers of the constrained requests (runner-side state, like the block tables).
 
     Args:
         hf_tokenizer: The model's Hugging Face tokenizer.
-        vocab_size: Width of the model's logits (None: taken from the first step's logits).
+        vocab_size: Token ids the model takes and scores (the runner's ``vocab_size``): the
+            grammar tokenizer's vocabulary and the bitmask's width.
         eos_token_ids: The model's EOS ids.
-
-    Attributes:
-        mask_time_s: Seconds spent syncing matchers and filling bitmasks (all steps; the
-            one-time tokenizer build is not included, grammar compiles are).
-        num_mask_steps: Steps that filled at least one bitmask.
     """
 
-    def __init__(self, hf_tokenizer, vocab_size: int | None,
-                 eos_token_ids: list[int]) -> None:
+    def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._hf = hf_tokenizer
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)
@@ -177,25 +206,29 @@ class Grammars:
         self._executor = None
         self._compiled: dict[StructuredOutput, str] = {}
         self._states: dict[Request, _State] = {}
-        self.mask_time_s = 0.0
-        self.num_mask_steps = 0
 
-    def tokenizer_ready(self) -> bool:
-        """Whether :meth:`prepare` would return without waiting for the tokenizer build
-        (which this starts in the background if nothing started it)."""
-        if self._ll is not None or self.vocab_size is None:
-            return True
-        return start_ll_tokenizer(self._hf, self.vocab_size, self._eos).done()
+    def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
+        """Build the llguidance tokenizer (or wait for the build :func:`start_ll_tokenizer`
+        started) and the executor now, once (not counted in :attr:`Bitmask.fill_s`).
 
-    def prepare(self) -> None:
-        """Build the llguidance tokenizer (or wait for the build that
-        :func:`start_ll_tokenizer` started) and the executor now (once; not counted as mask
-        time)."""
+        Args:
+            on_wait: Called with the vocabulary size before waiting, when the build is not
+                done yet.
+
+        Returns:
+            Whether it had to wait for the build.
+        """
         import llguidance
 
-        if self._ll is None and self.vocab_size is not None:
-            self._ll = ll_tokenizer(self._hf, self.vocab_size, self._eos)
-            self._executor = llguidance.LLExecutor()
+        if self._ll is not None:
+            return False
+        future = start_ll_tokenizer(self._hf, self.vocab_size, self._eos)
+        waited = not future.done()
+        if waited and on_wait is not None:
+            on_wait(self.vocab_size)
+        self._ll = future.result()
+        self._executor = llguidance.LLExecutor()
+        return waited
 
     def _matcher(self, so: StructuredOutput):
         import llguidance
@@ -238,23 +271,14 @@ class Grammars:
             st.consumed = len(out)
         return st
 
-    def fill(self, reqs: list[Request], vocab_size: int) -> tuple[list[int], np.ndarray] | None:
-        """Bitmask of the step's rows (``reqs``, the rows about to sample) for logits
-        ``vocab_size`` wide: each constrained row's from its matcher, all tokens for the others.
-
-        Returns:
-            ``(rows, bitmask)``: the indices of the constrained rows in ``reqs`` and a
-            ``[len(reqs), ceil(V / 32)]`` int32 bitmask (bit ``t % 32`` of word ``t // 32`` set
-            = token ``t`` allowed; the bits past ``V`` are clear), or None when no row is
-            constrained.
-        """
+    def fill(self, reqs: list[Request]) -> Bitmask | None:
+        """The bitmask of the step's sampling requests ``reqs``: each constrained request's
+        from its matcher, every token for the others; None when none is constrained."""
         rows = [i for i, r in enumerate(reqs) if r.sampling_params.structured is not None]
         if not rows:
             return None
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
-        if self.vocab_size is None:
-            self.vocab_size = vocab_size
         self.prepare()
         t0 = time.perf_counter()
         states = [self._state(reqs[i]) for i in rows]
@@ -263,29 +287,29 @@ class Grammars:
                                                      zip(rows, states)], bitmask)
         if self.vocab_size % 32:
             bitmask[:, -1] &= (1 << self.vocab_size % 32) - 1
-        self.mask_time_s += time.perf_counter() - t0
-        self.num_mask_steps += 1
-        return rows, bitmask
+        return Bitmask(rows, bitmask, time.perf_counter() - t0)
 
-    def advance(self, reqs: list[Request], tokens: list[int]) -> None:
-        """Consume each constrained request's sampled token (``tokens[i]`` for ``reqs[i]``)."""
+    def advance(self, reqs: list[Request], tokens: list[int]) -> dict[Request, str | None]:
+        """Consume each constrained request's sampled token (``tokens[i]`` for ``reqs[i]``).
+
+        Returns:
+            The requests whose grammar ended with that token: None when it is complete
+            (satisfied, admitting nothing but EOS), else the matcher's error (a token outside
+            the grammar). Requests whose grammar goes on are absent.
+        """
+        ended: dict[Request, str | None] = {}
         for req, tok in zip(reqs, tokens):
             st = self._states.get(req)
-            if st is not None and st.consumed == req.num_output_tokens:
+            if st is None:
+                continue
+            if st.consumed == req.num_output_tokens:
                 st.matcher.consume_token(tok)
                 st.consumed += 1
-
-    def is_complete(self, req: Request) -> bool:
-        """True when ``req``'s grammar is satisfied and admits nothing more (only EOS)."""
-        st = self._states.get(req)
-        return st is not None and st.matcher.is_stopped() and not st.matcher.is_error()
-
-    def error(self, req: Request) -> str | None:
-        """The matcher's error (a token outside the grammar was consumed), else None."""
-        st = self._states.get(req)
-        if st is None or not st.matcher.is_error():
-            return None
-        return st.matcher.get_error() or "the output left the grammar"
+            if st.matcher.is_error():
+                ended[req] = st.matcher.get_error() or "the output left the grammar"
+            elif st.matcher.is_stopped():
+                ended[req] = None
+        return ended
 
     def release(self, req: Request) -> None:
         """Drop ``req``'s matcher (finished)."""

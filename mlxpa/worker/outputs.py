@@ -1,0 +1,39 @@
+"""What the model runner returns for one step (vLLM v1's ``ModelRunnerOutput``), and the empty
+result of a step that computes nothing (vLLM's ``EMPTY_MODEL_RUNNER_OUTPUT``)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mlxpa.request import Request, TokenLogprob
+
+
+class StepResult(NamedTuple):
+    """What one step produced; read by the engine, never mutated.
+
+    Attributes:
+        sampled: One token id per request whose chunk reached its last token
+            (``SchedulerOutput.sampling``), in ``SchedulerOutput.requests`` order.
+        logprobs: Per request that asks (``logprobs``), its sampled token's
+            :class:`TokenLogprob`.
+        scored: Per request with scored tokens in this step's chunk
+            (``num_scored_tokens``), position to the :class:`TokenLogprob` of the prompt
+            token there, given the tokens before it (``scored_top_logprobs`` alternatives).
+        targets: Per request sampling its first token with ``target_token_ids``, the
+            log-probability of each target id there.
+        grammar_ended: The constrained requests whose grammar ended with their sampled
+            token: None when it is complete (only EOS may follow), else the matcher's error.
+        mask_time_s: Seconds spent filling the grammar bitmask; None when no request of the
+            step was constrained.
+    """
+
+    sampled: list[int]
+    logprobs: dict[Request, TokenLogprob]
+    scored: dict[Request, dict[int, TokenLogprob]]
+    targets: dict[Request, list[float]]
+    grammar_ended: dict[Request, str | None]
+    mask_time_s: float | None
+
+
+# The result of a step that schedules no token (it only frees finished requests' state).
+EMPTY_STEP_RESULT = StepResult([], {}, {}, {}, {}, None)

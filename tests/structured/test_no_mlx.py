@@ -1,0 +1,33 @@
+"""The constraint type and the row fields of ``mlxpa.structured`` are pure Python: importing
+them (and the package, which ``mlxpa.config`` imports through the spec) in a fresh interpreter
+loads no mlx; the matchers and the mask, which the runner uses, are the package's only mlx."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+NO_MLX = ["mlxpa.structured", "mlxpa.structured.spec", "mlxpa.structured.fields",
+          "mlxpa.config"]
+
+
+def loaded_mlx(modules: list[str]) -> str:
+    code = (
+        f"import {', '.join(modules)}\n"
+        "import sys\n"
+        "loaded = sorted(m for m in sys.modules\n"
+        "                if m in ('mlx', 'mlx_lm') or m.startswith(('mlx.', 'mlx_lm.')))\n"
+        "print(','.join(loaded))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_spec_and_fields_import_no_mlx():
+    assert loaded_mlx(NO_MLX) == ""
+
+
+def test_the_check_would_see_mlx():
+    """The probe is not vacuous: the mask module does load mlx."""
+    assert "mlx.core" in loaded_mlx(["mlxpa.structured.mask"]).split(",")
