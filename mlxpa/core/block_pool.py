@@ -60,9 +60,6 @@ class BlockPool:
         """Fraction of usable blocks in use, in [0, 1]."""
         return 1.0 - len(self._free) / self.num_usable_blocks
 
-    def can_allocate(self, n: int) -> bool:
-        return n <= len(self._free)
-
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, each with ``ref_cnt`` 1.
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mlxpa.core.block_pool import cdiv
+
 
 def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
                      cap: int, max_model_len: int | None = None) -> int:
@@ -33,7 +35,7 @@ def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
         length = prompt + max_tokens
         if max_model_len is not None:
             length = min(length, max_model_len)
-        total += n * -(-length // block_size)
+        total += n * cdiv(length, block_size)
         if total >= cap:
             return cap
     return max(2, total)

@@ -154,11 +154,6 @@ class ResultWriter:
         """Records released from the reorder buffer to the output (JSONL: written, flushed)."""
         return self._num_written
 
-    @property
-    def num_pending(self) -> int:
-        """Rows waiting in the reorder buffer for an earlier row."""
-        return len(self._pending)
-
     def __enter__(self) -> ResultWriter:
         return self
 

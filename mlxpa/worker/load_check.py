@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxpa.core.block_pool import cdiv
 from mlxpa.loader.errors import UnsupportedModelError
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.model_probe import ModelGeometry, reference_logits
@@ -72,7 +73,7 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
            block_size: int, kernel: str, fused: bool) -> list[mx.array]:
     """The same two steps through the paged path, both prompts batched."""
     lens = [len(p) for p in PROMPTS]
-    per_row = -(-(max(lens) + 1) // block_size)
+    per_row = cdiv(max(lens) + 1, block_size)
     pool = PagedKVCache([c.shape for c in geometry.caches], 1 + per_row * len(PROMPTS),
                         block_size, geometry.dtype)
     tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
@@ -85,7 +86,7 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
             counts = [1 if done[i] else lens[i] for i in rows]
             starts = [done[i] for i in rows]
             tok, meta = build_metadata(toks, counts, np.array(starts, np.int32),
-                                       [tables[i][:-(-(done[i] + n) // block_size)]
+                                       [tables[i][:cdiv(done[i] + n, block_size)]
                                         for i, n in zip(rows, counts)], block_size,
                                        geometry.windows, kernel)
             states = store.caches(rows, starts, counts) if store is not None else None

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.device import on_cpu
 from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.kv_cache import PagedKVCache
@@ -125,7 +126,7 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
     bs, b, width = block_size, len(counts), tokens.shape[1]
     slots = np.zeros((b, width), np.int64)
     ctx = starts + np.array(counts, np.int32)
-    nblocks = -(-ctx // bs)
+    nblocks = cdiv(ctx, bs)
     tables = np.zeros((b, int(nblocks.max())), np.int32)
     for row, (bt, n) in enumerate(zip(block_tables, counts)):
         pos = np.arange(int(starts[row]), int(starts[row]) + n)

@@ -32,7 +32,7 @@ def test_pool_smallest_has_one_usable_block():
     pool = BlockPool(2, 1)
     assert pool.num_usable_blocks == 1
     assert pool.allocate(1) == [1]
-    assert not pool.can_allocate(1)
+    assert pool.num_free_blocks == 0
     pool.check_invariants([[1]])
 
 
@@ -43,7 +43,6 @@ def test_initial_state():
     assert pool.num_usable_blocks == USABLE
     assert pool.usage == 0.0
     assert ref_cnts(pool) == [0] * NB
-    assert pool.can_allocate(USABLE) and not pool.can_allocate(USABLE + 1)
     pool.check_invariants([])
 
 
@@ -74,7 +73,6 @@ def test_allocate_every_block_never_hands_out_null():
     assert ids == list(range(1, NB))
     assert NULL_BLOCK not in ids
     assert pool.num_free_blocks == 0 and pool.usage == 1.0
-    assert not pool.can_allocate(1)
     assert pool.ref_cnt(NULL_BLOCK) == 0
     pool.check_invariants([ids])
 

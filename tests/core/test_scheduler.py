@@ -3,8 +3,8 @@ recompute, finishing, clamping; driven by hand with fake sampled token ids.
 
 Setup: a pool of ``num_blocks=11`` blocks of 4 tokens (40 usable token slots),
 exact scheduled requests and token counts per step, ``check_invariants()`` after every step.
-``EngineConfig`` only allows block sizes 8..128, but the scheduler reads the block size from
-the :class:`KVCacheManager`, so the config keeps its default block size.
+The scheduler reads the block size from the :class:`KVCacheManager`, so the config keeps its
+default block size.
 """
 
 from __future__ import annotations
