@@ -465,6 +465,33 @@ def test_finish_request_aborts_waiting_running_and_preempted():
     sched.kv_cache_manager.pool.check_invariants([])
 
 
+def test_step_fields_are_values_and_finished_requests_reach_the_next_step():
+    """``sampling`` and ``total_num_scheduled_tokens`` are fixed by ``schedule()`` (they read
+    the same after ``update_from_output`` advanced the requests), and every request finished
+    since a step, by the scheduler or from outside, is in the next step's ``finished``, once."""
+    sched = make_scheduler()
+    a, b = make_request("a", 6, max_tokens=2), make_request("b", 5, max_tokens=1)
+    c = make_request("c", 3)
+    add(sched, a, b)
+    out = sched.schedule()
+    assert (out.requests, out.sampling, out.total_num_scheduled_tokens) == ([a, b], [True] * 2,
+                                                                            6 + 5)
+    assert out.finished == [] and not sched.has_finished_requests()
+    sched.update_from_output(out, [TOK, TOK])  # b reaches max_tokens
+    assert out.sampling == [True, True] and out.total_num_scheduled_tokens == 11
+    assert b.is_finished and sched.has_finished_requests()
+    out = sched.schedule()
+    assert (out.requests, out.num_scheduled_tokens, out.finished) == ([a], [1], [b])
+    assert not sched.has_finished_requests()
+    sched.update_from_output(out, [TOK])  # a reaches max_tokens
+    add(sched, c)
+    sched.finish_request(c, RequestStatus.FINISHED_ABORTED)  # from outside, while waiting
+    sched.finish_request(c, RequestStatus.FINISHED_STOPPED)  # already finished: not again
+    out = sched.schedule()
+    assert (out.requests, out.total_num_scheduled_tokens, out.finished) == ([], 0, [a, c])
+    assert sched.schedule().finished == []
+
+
 # ----------------------------------------------------------------------------- add_request
 
 

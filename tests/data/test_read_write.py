@@ -130,6 +130,8 @@ def test_missing_file_and_unknown_format(tmp_path):
     ({"prompt": "a", "max_tokens": True}, 'field "max_tokens" must be an integer >= 0, got true'),
     ({"prompt": "a", "temperature": -0.1},
      'field "temperature" must be a finite number >= 0, got -0.1'),
+    ({"prompt": "a", "temperature": 10**400},  # beyond float's range (no OverflowError)
+     'field "temperature" must be a finite number >= 0, got 1' + "0" * 56 + "..."),
     ({"prompt": "a", "top_p": 0}, 'field "top_p" must be a number in (0, 1], got 0'),
     ({"prompt": "a", "top_p": 1.5}, 'field "top_p" must be a number in (0, 1], got 1.5'),
     ({"prompt": "a", "min_p": 2}, 'field "min_p" must be a number in [0, 1], got 2'),
