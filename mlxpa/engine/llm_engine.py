@@ -74,8 +74,9 @@ class LLMEngine:
         return self.scheduler.max_model_len
 
     def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
-        """Make the first constrained step ready now, so its wait is not counted as a step:
-        wait for the grammar tokenizer's background build (:meth:`ModelRunner.prepare`).
+        """Make the first constrained step ready now (its wait then falls outside the steps
+        and their mask time): wait for the grammar tokenizer's background build
+        (:meth:`ModelRunner.prepare`).
 
         Args:
             on_wait: Called with the vocabulary size before waiting, when the build is not

@@ -34,9 +34,11 @@ class Counters:
         ttft_s: Time to first token of each finished request, seconds.
         itl_s: Inter-token latencies of all finished requests, seconds.
         failed_rows: Input rows whose result is an error row (invalid, or unable to run).
-        mask_time_s: Seconds spent filling grammar bitmasks (structured outputs).
+        mask_time_s: Seconds spent filling grammar bitmasks (structured outputs; the
+            runner's ``StepResult.mask_time_s``).
         mask_steps: Steps that filled at least one grammar bitmask.
-        scored_tokens: Choice tokens scored for ``choice_logprobs``.
+        scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
+            ids (``choice_logprobs``' choice tokens).
     """
 
     start_time: float = field(default_factory=time.perf_counter)
