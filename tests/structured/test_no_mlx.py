@@ -4,24 +4,10 @@ loads no mlx; the matchers and the mask, which the runner uses, are the package'
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests.core.test_no_mlx import loaded_mlx
 
 NO_MLX = ["mlxpa.structured", "mlxpa.structured.spec", "mlxpa.structured.fields",
           "mlxpa.config"]
-
-
-def loaded_mlx(modules: list[str]) -> str:
-    code = (
-        f"import {', '.join(modules)}\n"
-        "import sys\n"
-        "loaded = sorted(m for m in sys.modules\n"
-        "                if m in ('mlx', 'mlx_lm') or m.startswith(('mlx.', 'mlx_lm.')))\n"
-        "print(','.join(loaded))\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
 
 
 def test_spec_and_fields_import_no_mlx():
