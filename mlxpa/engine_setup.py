@@ -41,10 +41,13 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
         FileNotFoundError, ValueError: As :func:`mlxpa.loader.models.load_model`.
     """
     from mlxpa.loader.models import load_model
-    from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
+    from mlxpa.worker.model_runner import kv_budget_blocks, kv_budget_bytes, model_block_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype,
-                                     _start_grammar_tokenizer if validation.constrained else None)
+                                     _start_grammar_tokenizer if validation.constrained else None,
+                                     revision=config.revision, adapter_path=config.adapter_path,
+                                     keep_quantized=config.keep_quantized,
+                                     kv_bytes=kv_budget_bytes(config))
     if config.num_blocks is None:
         budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
         need = kv_blocks_needed(_lengths(rows, validation, defaults, tokenizer),
