@@ -13,8 +13,9 @@ mlx-lm's ``convert --dequantize`` is the offline equivalent.
 
 Memory rule: the float weights of the quantized layers plus the KV budget must fit in 80% of
 the memory available once the packed model has loaded (``MemAvailable``, capped by a
-container's cgroup limit). Both copies exist during the swap, and the packed one is already
-counted as in use, so the rule covers the peak; afterwards the packed weights are freed.
+container's cgroup limit; without ``/proc/meminfo``, physical memory less what MLX holds).
+Both copies exist during the swap, and the packed one is already counted as in use, so the
+rule covers the peak; afterwards the packed weights are freed.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: i
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
-    from mlxpa.blas import available_memory_bytes
+    from mlxpa.blas import available_memory_bytes, host_memory_bytes
     from mlxpa.kernels.device import on_cpu
 
     size = quantized_size(model, dtype) if on_cpu() else None
@@ -86,6 +87,9 @@ def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: i
                     "than float ones on MLX's CPU back end", name)
         return False
     available = available_memory_bytes()
+    if available is None:  # no /proc/meminfo (macOS): the memory MLX does not hold yet
+        total = host_memory_bytes()
+        available = None if total is None else max(0, total - mx.get_active_memory())
     need = size.added + kv_bytes
     if available is None or need > MEMORY_FRACTION * available:
         logger.warning(

@@ -102,3 +102,14 @@ def test_memory_rule_keeps_it_packed(folders, monkeypatch, caplog):
     assert "need more than 80% of the available memory (10.00 GiB)" in caplog.text
     model, _, _ = load_model(folders["q4"], kv_bytes=kv - 1)  # exactly at the rule
     assert "QuantizedLinear" not in _kinds(model)
+
+
+def test_without_meminfo_the_rule_uses_physical_memory(folders, monkeypatch):
+    """macOS has no /proc/meminfo: physical memory less what MLX holds stands in."""
+    monkeypatch.setattr("mlxpa.blas.available_memory_bytes", lambda: None)
+    monkeypatch.setattr("mlxpa.blas.host_memory_bytes", lambda: 2**16)  # 64 KiB: too small
+    model, _, _ = load_model(folders["q4"])
+    assert "QuantizedLinear" in _kinds(model)
+    monkeypatch.setattr("mlxpa.blas.host_memory_bytes", lambda: 2**40)
+    model, _, _ = load_model(folders["q4"])
+    assert "QuantizedLinear" not in _kinds(model)
