@@ -1,14 +1,18 @@
-"""The default model in float32, 8-bit and 4-bit: tok/s and peak memory in one run, and each
-quantized copy's greedy output checked against mlx-lm on the same weights.
+"""The default model in float32, 8-bit and 4-bit packed, and 4-bit dequantized at load: tok/s
+and peak memory in one run, and each variant's greedy output checked against mlx-lm on the same
+weights.
 
 The 8- and 4-bit copies are made from the default model's MLX folder (converted once by
 ``mlxpa.loader.models.resolve_model``) with mlx-lm's own converter,
 ``python -m mlx_lm convert --hf-path <folder> --mlx-path <out> -q --q-bits N`` (affine, group
-size 64), into ``--work-dir`` (kept between runs). Each variant runs in its own process, so
-its peak memory (MLX's ``get_peak_memory`` and the process's max RSS) is its own: first
-mlx-lm's ``generate_step`` greedy ids for the first ``--check-prompts`` prompts (the oracle),
-then the engine on the whole random workload (timed), whose ids for those prompts must equal
-mlx-lm's.
+size 64), into ``--work-dir`` (kept between runs). The packed variants load with
+``keep_quantized`` (``--keep-quantized``); "4-bit, dequantized at load" is what ``mlxpa run``
+does on MLX's CPU back end by default (:mod:`mlxpa.loader.dequantize`: the 4-bit weights, their
+values in float32). Each variant runs in its own process, so its peak memory (MLX's
+``get_peak_memory`` and the process's max RSS) is its own: first mlx-lm's ``generate_step``
+greedy ids for the first ``--check-prompts`` prompts on the loaded model (the oracle; for the
+dequantized variant that is mlx-lm's own ``dequantize_model`` output), then the engine on the
+whole random workload (timed), whose ids for those prompts must equal mlx-lm's.
 
     python benchmarks/quant_bench.py [--num-prompts 64 --input-len 256 --output-len 64]
         [--kv-memory 0.5] [--model FOLDER] [--work-dir DIR] [--json results.json]
@@ -23,7 +27,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-VARIANTS = {"float32": None, "8-bit": 8, "4-bit": 4}
+import mlxpa  # noqa: F401  (before mlx: the fast BLAS in this process)
+
+# name: (bits of the mlx-lm copy, None for the float32 folder; keep the weights packed)
+VARIANTS = {"float32": (None, False), "8-bit": (8, True), "4-bit": (4, True),
+            "4-bit, dequantized at load": (4, False)}
 
 
 def quantized_copy(src: Path, bits: int, work_dir: Path) -> Path:
@@ -36,8 +44,8 @@ def quantized_copy(src: Path, bits: int, work_dir: Path) -> Path:
     return out
 
 
-def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
-                check_prompts: int, kv_memory: float) -> dict:
+def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: int,
+                output_len: int, check_prompts: int, kv_memory: float) -> dict:
     """One variant in this process: the oracle check, then the timed engine run."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
@@ -48,7 +56,8 @@ def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
     from mlxpa.engine import LLMEngine, PromptInput
     from mlxpa.loader.models import load_model, model_dtype
 
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(folder, keep_quantized=keep_quantized,
+                               kv_bytes=int(kv_memory * 2**30))
     wl = random_workload(tok, num_prompts, input_len, output_len)
     refs = {i: [int(t) for t, _ in generate_step(mx.array(wl.prompts[i]), model,
                                                   max_tokens=wl.output_lens[i])]
@@ -61,7 +70,10 @@ def run_variant(folder: str, num_prompts: int, input_len: int, output_len: int,
         PromptInput(i, wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
                                                      ignore_eos=True)) for i in refs)}
     figures = result.figures()
-    return {"folder": folder, "compute_dtype": str(model_dtype(model)),
+    return {"folder": folder, "keep_quantized": keep_quantized,
+            "packed_layers": sum(type(m).__name__.startswith("Quantized")
+                                 for _, m in model.named_modules()),
+            "compute_dtype": str(model_dtype(model)),
             "weights_bytes": sum(v.nbytes for _, v in _leaves(model)),
             "output_tokens_per_s": figures["output_tokens_per_s"],
             "total_tokens_per_s": figures["total_tokens_per_s"],
@@ -91,30 +103,31 @@ def main() -> None:
                     "every variant, so peak memory compares the weights)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--variant-folder", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--keep-quantized", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = (args.num_prompts, args.input_len, args.output_len, args.check_prompts,
              args.kv_memory)
     if args.variant_folder:
-        print(json.dumps(run_variant(args.variant_folder, *sizes)))
+        print(json.dumps(run_variant(args.variant_folder, args.keep_quantized, *sizes)))
         return
     from mlxpa.loader.models import cache_dir, resolve_model
 
     src = resolve_model(args.model)
     work = Path(args.work_dir) if args.work_dir else cache_dir() / "models"
     results = {}
-    for name, bits in VARIANTS.items():
+    for name, (bits, keep) in VARIANTS.items():
         folder = src if bits is None else quantized_copy(src, bits, work)
         out = subprocess.run(
             [sys.executable, __file__, "--variant-folder", str(folder),
              "--num-prompts", str(sizes[0]), "--input-len", str(sizes[1]),
              "--output-len", str(sizes[2]), "--check-prompts", str(sizes[3]),
-             "--kv-memory", str(sizes[4])],
+             "--kv-memory", str(sizes[4]), *(["--keep-quantized"] if keep else [])],
             check=True, capture_output=True, text=True)
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"{'variant':8} {'out tok/s':>10} {'total tok/s':>12} {'peak MLX MiB':>13} "
+    print(f"{'variant':26} {'out tok/s':>10} {'total tok/s':>12} {'peak MLX MiB':>13} "
           f"{'max RSS MiB':>12} {'weights MiB':>12}  identical to mlx-lm")
     for name, r in results.items():
-        print(f"{name:8} {r['output_tokens_per_s']:10.1f} {r['total_tokens_per_s']:12.1f} "
+        print(f"{name:26} {r['output_tokens_per_s']:10.1f} {r['total_tokens_per_s']:12.1f} "
               f"{r['peak_memory_bytes'] / 2**20:13.0f} {r['max_rss_bytes'] / 2**20:12.0f} "
               f"{r['weights_bytes'] / 2**20:12.0f}  {r['identical_to_mlx_lm']} "
               f"({r['checked_prompts']} prompts)")

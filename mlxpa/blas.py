@@ -1,97 +1,41 @@
 """Pick a fast BLAS for MLX's Linux CPU back end.
 
 MLX's Linux CPU wheels link the netlib reference BLAS (about 6 GFLOP/s for a float32
-2048^3 matmul on the development machine, 100–200 GFLOP/s with OpenBLAS preloaded). On Linux,
-``mlxpa`` re-executes itself once with an installed OpenBLAS or MKL in ``LD_PRELOAD`` (mode
-``auto``, the default); ``system`` insists on one (error when none), ``bundled`` keeps MLX's.
+2048^3 matmul on the development machine, 100–200 GFLOP/s with OpenBLAS). ``import mlxpa``
+loads an installed OpenBLAS or MKL into the process before mlx (:func:`mlxpa._blas.preload`:
+notebooks and scripts get it too). The command line checks what is mapped and re-executes
+itself once only where that did not happen: with the library in ``LD_PRELOAD`` (mode
+``auto``, the default, or ``system``, which insists on one: error when none), or, for
+``bundled``, without it and with ``MLXPA_BLAS=bundled`` (MLX's own BLAS).
 
-Older OpenBLAS builds (Debian 12 ships 0.3.21) do not recognise recent Intel server CPUs and
-fall back to the generic ``Prescott`` kernels: 40 GFLOP/s instead of 170-210 for a float32
-2048^3 matmul on the development machine. When the library reports such a generic core and
-the CPU has AVX-512 (or AVX2/FMA), ``OPENBLAS_CORETYPE`` is set to ``SkylakeX`` (or
-``Haswell``) for the re-executed process, unless the user set it. Checked against a float64
-product: relative error 6e-7 either way.
+Older OpenBLAS builds do not recognise recent Intel server CPUs and fall back to generic
+kernels; ``OPENBLAS_CORETYPE`` is then set (:func:`coretype_override`). Checked against a
+float64 product: relative error 6e-7 either way.
 
-``python -m mlxpa.blas`` prints the ``export`` lines, for running tests or scripts at the
-same speed.
+``python -m mlxpa.blas`` prints the ``export`` lines, for running tests or scripts (and any
+child processes they start) at the same speed.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-import subprocess
 import sys
 
-_GUARD = "MLXPA_BLAS_REEXEC"
-_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
-    "/usr/lib64/libopenblas.so.0",
-    "/usr/lib/libopenblas.so.0",
-    "/opt/intel/oneapi/mkl/latest/lib/libmkl_rt.so.2",
+from mlxpa._blas import (
+    ENV_MODE,
+    blas_env,
+    coretype_override,
+    cpuinfo_field,
+    fast_blas_mapped,
+    find_fast_blas,
+    is_fast_blas,
 )
 
+__all__ = ["BLAS_MODES", "argv_blas_mode", "available_memory_bytes", "blas_env",
+           "coretype_override", "cpuinfo_field", "fast_blas_mapped", "find_fast_blas",
+           "host_memory_bytes", "loaded_blas", "maybe_reexec"]
 
-def _ldconfig_paths() -> list[str]:
-    """Library paths from the dynamic linker's cache (``ldconfig -p``), or [] when the cache
-    cannot be read within 2 s. Reads one cache file; never walks a directory."""
-    for exe in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
-        try:
-            out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=2,
-                                 check=False).stdout
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return [line.rsplit("=>", 1)[1].strip() for line in out.splitlines() if "=>" in line]
-    return []
-
-
-def _is_fast_blas(path: str) -> bool:
-    name = os.path.basename(path)
-    return ((name.startswith("libopenblas") and name.endswith(".so.0"))
-            or name.startswith("libmkl_rt.so"))
-
-
-def find_fast_blas() -> str | None:
-    """Path (or soname) of an installed OpenBLAS (or MKL) shared library, or None.
-
-    Looks only where a library can be found without walking the file system: a list of
-    known paths (Debian/Ubuntu/Fedora/oneAPI), then the dynamic linker's cache
-    (``ldconfig -p``, pthread builds first), then ``ctypes.util.find_library``. A recursive
-    search of ``/usr/lib`` took over ten minutes on one machine before anything printed.
-    """
-    for path in _CANDIDATES:
-        if os.path.exists(path):
-            return path
-    cached = sorted((p for p in _ldconfig_paths() if _is_fast_blas(p)),
-                    key=lambda p: ("pthread" not in p, "mkl" in p, p))
-    if cached:
-        return cached[0]
-    for name in ("openblas", "mkl_rt"):
-        found = ctypes.util.find_library(name)
-        if found:
-            return found
-    return None
-
-
-_GENERIC_CORES = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias", "Atom",
-                  "Nehalem", "Sandybridge", "unknown"}
-
-
-def cpuinfo_field(name: str) -> str | None:
-    """The first ``name`` field of ``/proc/cpuinfo`` (``"model name"``, ``"flags"``), or None
-    where there is no such file or field (macOS)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(name) and ":" in line:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+_GUARD = "MLXPA_BLAS_REEXEC"
 
 
 def host_memory_bytes() -> int | None:
@@ -102,53 +46,41 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def _cpu_flags() -> set[str]:
-    return set((cpuinfo_field("flags") or "").split())
-
-
-def coretype_override(path: str) -> str | None:
-    """The ``OPENBLAS_CORETYPE`` to use with the OpenBLAS at ``path``: None when the library
-    recognises this CPU (or it is not OpenBLAS), else the best kernel set the CPU supports."""
-    if "openblas" not in os.path.basename(path):
+def available_memory_bytes() -> int | None:
+    """Memory this process could still allocate, in bytes: ``MemAvailable`` of
+    ``/proc/meminfo``, capped by the cgroup v2 limit (``memory.max - memory.current``) of a
+    container; None where the system does not say (macOS)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
     try:
-        lib = ctypes.CDLL(path)
-        lib.openblas_get_corename.restype = ctypes.c_char_p
-        core = lib.openblas_get_corename().decode()
-    except (OSError, AttributeError):
-        return None
-    if core not in _GENERIC_CORES:
-        return None
-    flags = _cpu_flags()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return "SkylakeX"
-    if {"avx2", "fma"} <= flags:
-        return "Haswell"
-    return None
-
-
-def blas_env(path: str) -> dict[str, str]:
-    """Environment variables that preload the BLAS at ``path`` (and pick its kernels)."""
-    env = {"LD_PRELOAD": ":".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p)}
-    if "OPENBLAS_CORETYPE" not in os.environ:
-        core = coretype_override(path)
-        if core:
-            env["OPENBLAS_CORETYPE"] = core
-    return env
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
 
 
 def loaded_blas() -> str:
-    """Which BLAS this process runs: ``openblas``, ``mkl`` or ``bundled`` (Linux; ``system``
-    elsewhere: macOS uses Accelerate)."""
+    """Which BLAS this process runs: ``openblas`` (with its ``OPENBLAS_CORETYPE``), ``mkl``
+    or ``bundled`` on Linux, from the libraries mapped in the process; ``system`` elsewhere
+    (macOS uses Accelerate)."""
     if not sys.platform.startswith("linux"):
         return "system"
-    preload = os.environ.get("LD_PRELOAD", "")
-    if "openblas" in preload:
-        core = os.environ.get("OPENBLAS_CORETYPE")
-        return f"openblas ({core})" if core else "openblas"
-    if "mkl" in preload:
+    path = fast_blas_mapped()
+    if path is None:
+        return "bundled"
+    if "mkl" in os.path.basename(path):
         return "mkl"
-    return "bundled"
+    core = os.environ.get("OPENBLAS_CORETYPE")
+    return f"openblas ({core})" if core else "openblas"
 
 
 BLAS_MODES = ("auto", "system", "bundled")
@@ -165,7 +97,10 @@ def argv_blas_mode(argv: list[str]) -> str:
 
 
 def maybe_reexec(mode: str) -> str | None:
-    """Re-execute the current command with a fast BLAS preloaded when ``mode`` asks for it.
+    """Re-execute the current command when the BLAS mapped in this process is not what
+    ``mode`` asks for: ``auto``/``system`` with none mapped (``import mlxpa`` could not load
+    one) re-run with one in ``LD_PRELOAD``; ``bundled`` with one mapped re-runs without it
+    (``MLXPA_BLAS=bundled``). ``auto`` with ``MLXPA_BLAS=bundled`` set means ``bundled``.
 
     Returns:
         A one-line hint to print when no fast BLAS is installed (mode ``auto`` on Linux),
@@ -174,8 +109,19 @@ def maybe_reexec(mode: str) -> str | None:
     Raises:
         RuntimeError: ``mode`` is ``system`` and no OpenBLAS/MKL is installed.
     """
-    if (mode == "bundled" or not sys.platform.startswith("linux")
-            or loaded_blas() != "bundled" or os.environ.get(_GUARD)):
+    if not sys.platform.startswith("linux") or os.environ.get(_GUARD):
+        return None
+    if mode == "auto" and os.environ.get(ENV_MODE) == "bundled":
+        mode = "bundled"
+    mapped = fast_blas_mapped()
+    if mode == "bundled":
+        if mapped is None:
+            return None
+        kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":")
+                if p and not is_fast_blas(p)]
+        env = {**os.environ, "LD_PRELOAD": ":".join(kept), ENV_MODE: "bundled"}
+        return _reexec(env)
+    if mapped is not None:
         return None
     path = find_fast_blas()
     if path is None:
@@ -184,15 +130,24 @@ def maybe_reexec(mode: str) -> str | None:
                                "(Debian/Ubuntu: apt-get install libopenblas0-pthread)")
         return ("hint: MLX is using its slow bundled reference BLAS; "
                 "`apt-get install libopenblas0-pthread` makes the CPU path 10-30x faster")
-    env = {**os.environ, **blas_env(path), _GUARD: "1"}
+    return _reexec({**os.environ, **blas_env(path)})
+
+
+def _reexec(env: dict[str, str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "mlxpa", *sys.argv[1:]], env)
-    return None
+    os.execve(sys.executable, [sys.executable, "-m", "mlxpa", *sys.argv[1:]],
+              {**env, _GUARD: "1"})
 
 
 if __name__ == "__main__":
+    # What the environment preloads (not what `import mlxpa` just loaded in this process):
+    # the export lines make child processes fast too.
     fast = find_fast_blas()
-    if sys.platform.startswith("linux") and fast and loaded_blas() == "bundled":
-        for key, value in blas_env(fast).items():
+    preloaded = any(is_fast_blas(p) for p in os.environ.get("LD_PRELOAD", "").split(":"))
+    if sys.platform.startswith("linux") and fast and not preloaded:
+        exports = blas_env(fast)
+        if "OPENBLAS_CORETYPE" in os.environ:  # the user's, or what `import mlxpa` picked
+            exports["OPENBLAS_CORETYPE"] = os.environ["OPENBLAS_CORETYPE"]
+        for key, value in exports.items():
             print(f"export {key}={value}")

@@ -209,8 +209,8 @@ class EngineConfig:
     """Engine configuration (one flat object; the CLI builds it, everything below reads it).
 
     Attributes:
-        model: ``--model`` spec (MLX folder, local Hugging Face repo id, ``.gguf`` file) or
-            None for the default Gemma 3 270M.
+        model: ``--model`` spec (MLX folder, Hugging Face repo id: the cache first, else
+            downloaded; ``.gguf`` file) or None for the default Gemma 3 270M.
         block_size: Tokens per KV block.
         num_blocks: KV blocks per layer including the null block 0; None sizes the pool from
             ``kv_memory_gib``.
@@ -233,6 +233,11 @@ class EngineConfig:
         fused_cpu_ops: On MLX's CPU back end, run the model's tanh-GELU / SiLU and RoPE
             through mlxpa's fused kernels (``mlxpa.kernels.cpu_fused``) during the forward
             pass; no effect on Metal or CUDA.
+        revision: Branch, tag or commit of a Hugging Face repo id ``model`` (None: main).
+        adapter_path: mlx-lm LoRA/DoRA adapter folder (``adapters.safetensors`` +
+            ``adapter_config.json``) applied at load, or None.
+        keep_quantized: On MLX's CPU back end, keep quantized weights packed instead of
+            dequantizing them at load (:mod:`mlxpa.loader.dequantize`).
     """
 
     model: str | None = None
@@ -248,6 +253,9 @@ class EngineConfig:
     dtype: str | None = None
     seed: int = 0
     fused_cpu_ops: bool = True
+    revision: str | None = None
+    adapter_path: str | None = None
+    keep_quantized: bool = False
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
@@ -270,3 +278,10 @@ class EngineConfig:
         _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")
+        _check(self.revision is None or (isinstance(self.revision, str) and self.revision),
+               "revision", self.revision, "a non-empty string or None")
+        _check(self.adapter_path is None or (isinstance(self.adapter_path, str)
+                                             and self.adapter_path),
+               "adapter_path", self.adapter_path, "a folder path or None")
+        _check(isinstance(self.keep_quantized, bool), "keep_quantized", self.keep_quantized,
+               "true or false")

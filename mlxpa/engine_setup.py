@@ -42,10 +42,13 @@ def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validati
     """
     from mlxpa.loader.models import load_model
     from mlxpa.structured.matchers import start_grammar_tokenizer
-    from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
+    from mlxpa.worker.model_runner import kv_budget_blocks, kv_budget_bytes, model_block_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype,
-                                     start_grammar_tokenizer if validation.constrained else None)
+                                     start_grammar_tokenizer if validation.constrained else None,
+                                     revision=config.revision, adapter_path=config.adapter_path,
+                                     keep_quantized=config.keep_quantized,
+                                     kv_bytes=kv_budget_bytes(config))
     if config.num_blocks is None:
         budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
         need = kv_blocks_needed(_lengths(rows, validation, defaults, tokenizer),

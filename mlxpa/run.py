@@ -138,9 +138,10 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     path = spool_stdin(fmt) if spooled else source
     try:
         src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
-        vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
+        vocab = (engine.runner.vocab_size if engine is not None
+                 else _peek_vocab(config.model, config.revision))
         chat = messages_checker(lambda: engine.tokenizer if engine is not None
-                                else _peek_tokenizer(config.model))
+                                else _peek_tokenizer(config.model, config.revision))
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
                                       console, vocab, chat)
         if v.num_rows == v.num_done:  # nothing to run: no model load
@@ -270,17 +271,17 @@ def _generate(engine: LLMEngine, src: _Source, v: Validation, defaults: Sampling
                    console, job.pending.values())
 
 
-def _peek_tokenizer(spec: str | None):
+def _peek_tokenizer(spec: str | None, revision: str | None):
     from mlxpa.loader.models import peek_tokenizer
 
-    return peek_tokenizer(spec)
+    return peek_tokenizer(spec, revision)
 
 
-def _peek_vocab(spec: str | None) -> int | None:
+def _peek_vocab(spec: str | None, revision: str | None) -> int | None:
     """The model's vocabulary size from its ``config.json`` (None if it cannot be read)."""
     from mlxpa.loader.models import peek_vocab_size
 
-    return peek_vocab_size(spec)
+    return peek_vocab_size(spec, revision)
 
 
 def _finish(stats: Stats, runner, console: Console, options: RunOptions) -> Stats:

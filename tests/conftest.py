@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import mlxpa  # noqa: F401  (before any test module imports mlx: the fast BLAS in-process)
+
 # --- default model (Gemma 3 270M) fixtures: tests marked real_model ----------------------------
 
 

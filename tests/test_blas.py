@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mlxpa import blas
+from mlxpa import _blas, blas
 
 
 def test_argv_blas_mode():
@@ -48,7 +48,7 @@ def test_find_fast_blas_never_walks_the_file_system(monkeypatch):
     for mod, name in ((os, "walk"), (os, "scandir"), (os, "listdir"), (glob, "glob"),
                       (glob, "iglob")):
         monkeypatch.setattr(mod, name, forbidden)
-    monkeypatch.setattr(blas, "_CANDIDATES", ("/nonexistent/libopenblas.so.0",))
+    monkeypatch.setattr(_blas, "_CANDIDATES", ("/nonexistent/libopenblas.so.0",))
     fake = ("3 libs found in cache `/etc/ld.so.cache'\n"
             "\tlibopenblas.so.0 (libc6,x86-64) => /opt/x/openblas-serial/libopenblas.so.0\n"
             "\tlibopenblas.so.0 (libc6,x86-64) => /opt/x/openblas-pthread/libopenblas.so.0\n"
@@ -58,10 +58,107 @@ def test_find_fast_blas_never_walks_the_file_system(monkeypatch):
         assert cmd[-1] == "-p" and "ldconfig" in cmd[0]
         return subprocess.CompletedProcess(cmd, 0, stdout=fake, stderr="")
 
-    monkeypatch.setattr(blas.subprocess, "run", fake_run)
+    monkeypatch.setattr(_blas.subprocess, "run", fake_run)
     assert blas.find_fast_blas() == "/opt/x/openblas-pthread/libopenblas.so.0"
-    monkeypatch.setattr(blas.subprocess, "run",
+    monkeypatch.setattr(_blas.subprocess, "run",
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
-    monkeypatch.setattr(blas.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(_blas.ctypes.util, "find_library", lambda name: None)
     assert blas.find_fast_blas() is None
 
+
+
+# --- the fast BLAS in-process: `import mlxpa` before mlx -----------------------------------
+
+FAST = blas.find_fast_blas()
+needs_fast = pytest.mark.skipif(FAST is None or not sys.platform.startswith("linux"),
+                                reason="no OpenBLAS/MKL installed (Linux)")
+MATMUL = ("import time, mlx.core as mx\n"
+          "a = mx.random.normal((1024, 1024)); mx.eval(a @ a)\n"
+          "times = []\n"
+          "for _ in range(3):\n"
+          "    t = time.perf_counter(); mx.eval(a @ a); times.append(time.perf_counter() - t)\n"
+          "maps = open('/proc/self/maps').read()\n"
+          "print(sorted(times)[1], 'openblas' in maps or 'mkl_rt' in maps)\n")
+
+
+def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter without any BLAS preloaded by the environment."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("LD_PRELOAD", "OPENBLAS_CORETYPE", "MLXPA_BLAS")}
+    clean["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(blas.__file__)))
+    return subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True,
+                          text=True, timeout=300, env={**clean, **env}, check=True)
+
+
+@needs_fast
+def test_import_mlxpa_first_maps_the_fast_blas_and_multiplies_faster():
+    """A notebook's order (import mlxpa, then mlx): the library is mapped in the process and
+    a 1024^3 float32 matmul is faster than with MLX's bundled BLAS (MLXPA_BLAS=bundled, the
+    in-process form of --blas bundled); a ratio, both measured here."""
+    fast_s, fast_mapped = _fresh("import mlxpa\n" + MATMUL).stdout.split()
+    slow_s, slow_mapped = _fresh("import mlxpa\n" + MATMUL, MLXPA_BLAS="bundled").stdout.split()
+    assert (fast_mapped, slow_mapped) == ("True", "False")
+    assert float(slow_s) / float(fast_s) > 3
+
+
+@needs_fast
+def test_mlx_imported_first_warns_with_the_remedy():
+    r = _fresh("import mlx.core\nimport mlxpa\n")
+    warnings = [line for line in r.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warnings) == 1
+    assert warnings[0].endswith(
+        "RuntimeWarning: mlx was imported before mlxpa and runs MLX's slow bundled reference "
+        "BLAS (10-30x slower CPU matmuls); import mlxpa before mlx, or start Python under "
+        'eval "$(python -m mlxpa.blas)" (LD_PRELOAD)')
+    # with the library preloaded by the environment there is nothing to say
+    r = _fresh("import mlx.core\nimport mlxpa\n", LD_PRELOAD=FAST)
+    assert "RuntimeWarning" not in r.stderr
+
+
+def test_no_fast_blas_installed_warns_to_install_one(monkeypatch):
+    """mlx imported first (it is, in this test process) and nothing to preload."""
+    monkeypatch.delenv("MLXPA_BLAS", raising=False)
+    monkeypatch.setattr(_blas, "fast_blas_mapped", lambda: None)
+    monkeypatch.setattr(_blas, "find_fast_blas", lambda: None)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setitem(sys.modules, "mlx.core", sys.modules.get("mlx.core", object()))
+    with pytest.warns(RuntimeWarning, match=r"install OpenBLAS \(apt-get install "
+                      r"libopenblas0-pthread\) and import mlxpa before mlx"):
+        assert _blas.preload() is None
+
+
+def test_import_mlxpa_stays_light():
+    """No mlx, mlx-lm or numpy at import (the CLI's --help stays instant)."""
+    r = _fresh("import sys, mlxpa\n"
+               "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+               "('mlx', 'mlx_lm', 'numpy', 'transformers', 'pyarrow')))")
+    assert r.stdout.strip() == "[]"
+
+
+@needs_fast
+def test_cli_keeps_the_in_process_blas_and_bundled_reexecs_without_it():
+    """The command line finds the library `import mlxpa` mapped: no re-execution for auto;
+    --blas bundled re-executes (os.execve recorded here) with MLXPA_BLAS=bundled and no fast
+    BLAS in LD_PRELOAD; and the real command line with --blas bundled still runs."""
+    code = ("import os, sys\nsys.argv = ['mlxpa', 'plan', '--help']\n"
+            "from mlxpa.blas import loaded_blas, maybe_reexec\n"
+            "os.execve = lambda exe, argv, env: print('execve', env['MLXPA_BLAS'], "
+            "'openblas' in env.get('LD_PRELOAD', ''), argv[1:])\n"
+            "print(maybe_reexec('auto'), loaded_blas().split()[0])\n"
+            "maybe_reexec('bundled')\n")
+    out = _fresh(code, LD_PRELOAD=FAST).stdout.splitlines()
+    assert out == ["None openblas", "execve bundled False ['-m', 'mlxpa', 'plan', '--help']"]
+    r = _fresh("import subprocess, sys\n"
+               "subprocess.run([sys.executable, '-m', 'mlxpa', 'plan', '--help', '--blas', "
+               "'bundled'], check=True)\n")
+    assert r.stdout.startswith("Usage: mlxpa plan")
+
+
+@needs_fast
+def test_blas_exports_still_printed_after_the_in_process_preload(monkeypatch):
+    r = _fresh("import runpy\nrunpy.run_module('mlxpa.blas', run_name='__main__')")
+    assert r.stdout.startswith(f"export LD_PRELOAD={FAST}")
+    r = subprocess.run([sys.executable, "-m", "mlxpa.blas"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+                       check=True)
+    assert r.stdout.startswith(f"export LD_PRELOAD={FAST}") and r.stderr == ""

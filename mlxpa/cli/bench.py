@@ -11,14 +11,17 @@ from rich.console import Console
 
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli.options import (
+    AdapterPathOpt,
     BenchKVMemoryOpt,
     BlasOpt,
     BlockSizeOpt,
+    KeepQuantizedOpt,
     Kernel,
     KernelOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
+    RevisionOpt,
     choices,
     engine_config,
     fail,
@@ -44,6 +47,9 @@ ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"
 def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: ModelOpt = None,
+    revision: RevisionOpt = None,
+    adapter_path: AdapterPathOpt = None,
+    keep_quantized: KeepQuantizedOpt = False,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     num_prompts: Annotated[int, typer.Option(
         help="random, annotation: prompts (file: every valid row).")] = 128,
@@ -78,20 +84,27 @@ def bench(
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model, peek_tokenizer
     from mlxpa.progress import BenchProgress
+    from mlxpa.worker.model_runner import kv_budget_bytes
 
     console = _console()
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
-                               max_num_batched_tokens, kernel)
+                               max_num_batched_tokens, kernel, revision=revision,
+                               adapter_path=adapter_path, keep_quantized=keep_quantized)
+
+        def load():
+            return load_model(model, revision=revision, adapter_path=adapter_path,
+                              keep_quantized=keep_quantized, kv_bytes=kv_budget_bytes(config))
+
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
-                workload.value, peek_tokenizer(model) or load_model(model)[1], input=input,
+                workload.value, peek_tokenizer(model, revision) or load()[1], input=input,
                 num_prompts=num_prompts, input_len=input_len, range_ratio=range_ratio,
                 output_len=output_len, num_groups=num_groups, prompts_per_group=prompts_per_group,
                 system_prompt_len=system_prompt_len, question_len=question_len, seed=seed)
             _say_workload(console, wl, systems, repeats)
-        mdl, tok, _ = load_model(model)
+        mdl, tok, _ = load()
         if workload.value == LIMITS:
             return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:

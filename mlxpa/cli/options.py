@@ -30,8 +30,14 @@ InputFormat = choices("InputFormat", ("auto", *FORMATS))
 OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
 
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", metavar="MODEL", help="MLX model folder, a Hugging Face repo id in the "
-    "local cache, or a .gguf file. Default: Gemma 3 270M (converted once from the packaged GGUF).")]
+    "--model", "-m", metavar="MODEL", help="MLX folder, Hub repo id (downloaded unless "
+    "cached) or .gguf; default Gemma 3 270M.")]
+RevisionOpt = Annotated[str | None, typer.Option(
+    help="Branch, tag or commit of a repo id --model.")]
+AdapterPathOpt = Annotated[str | None, typer.Option(
+    "--adapter-path", metavar="DIR", help="mlx-lm LoRA/DoRA adapter folder.")]
+KeepQuantizedOpt = Annotated[bool, typer.Option(
+    "--keep-quantized", help="CPU: keep quantized weights packed.")]
 BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
 KVMemoryOpt = Annotated[float | None, typer.Option(
     "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
@@ -86,17 +92,27 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
     share; ``more`` are further ``EngineConfig`` fields.
 
     Raises:
-        ValueError: A field out of range (named by its option: ``--kv-memory``).
+        ValueError: A field out of range (named by its option: ``--kv-memory``), or an
+            ``--adapter-path`` that is not an mlx-lm adapter folder (checked here, before any
+            input is read).
     """
     try:
-        return EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
-                            max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            kernel=kernel.value, **more)
+        config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
+                              max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              kernel=kernel.value, **more)
     except ValueError as e:
         field = str(e).split(" ", 1)[0]
         flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
         raise ValueError(f"{flag}{str(e)[len(field):]}") from None
+    if config.adapter_path is not None:
+        from mlxpa.loader.adapters import check_adapter_path
+
+        try:
+            check_adapter_path(config.adapter_path)
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from None
+    return config
 
 
 _FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching"}

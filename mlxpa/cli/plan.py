@@ -17,6 +17,7 @@ from mlxpa.cli.options import (
     MessagesColumnOpt,
     ModelOpt,
     PromptColumnOpt,
+    RevisionOpt,
     SystemOpt,
     fail,
     input_options,
@@ -28,6 +29,7 @@ def plan(
         help="Prompts: as for mlxpa run (.jsonl, .json, .csv, .tsv, .txt, .parquet, a "
         "datasets folder, or -).")],
     model: ModelOpt = None,
+    revision: RevisionOpt = None,
     block_size: BlockSizeOpt = 16,
     max_tokens: Annotated[int, typer.Option(
         help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
@@ -58,7 +60,7 @@ def plan(
     console = Console(stderr=True)
     try:
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
-        tokenizer, context = _tokenizer_and_context(model, max_model_len)
+        tokenizer, context = _tokenizer_and_context(model, revision, max_model_len)
         with _checked_input(input, inputs, max_tokens, skip_invalid, tokenizer) as (
                 path, inputs, name, v):
             p = plan_file(path, tokenizer, inputs=inputs, block_size=block_size,
@@ -81,7 +83,8 @@ def plan(
         out.print(table)
 
 
-def _tokenizer_and_context(model: str | None, max_model_len: int | None):
+def _tokenizer_and_context(model: str | None, revision: str | None,
+                           max_model_len: int | None):
     """The model's tokenizer (no weights) and its context capped by ``--max-model-len``.
 
     Raises:
@@ -94,8 +97,8 @@ def _tokenizer_and_context(model: str | None, max_model_len: int | None):
     if max_model_len is not None and max_model_len < 2:
         raise ValueError(f"--max-model-len must be >= 2 (a prompt token and an output "
                          f"token), got {max_model_len}")
-    tokenizer = load_tokenizer(resolve_model(model))
-    ctx = peek_context_len(model)
+    tokenizer = load_tokenizer(resolve_model(model, revision))
+    ctx = peek_context_len(model, revision)
     return tokenizer, min(filter(None, (ctx, max_model_len)), default=None)
 
 

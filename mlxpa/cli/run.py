@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlxpa.cli.options import (
+    AdapterPathOpt,
     BlasOpt,
     BlockSizeOpt,
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
+    KeepQuantizedOpt,
     Kernel,
     KernelOpt,
     KVMemoryOpt,
@@ -25,6 +27,7 @@ from mlxpa.cli.options import (
     Order,
     OutputFormat,
     PromptColumnOpt,
+    RevisionOpt,
     SplitSpecialOpt,
     SystemOpt,
     engine_config,
@@ -121,6 +124,8 @@ NumReplicasOpt = Annotated[int, typer.Option(
 
 def run(
     input: InputArg, output: OutputOpt = "-", model: ModelOpt = None,
+    revision: RevisionOpt = None, adapter_path: AdapterPathOpt = None,
+    keep_quantized: KeepQuantizedOpt = False,
     # sampling defaults (rows that set a field keep theirs)
     max_tokens: MaxTokensOpt = 256, temperature: TemperatureOpt = 0.0, top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
@@ -154,7 +159,9 @@ def run(
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,
-                               enable_prefix_caching=prefix_caching, seed=seed)
+                               enable_prefix_caching=prefix_caching, seed=seed,
+                               revision=revision, adapter_path=adapter_path,
+                               keep_quantized=keep_quantized)
         defaults = SamplingParams(
             max_tokens, temperature, top_p, top_k, min_p, n=n,
             stop=tuple(unescape(s) for s in stop or ()),

@@ -21,7 +21,7 @@ from mlxpa.engine.choice_scores import ChoiceScores
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestOutput, RequestStatus
-from mlxpa.worker.model_runner import ModelRunner
+from mlxpa.worker.model_runner import ModelRunner, kv_budget_bytes
 from mlxpa.worker.outputs import StepResult
 
 
@@ -50,7 +50,10 @@ class LLMEngine:
         if model is None:
             from mlxpa.loader.models import load_model
 
-            model, tokenizer, _ = load_model(config.model, config.dtype)
+            model, tokenizer, _ = load_model(
+                config.model, config.dtype, revision=config.revision,
+                adapter_path=config.adapter_path, keep_quantized=config.keep_quantized,
+                kv_bytes=kv_budget_bytes(config))
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),

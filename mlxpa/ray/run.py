@@ -160,7 +160,7 @@ def _items(p: Prepared, config: EngineConfig, defaults: SamplingParams, writer: 
 
     from mlxpa.loader.models import resolve_model
 
-    tokenizer = load_tokenizer(resolve_model(config.model))
+    tokenizer = load_tokenizer(resolve_model(config.model, config.revision))
     v, items = p.validation, []
     for row in p.rows():
         if row.id is not None and id_key(row.id) in v.done:

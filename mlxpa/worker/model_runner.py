@@ -50,15 +50,19 @@ def default_kv_bytes() -> int:
     return int(min(4 * 2**30, 0.15 * total))
 
 
+def kv_budget_bytes(config: EngineConfig) -> int:
+    """The KV pool's memory budget in bytes: ``--kv-memory``, else :func:`default_kv_bytes`."""
+    if config.kv_memory_gib is not None:
+        return int(config.kv_memory_gib * 2**30)
+    return default_kv_bytes()
+
+
 def kv_budget_blocks(one_block_bytes: int, config: EngineConfig) -> int:
     """Blocks (null block included) the memory budget allows: ``config.num_blocks``, else
-    ``--kv-memory`` (or :func:`default_kv_bytes`) over ``one_block_bytes`` (all layers, K
-    and V)."""
+    :func:`kv_budget_bytes` over ``one_block_bytes`` (all layers, K and V)."""
     if config.num_blocks:
         return config.num_blocks
-    budget = (config.kv_memory_gib * 2**30 if config.kv_memory_gib is not None
-              else default_kv_bytes())
-    return max(2, int(budget) // one_block_bytes + 1)
+    return max(2, kv_budget_bytes(config) // one_block_bytes + 1)
 
 
 def model_block_bytes(model, block_size: int) -> int:

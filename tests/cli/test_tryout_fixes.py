@@ -265,3 +265,25 @@ def test_wording_names_the_file_and_the_option(tmp_path):
     odd.write_text("a\n")
     r = cli("run", odd, "--model", tmp_path / "none")
     assert r.exit_code == 2 and "give --input-format jsonl|parquet|csv|txt|hf" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("command", ["run", "run --ray", "bench"])
+def test_unwritable_outputs_fail_before_any_work(tmp_path, tokenizer_only, command):
+    """/dev/full (every write fails) and a regular file in place of the folder: refused at
+    once, naming the file, by run, run --ray and bench, for every output they write (the
+    model has no weights: had any work started, the error would name the model)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hi"}])
+    (tmp_path / "f").write_text("x")
+    name, *more = command.split()
+    flags = (["-o", "--metrics-json"] if name == "run" else ["--json", "--plot"])
+    for flag in flags:
+        for target, why in (("/dev/full", "/dev/full: cannot be written (No space left on "
+                                          "device)"),
+                            (tmp_path / "f" / "o.json", f"{tmp_path / 'f'} is not a folder")):
+            args = ([name, src, *more] if name == "run" else [name, "--num-prompts", "1"])
+            r = cli(*args, "--model", tokenizer_only, flag, target,
+                    *(["-o", tmp_path / "out.jsonl"] if flag == "--metrics-json" else []))
+            assert r.exit_code == 1, (flag, r.output)
+            assert why in r.stderr and "Traceback" not in r.output
+    assert (tmp_path / "f").read_text() == "x" and not (tmp_path / "out.jsonl").exists()

@@ -290,23 +290,10 @@ def test_unsupported_architecture(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_hf_repo_id_is_a_clear_error():
-    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
-        resolve_model("mlxpa-tests/no-such-model-xyz")
+def test_missing_gguf_is_a_clear_error():
+    """(A repo id's cache lookup, download and failures: tests/loader/test_hub.py.)"""
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model("missing/model.gguf")
-
-
-def test_hf_cache_snapshot_is_found(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    snapshot = tmp_path / "models--org--tiny" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
-    (tmp_path / "models--org--tiny" / "refs").mkdir()
-    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("a" * 40)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    assert resolve_model("org/tiny") == snapshot
 
 
 def test_folder_spec_returns_itself(gguf_llama, tmp_path):

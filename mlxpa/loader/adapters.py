@@ -1,0 +1,92 @@
+"""mlx-lm LoRA / DoRA adapters (``--adapter-path``), applied with mlx-lm's own loader.
+
+An adapter folder is what ``mlx_lm.lora`` writes: ``adapter_config.json`` (``fine_tune_type``
+``lora``, ``dora`` or ``full``; ``num_layers``; ``lora_parameters`` with ``rank``, ``scale``,
+``dropout`` and optionally ``keys``) and ``adapters.safetensors``. It is applied exactly as
+``mlx_lm.load(model, adapter_path=...)`` does (``mlx_lm.utils.load_adapters``, then
+``model.eval()``), so outputs match mlx-lm's. A fused model (``mlx_lm.fuse``) is a plain
+model folder and needs no adapter. :func:`check_adapter_path` reads only the config, so the
+command line refuses a bad folder before any input is read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+CONFIG = "adapter_config.json"
+WEIGHTS = "adapters.safetensors"
+FINE_TUNE_TYPES = ("lora", "dora", "full")
+_LORA_KEYS = ("rank", "scale", "dropout")
+
+
+def check_adapter_path(path: str | Path) -> Path:
+    """Check that ``path`` is an mlx-lm adapter folder, reading only its config.
+
+    Returns:
+        The folder.
+
+    Raises:
+        FileNotFoundError: The folder, its ``adapter_config.json`` or its
+            ``adapters.safetensors`` does not exist (the path named).
+        ValueError: The config is not JSON, or lacks a field mlx-lm's loader reads (named).
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--adapter-path {path}: no such folder (mlx_lm.lora writes "
+                                f"{WEIGHTS} and {CONFIG} into its --adapter-path)")
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"--adapter-path {path}: no {name} in the folder (an "
+                                    f"mlx-lm adapter folder holds {WEIGHTS} and {CONFIG})")
+    where = folder / CONFIG
+    try:
+        config = json.loads(where.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: not a JSON file ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    kind = config.get("fine_tune_type", "lora")
+    if kind not in FINE_TUNE_TYPES:
+        raise ValueError(f"{where}: fine_tune_type must be one of {', '.join(FINE_TUNE_TYPES)}, "
+                         f"got {kind!r}")
+    if kind != "full":
+        if not isinstance(config.get("num_layers"), int):
+            raise ValueError(f"{where}: num_layers must be an integer (the layers adapted, "
+                             "counted from the last)")
+        params = config.get("lora_parameters")
+        missing = [k for k in _LORA_KEYS if not isinstance(params, dict) or k not in params]
+        if missing:
+            raise ValueError(f"{where}: lora_parameters lacks {', '.join(missing)} (mlx-lm's "
+                             "LoRA config names the scale 'scale', not 'alpha')")
+    return folder
+
+
+def apply_adapters(model: nn.Module, path: str | Path) -> nn.Module:
+    """``model`` with the adapter at ``path`` applied, as ``mlx_lm.load(adapter_path=)`` does.
+
+    Args:
+        model: An mlx-lm model, float or quantized (LoRA/DoRA wrap quantized layers too).
+        path: The adapter folder.
+
+    Returns:
+        The same model object, in eval mode.
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`check_adapter_path`; ``ValueError`` too when
+            the adapter does not fit the model (its tensors' names or shapes), naming the path.
+    """
+    from mlx_lm.utils import load_adapters
+
+    folder = check_adapter_path(path)
+    try:
+        model = load_adapters(model, str(folder))
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        detail = " ".join(str(err).split())
+        raise ValueError(f"--adapter-path {path}: does not fit the model ({detail})") from None
+    model.eval()
+    return model

@@ -1,0 +1,123 @@
+"""Quantized weights dequantized at load on MLX's CPU back end (``--keep-quantized`` keeps them).
+
+MLX's CPU back end has no BLAS path for packed weights: there a quantized matmul runs about an
+order of magnitude slower than the float32 one OpenBLAS computes (``benchmarks/quant_bench.py``).
+So on the CPU, when memory allows, :func:`load_model <mlxpa.loader.models.load_model>` swaps
+every quantized layer for its float twin with mlx-lm's own ``dequantize_model`` (the swap
+``mlx_lm convert --dequantize`` makes), after the adapters are applied and the parameters cast to
+the compute dtype, then casts the new weights to that dtype too (fp4/fp8 modes dequantize to
+bfloat16). The weights are then the values a packed layer computes with, and outputs equal
+mlx-lm's on its own dequantized model. Metal and CUDA are left alone: quantized matmuls are
+MLX's fast path there. ``--keep-quantized`` (``EngineConfig.keep_quantized``) keeps them packed;
+mlx-lm's ``convert --dequantize`` is the offline equivalent.
+
+Memory rule: the float weights of the quantized layers plus the KV budget must fit in 80% of
+the memory available once the packed model has loaded (``MemAvailable``, capped by a
+container's cgroup limit; without ``/proc/meminfo``, physical memory less what MLX holds).
+Both copies exist during the swap, and the packed one is already counted as in use, so the
+rule covers the peak; afterwards the packed weights are freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+logger = logging.getLogger(__name__)
+
+MEMORY_FRACTION = 0.8  # of the available memory the float weights and KV budget may take
+
+
+class QuantizedSize(NamedTuple):
+    """Bytes of a model's weights, packed as loaded and with every quantized layer float."""
+
+    packed: int  # all parameters as loaded
+    dequantized: int  # the same model after dequantization
+    added: int  # float bytes of the dequantized layers (what the swap allocates)
+
+
+def quantized_size(model: nn.Module, dtype: mx.Dtype) -> QuantizedSize | None:
+    """The weights' bytes before and after dequantizing to ``dtype``; None when no layer is
+    one mlx-lm's ``dequantize_model`` swaps (``QuantizedLinear``, ``QuantizedEmbedding``,
+    ``QuantizedSwitchLinear``)."""
+    from mlx.utils import tree_flatten
+
+    total = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    packed = added = 0
+    for _, module in _quantized_layers(model):
+        w = module.weight
+        packed += sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+        logical = w.size // w.shape[-1] * (w.shape[-1] * 32 // module.bits)
+        added += logical * dtype.size + (module["bias"].nbytes if "bias" in module else 0)
+    if not packed:
+        return None
+    return QuantizedSize(total, total - packed + added, added)
+
+
+def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: int,
+                       keep_quantized: bool) -> bool:
+    """Dequantize ``model`` in place where the module docstring's rules say so; one log line
+    either way (``name`` names the model in it).
+
+    Args:
+        model: A loaded mlx-lm model, adapters applied, parameters already in ``dtype``.
+        name: The model as the user gave it (``--model``), for the log line.
+        dtype: The compute dtype the float weights take.
+        kv_bytes: The KV pool's budget in bytes, which the float weights must leave room for.
+        keep_quantized: Keep the packed weights (``--keep-quantized``).
+
+    Returns:
+        True when the model was dequantized.
+    """
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
+
+    from mlxpa.blas import available_memory_bytes, host_memory_bytes
+    from mlxpa.kernels.device import on_cpu
+
+    size = quantized_size(model, dtype) if on_cpu() else None
+    if size is None:
+        return False
+    if keep_quantized:
+        logger.info("Keeping %s quantized (--keep-quantized): quantized matmuls are slower "
+                    "than float ones on MLX's CPU back end", name)
+        return False
+    available = available_memory_bytes()
+    if available is None:  # no /proc/meminfo (macOS): the memory MLX does not hold yet
+        total = host_memory_bytes()
+        available = None if total is None else max(0, total - mx.get_active_memory())
+    need = size.added + kv_bytes
+    if available is None or need > MEMORY_FRACTION * available:
+        logger.warning(
+            "Keeping %s quantized: its %s weights (%s) and the KV budget (%s) need more than "
+            "%d%% of the available memory (%s); quantized matmuls are slower on the CPU",
+            name, _dtype_name(dtype), _gib(size.dequantized), _gib(kv_bytes),
+            MEMORY_FRACTION * 100, "unknown" if available is None else _gib(available))
+        return False
+    dequantize_model(model)
+    model.set_dtype(dtype)  # fp4/fp8 modes dequantize to bfloat16
+    mx.eval(model.parameters())
+    logger.info("Dequantized %s for MLX's CPU back end: weights %s packed -> %s %s "
+                "(--keep-quantized keeps them packed)", name, _gib(size.packed),
+                _gib(size.dequantized), _dtype_name(dtype))
+    return True
+
+
+def _quantized_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    import mlx.nn as nn
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
