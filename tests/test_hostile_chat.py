@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
+from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.cli import app
 from mlxpa.data.rows import Row
-from mlxpa.prompts import prompt_token_ids
 from tests.tiny_models import byte_tokenizer, save_tiny_model
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] | trim }}"

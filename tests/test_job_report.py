@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
+from mlxpa.batch.job import report_written
 from mlxpa.config import SamplingParams
 from mlxpa.engine.metrics import Counters
-from mlxpa.job import report_written
 from mlxpa.request import Request, RequestOutput
 
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from mlxpa.bench.progress import BenchProgress
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import plural
 from mlxpa.engine.metrics import percentile
-from mlxpa.progress import BenchProgress
 
 Advance = Callable[[int], None]  # told each batch of output tokens as it is generated
 

@@ -109,11 +109,11 @@ def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
     Raises:
         InputError: The file is malformed, or has no valid row.
     """
+    from mlxpa.batch.prompts import messages_checker, prompt_token_ids
     from mlxpa.config import SamplingParams
     from mlxpa.data import InputError, InputOptions, input_format, read_rows
     from mlxpa.data.read import LINE_FORMATS
     from mlxpa.data.validate import validate
-    from mlxpa.prompts import messages_checker, prompt_token_ids
 
     inputs = InputOptions(fmt=input_format(path, None))
     v = validate(read_rows(path, inputs, name=path), source=path,
@@ -139,8 +139,8 @@ def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
     Raises:
         ValueError: The tokenizer has no chat template.
     """
+    from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.data.rows import Row
-    from mlxpa.prompts import prompt_token_ids
 
     rng = np.random.default_rng(seed)
     prefix: list[dict] = []

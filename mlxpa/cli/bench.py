@@ -73,11 +73,11 @@ def bench(
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
     With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
+    from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model, peek_tokenizer
-    from mlxpa.progress import BenchProgress
 
     console = _console()
     try:

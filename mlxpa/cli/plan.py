@@ -51,9 +51,8 @@ def plan(
 
     from rich.console import Console
 
+    from mlxpa.batch.plan import plan_file, plan_tables
     from mlxpa.data import InputError
-    from mlxpa.plan import plan_file
-    from mlxpa.progress import plan_tables
 
     console = Console(stderr=True)
     try:
@@ -111,11 +110,11 @@ def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool, tok
     import dataclasses
     import os
 
+    from mlxpa.batch.prompts import messages_checker
     from mlxpa.config import SamplingParams
     from mlxpa.data import STDIN, input_format, read_rows, spool_stdin
     from mlxpa.data.read import LINE_FORMATS
     from mlxpa.data.validate import check, validate
-    from mlxpa.prompts import messages_checker
 
     fmt = input_format(source, inputs.fmt)
     spooled = source == STDIN and fmt != "hf"

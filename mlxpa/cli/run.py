@@ -35,8 +35,8 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import InputOptions
 
 if TYPE_CHECKING:
+    from mlxpa.batch.run import RunOptions
     from mlxpa.ray.run import RayOptions
-    from mlxpa.run import RunOptions
 
 # "\b" keeps click from re-wrapping the example lines.
 RUN_EXAMPLES = """\b
@@ -149,8 +149,8 @@ def run(
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
     Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
+    from mlxpa.batch.run import RunOptions
     from mlxpa.data.structured import cli_constraint
-    from mlxpa.run import RunOptions
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
                                kernel, max_model_len=max_model_len,
@@ -231,10 +231,10 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
     130: interrupted, with the command that resumes)."""
     from rich.console import Console
 
+    from mlxpa.batch.run import OptionError, run_file
     from mlxpa.cli.signals import catch_sigint
     from mlxpa.data import InputError
     from mlxpa.data.resume import resume_hint
-    from mlxpa.run import OptionError, run_file
 
     console = Console(stderr=True, soft_wrap=True)  # result lines rich prints stay whole
     if options.show_progress:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.config import SamplingParams
 from mlxpa.data import Row
-from mlxpa.prompts import prompt_token_ids
 
 
 class Item(NamedTuple):

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from rich.console import Console
 
+from mlxpa.batch.run import RunOptions
 from mlxpa.config import SamplingParams
 from mlxpa.data import (
     STDIN,
@@ -30,7 +31,6 @@ from mlxpa.data import (
 from mlxpa.data.records import resolve_output_format
 from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
-from mlxpa.run import RunOptions
 
 
 class Prepared(NamedTuple):

@@ -26,20 +26,20 @@ from collections.abc import Callable
 
 from rich.console import Console
 
+from mlxpa.batch.progress import RunProgress, summary_table
+from mlxpa.batch.run import RunOptions, check_targets
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputOptions, ResultWriter
 from mlxpa.data.inputs import where
 from mlxpa.data.records import error_records
 from mlxpa.data.resume import id_key
 from mlxpa.engine.metrics import Stats, summarize
-from mlxpa.progress import RunProgress, summary_table
 from mlxpa.ray.cluster import actor_pool, configure_ray_data, ray_session, require_ray
 from mlxpa.ray.items import Item, make_item
 from mlxpa.ray.prepare import Prepared, prepare
 from mlxpa.ray.replica import STATS_INDEX, ShardReplica
 from mlxpa.ray.shard import SHARDINGS, plan_shards
 from mlxpa.ray.stats import ClusterCounters, cluster_metrics
-from mlxpa.run import RunOptions, check_targets
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
                  should_stop: Callable[[], bool] | None = None) -> dict:
     """Run every row of ``source`` on Ray Data engine replicas; write ``output``.
 
-    The arguments shared with :func:`mlxpa.run.run_file` mean the same; the output is what a
+    The arguments shared with :func:`mlxpa.batch.run.run_file` mean the same; the output is what a
     local run writes (same rows, ids, error rows, order; greedy texts identical).
 
     Returns:
@@ -90,7 +90,7 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
         ``ray_init_s``, ``driver_s`` (validation, tokenization, sharding), ``num_shards``.
 
     Raises:
-        InputError, OptionError, ValueError: As :func:`mlxpa.run.run_file`, before Ray
+        InputError, OptionError, ValueError: As :func:`mlxpa.batch.run.run_file`, before Ray
             starts; ValueError also when Ray Data is not installed.
     """
     options, ray, inputs = options or RunOptions(), ray or RayOptions(), inputs or InputOptions()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from mlxpa.batch.setup import build_engine
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.read import read_rows
 from mlxpa.data.validate import validate
-from mlxpa.engine_setup import build_engine
 from mlxpa.loader.models import load_model
 from tests.tiny_models import save_tiny_model
 
@@ -49,7 +49,7 @@ def test_interrupted_report_counts_what_was_written(tmp_path):
     and the requests dropped in flight are said (the issue saw 1,432 counted, 1,022 written)."""
     import json
 
-    from mlxpa.run import RunOptions, run_file
+    from mlxpa.batch.run import RunOptions, run_file
 
     folder = save_tiny_model(tmp_path / "tiny")
     src = tmp_path / "in.jsonl"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
+from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputError, read_rows
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.run import RunOptions, run_file
 from mlxpa.worker.sampling import sample_one as sample_row
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 

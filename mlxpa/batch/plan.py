@@ -12,13 +12,15 @@ from collections.abc import Container
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from rich.table import Table
+
+from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.core.block_pool import cdiv
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data import InputOptions, read_rows
 from mlxpa.data.inputs import where
 from mlxpa.data.read import LINE_FORMATS
-from mlxpa.prompts import prompt_token_ids
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -153,3 +155,24 @@ def _plan(rows, ids, caps, ns, bad: int, over: list[str], tokenizer, block_size:
     return Plan(len(rows), bad, len(over), prompt, computed,
                 1 - computed / prompt if prompt else 0.0, without, with_sharing, block_size,
                 shared, over[:MAX_LISTED])
+
+
+def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
+    """``mlxpa plan``'s report: the predicted figures, and the longest shared prefixes."""
+    t = Table(title=title, show_header=False, box=None)
+    skipped = f"{plan.invalid_rows} invalid" + (
+        f", {plan.over_context_rows} over the context" if plan.over_context_rows else "")
+    for k, v in [("rows", f"{plan.rows} (+{skipped})"),
+                 ("prompt tokens", f"{plan.prompt_tokens}"),
+                 ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
+                 ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),
+                 ("KV blocks without sharing", f"{plan.kv_blocks_without_sharing}"),
+                 ("KV blocks with sharing", f"{plan.kv_blocks_with_sharing}"),
+                 ("block size", f"{plan.block_size}")]:
+        t.add_row(f"[bold]{k}", v)
+    s = Table(title="longest shared prefixes")
+    for col in ("tokens", "rows", "first row", "starts with"):
+        s.add_column(col)
+    for sp in plan.shared_prefixes:
+        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
+    return t, s

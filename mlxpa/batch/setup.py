@@ -12,13 +12,13 @@ from collections.abc import Iterable, Iterator
 
 from rich.console import Console
 
+from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.data import Row
 from mlxpa.data.resume import id_key
 from mlxpa.data.validate import Validation
 from mlxpa.engine import LLMEngine
-from mlxpa.prompts import prompt_token_ids
 
 
 def build_engine(config: EngineConfig, rows: Iterable[Row], validation: Validation,

@@ -25,6 +25,10 @@ from collections.abc import Callable, Iterator
 
 from rich.console import Console
 
+from mlxpa.batch.job import Job, close_in_order, report_written
+from mlxpa.batch.progress import RunProgress, summary_table
+from mlxpa.batch.prompts import messages_checker
+from mlxpa.batch.setup import build_engine
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.core.prefix_order import ORDERS
 from mlxpa.data import (
@@ -45,10 +49,6 @@ from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
-from mlxpa.engine_setup import build_engine
-from mlxpa.job import Job, close_in_order, report_written
-from mlxpa.progress import RunProgress, summary_table
-from mlxpa.prompts import messages_checker
 
 PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 

@@ -1,4 +1,4 @@
-"""Pass 2 of a file run (:func:`mlxpa.run.run_file`): rows to requests, in windows ordered by
+"""Pass 2 of a file run (:func:`mlxpa.batch.run.run_file`): rows to requests, in windows ordered by
 shared prefix, through the engine, and its outputs to result records in the writer."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console
 
+from mlxpa.batch.progress import RunProgress
+from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.config import SamplingParams
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.data import STDIN, ResultWriter, Row
@@ -17,8 +19,6 @@ from mlxpa.data.records import error_records, result_records
 from mlxpa.data.resume import id_key
 from mlxpa.data.validate import Validation
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.progress import RunProgress
-from mlxpa.prompts import prompt_token_ids
 from mlxpa.request import RequestOutput
 
 
