@@ -36,7 +36,7 @@ from mlxpa.data.inputs import InputOptions
 
 if TYPE_CHECKING:
     from mlxpa.batch.run import RunOptions
-    from mlxpa.ray.run import RayOptions
+    from mlxpa.ray.options import RayOptions
 
 # "\b" keeps click from re-wrapping the example lines.
 RUN_EXAMPLES = """\b
@@ -202,7 +202,7 @@ def _ray_options(ray: bool, address: str | None, num_replicas: int):
     """``RayOptions`` for ``--ray`` (None: a local run; Ray is imported only when asked)."""
     if not ray:
         return None
-    from mlxpa.ray.run import RayOptions
+    from mlxpa.ray.options import RayOptions
 
     return RayOptions(address, num_replicas)
 

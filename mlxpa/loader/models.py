@@ -85,6 +85,7 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
 def load_model(
     spec: str | os.PathLike[str] | None, dtype: str | None = None,
     on_tokenizer: Callable[[TokenizerWrapper, dict], None] | None = None,
+    tokenizer: TokenizerWrapper | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
     """Resolves ``spec`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
@@ -96,6 +97,8 @@ def load_model(
         on_tokenizer: Called with the tokenizer and the folder's ``config.json`` once the
             tokenizer has loaded, before the weights (work that needs only the tokenizer
             starts there, e.g. the grammar tokenizer's background build).
+        tokenizer: The model's tokenizer, already loaded (:func:`load_tokenizer_of`); None
+            loads it.
 
     Returns:
         ``(model, tokenizer, folder)``; the tokenizer's ``eos_token_ids`` include the ids of the
@@ -107,7 +110,6 @@ def load_model(
     """
     import mlx.core as mx
     from mlx_lm.utils import load_model as load_weights
-    from mlx_lm.utils import load_tokenizer
 
     from mlxpa.kernels.device import on_cpu
 
@@ -120,7 +122,8 @@ def load_model(
     # 262,144 tokens) briefly takes about 0.5 GB more, which then does not add to the
     # weights' (the README example's peak RSS: 1.87 GB with the weights first, 1.47 GB).
     config = json.loads((folder / "config.json").read_text())
-    tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(folder, config)
     if on_tokenizer is not None:
         on_tokenizer(tokenizer, config)
     model, _ = load_weights(folder)
@@ -167,13 +170,29 @@ def peek_context_len(spec: str | os.PathLike[str] | None) -> int | None:
     return ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
-def peek_tokenizer(spec: str | os.PathLike[str] | None) -> Any | None:
-    """The model's mlx-lm tokenizer, without loading the weights; None when it cannot be
-    loaded (loading the model then reports the real problem)."""
+def load_tokenizer_of(spec: str | os.PathLike[str] | None) -> TokenizerWrapper:
+    """The model's mlx-lm tokenizer, without the weights, as :func:`load_model` loads it
+    (``eos_token_ids`` include those of the folder's ``config.json``).
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model`, or the folder's config or
+            tokenizer files cannot be read.
+    """
+    folder = resolve_model(spec)
+    return _load_tokenizer(folder, json.loads((folder / "config.json").read_text()))
+
+
+def _load_tokenizer(folder: Path, config: dict) -> TokenizerWrapper:
     from mlx_lm.utils import load_tokenizer
 
+    return load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+
+
+def peek_tokenizer(spec: str | os.PathLike[str] | None) -> Any | None:
+    """The model's mlx-lm tokenizer (:func:`load_tokenizer_of`); None when it cannot be
+    loaded (loading the model then reports the real problem)."""
     try:
-        return load_tokenizer(resolve_model(spec))
+        return load_tokenizer_of(spec)
     except Exception:  # any failure here is reported by the model load that follows
         return None
 

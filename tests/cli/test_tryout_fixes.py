@@ -121,7 +121,7 @@ def test_plan_clamps_max_tokens_and_names_rows_over_the_context(tmp_path, tokeni
     assert p["kv_blocks_without_sharing"] == 256
     assert (p["rows"], p["over_context_rows"]) == (1, 1)
     assert p["over_context"] == [f"{src} line 2: prompt has 5000 tokens; the limit is 4095 "
-                                 "(the context holds 4096 tokens)"]
+                                 "(the model context (--max-model-len) holds 4096 tokens)"]
     assert "warning: 1 row(s) over the context" in err
     p, _ = plan_json(src, tokenizer_only, "--max-model-len", 100)
     assert p["kv_blocks_without_sharing"] == 7  # ceil(100 / 16)
