@@ -23,7 +23,7 @@ from mlxpa.cli import app  # noqa: E402
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
 from mlxpa.ray import build_processor  # noqa: E402
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
-from tests.tiny_models import VOCAB, save_tiny_model  # noqa: E402
+from tests.tiny_models import STRICT_TEMPLATE, VOCAB, save_tiny_model  # noqa: E402
 
 SYSTEMS = ["You are a terse assistant; answer in one word. " * 2,
            "Translate the following sentence into French. " * 2,
@@ -40,13 +40,6 @@ def cluster():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
-
-
-# Raises on any role but user/assistant/system, as real chat templates do.
-STRICT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
-    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
-    "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
 
 
 @pytest.fixture(scope="module")
