@@ -15,6 +15,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a Ray cluster and model loads per replica
 
 from typer.testing import CliRunner  # noqa: E402
 
