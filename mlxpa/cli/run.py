@@ -110,8 +110,8 @@ GrammarOpt = Annotated[str | None, typer.Option(
     metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
 
 RayOpt = Annotated[bool, typer.Option(
-    "--ray", help="Run on Ray Data replicas (pip install 'mlxpa[ray]'); rows sharing a prefix "
-    "go to the same replica.")]
+    "--ray", help="Run on Ray replicas (pip install 'mlxpa[ray]'); rows sharing a prefix go "
+    "to the same replica.")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     help="Ray cluster to join (auto: the one `ray start --head` started; default: a local "
     "Ray); implies --ray.")]

@@ -56,6 +56,8 @@ def start_replicas(config: EngineConfig, opts: RayOptions, out_fmt: str,
     ready, _ = ray.wait([a.ready.remote() for a in actors], num_returns=len(actors),
                         timeout=WAIT_FOR_REPLICAS_S)
     if len(ready) < len(actors):
+        for a in actors:
+            ray.kill(a)
         raise TimeoutError(f"--ray: {len(ready)} of {len(actors)} replicas started in "
                            f"{WAIT_FOR_REPLICAS_S} s; the cluster lacks the CPUs "
                            f"({opts.cpus_per_replica} per replica)")
