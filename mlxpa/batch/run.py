@@ -15,7 +15,9 @@ Data flow (one way)::
     final_report
 
 When the first window is the whole input and none of its rows can run (each invalid, over the
-context, or already in the output), the model never loads. Memory does not grow with the input: both passes stream, pass 2 reads at most one window of
+context, or already in the output), the model never loads.
+
+Memory does not grow with the input: both passes stream, pass 2 reads at most one window of
 rows ahead of the engine (the engine pulls while its waiting queue is short), and the reorder
 buffer holds at most about two windows.
 """
