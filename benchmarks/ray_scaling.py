@@ -25,10 +25,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from mlxpa.batch.run import RunOptions, run_file  # noqa: E402
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload  # noqa: E402
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
-from mlxpa.run import RunOptions, run_file  # noqa: E402
 
 
 def write_file(path: str, workload, tokenizer) -> None:
@@ -60,13 +60,13 @@ def shard_serialization(path: str, config: EngineConfig, replicas: int) -> dict:
     """Bytes and seconds to pickle the shards the driver sends (prompt ids + rows)."""
     from mlx_lm.utils import load_tokenizer
 
-    from mlxpa.data import read_rows
+    from mlxpa.batch.requests import to_request
+    from mlxpa.data import InputOptions, read_rows
     from mlxpa.loader.models import resolve_model
-    from mlxpa.ray.items import make_item
 
     tok = load_tokenizer(resolve_model(config.model))
-    items = [make_item(r, SamplingParams(), tok, path) for r in read_rows(path)]
-    items = [it for it in items if not isinstance(it, str)]
+    items = [(r, to_request(r, SamplingParams(), tok, InputOptions())) for r in read_rows(path)]
+    items = [it for it in items if not isinstance(it[1], str)]
     start = time.perf_counter()
     blob = pickle.dumps(items)
     return {"shard_bytes": len(blob), "shard_pickle_s": time.perf_counter() - start}

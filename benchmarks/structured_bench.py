@@ -94,8 +94,8 @@ def check_row(row: dict, result: dict) -> bool:
 
 
 def validity(model: str | None, n: int, workdir: str) -> dict:
+    from mlxpa.batch.run import RunOptions, run_file
     from mlxpa.config import EngineConfig, SamplingParams
-    from mlxpa.run import RunOptions, run_file
 
     src, out = os.path.join(workdir, "mix.jsonl"), os.path.join(workdir, "mix.out.jsonl")
     data = rows(n)

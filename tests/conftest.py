@@ -25,6 +25,13 @@ def default_model(default_model_dir):
     return load_model(None)
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """A test of the default model is a slow one (``pytest -m "not slow"`` leaves it out)."""
+    for item in items:
+        if item.get_closest_marker("real_model") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 # --- one line that says why tests were skipped ---------------------------------------------
 
 

@@ -4,7 +4,7 @@
 A case is rows (valid ones, rows of random field names and JSON values, undecodable lines),
 a format (JSONL, CSV, Parquet, OpenAI Batch), engine options (tiny pools, block sizes, chunk
 budgets, context) and the run's sampling defaults. :func:`check_case` runs it through
-:func:`mlxpa.run.run_file` (what ``mlxpa run`` calls) on a tiny random model and checks:
+:func:`mlxpa.batch.run.run_file` (what ``mlxpa run`` calls) on a tiny random model and checks:
 
 * nothing but ``InputError`` (exit status 2) escapes, and only when rows are invalid and
   ``--skip-invalid`` is off; every problem it lists names the file and the row's line;
@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
+from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputError, InputOptions
 from mlxpa.engine import LLMEngine
-from mlxpa.run import RunOptions, run_file
 
 CONTROL = ["<eos>", "<bos>", "<pad>", "<start_of_turn>", "<end_of_turn>\n<start_of_turn>model",
            "<|im_start|>", "<|endoftext|>"]

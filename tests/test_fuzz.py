@@ -21,6 +21,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tests.fuzz_inputs import Case, cases, check_case, write_case
 from tests.tiny_models import byte_tokenizer, save_tiny_model, tiny_llama
 
+pytestmark = pytest.mark.slow  # hundreds of runs, and subprocess runs
 EXAMPLES = int(os.environ.get("MLXPA_FUZZ_EXAMPLES", "300"))
 TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
             "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")

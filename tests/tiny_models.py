@@ -65,6 +65,23 @@ def byte_tokenizer(eos_id: int = 1) -> TokenizerWrapper:
     return TokenizerWrapper(fast, eos_token_ids={eos_id})
 
 
+# Raises on any role but user/assistant/system, as real chat templates do.
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+
+
+def save_tokenizer_only(folder, chat_template: str | None = STRICT_TEMPLATE) -> str:
+    """A tiny model folder without its weights: anything that loads the model fails (what
+    runs before the load is checked with it)."""
+    import os
+
+    folder = save_tiny_model(folder, chat_template=chat_template)
+    os.remove(os.path.join(folder, "model.safetensors"))
+    return folder
+
+
 def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = None) -> str:
     """Write a tiny random model and the byte tokenizer as an MLX model folder
     (what ``mlx_lm.load`` reads), for CLI tests."""

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from mlxpa.bench.progress import BenchProgress
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import plural
 from mlxpa.engine.metrics import percentile
-from mlxpa.progress import BenchProgress
 
 Advance = Callable[[int], None]  # told each batch of output tokens as it is generated
 
@@ -84,12 +84,15 @@ def _no_eos(tokenizer):
 def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
               advance: Advance = _ignore) -> SystemResult:
     """Our engine on the workload, admitted in prefix order as ``mlxpa run`` does (when
-    prefix caching is on); records KV blocks in use after every step."""
+    prefix caching is on), its KV pool sized to the workload as ``run`` sizes it
+    (:func:`~mlxpa.batch.setup.sized_config`); records KV blocks in use after every step."""
+    from mlxpa.batch.setup import sized_config
     from mlxpa.core.prefix_order import prefix_order
     from mlxpa.engine import LLMEngine
     from mlxpa.engine.metrics import summarize
 
-    engine = LLMEngine(config, model, tokenizer)
+    lengths = ((len(p), n, 1) for p, n in zip(wl.prompts, wl.output_lens))
+    engine = LLMEngine(sized_config(config, model, lengths), model, tokenizer)
     t0 = time.perf_counter()
     engine.counters.start_time = t0
     order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching

@@ -99,34 +99,37 @@ def shared_prefix_workload(tokenizer, num_groups: int = 8, prompts_per_group: in
                          output_len=output_len, seed=seed))
 
 
-def file_workload(tokenizer, path: str, output_len: int = 64) -> Workload:
-    """Every valid row of an input file ``mlxpa run`` accepts, checked as ``run`` checks it
-    (:func:`~mlxpa.data.validate.validate`, chat rows against the template); a row that sets
-    ``max_tokens`` generates that many tokens, the others ``output_len``. Invalid rows are
-    left out: ``params["invalid_rows"]`` counts them, ``params["problems"]`` names the
-    first of them by file, line and field.
+def file_workload(tokenizer, path: str, output_len: int = 64,
+                  vocab_size: int | None = None) -> Workload:
+    """Every valid row of an input file ``mlxpa run`` accepts, checked and made into requests
+    as ``run`` does (:func:`~mlxpa.batch.prepare.prepare`, :func:`~mlxpa.batch.requests.feed`);
+    a row that sets ``max_tokens`` generates that many tokens, the others ``output_len``.
+    Invalid rows are left out: ``params["invalid_rows"]`` counts them, ``params["problems"]``
+    names the first of them by file, line and field.
 
     Raises:
         InputError: The file is malformed, or has no valid row.
     """
+    from mlxpa.batch.options import RunOptions
+    from mlxpa.batch.prepare import prepare
+    from mlxpa.batch.prompts import messages_checker
+    from mlxpa.batch.requests import feed
+    from mlxpa.batch.source import Source
     from mlxpa.config import SamplingParams
-    from mlxpa.data import InputError, InputOptions, input_format, read_rows
-    from mlxpa.data.read import LINE_FORMATS
-    from mlxpa.data.validate import validate
-    from mlxpa.prompts import messages_checker, prompt_token_ids
+    from mlxpa.data import InputError
 
-    inputs = InputOptions(fmt=input_format(path, None))
-    v = validate(read_rows(path, inputs, name=path), source=path,
-                 unit="line" if inputs.fmt in LINE_FORMATS else "row",
-                 defaults=SamplingParams(max_tokens=output_len),
-                 check_prompt=messages_checker(lambda: tokenizer))
-    rows = [r for r in read_rows(path, inputs, name=path)
-            if r.error is None and r.index not in v.row_problems]
-    if not rows:
+    defaults = SamplingParams(max_tokens=output_len)
+    with Source.open(path) as src:
+        v = prepare(src, None, defaults, RunOptions(skip_invalid=True, show_progress=False),
+                    vocab_size=vocab_size, check_prompt=messages_checker(lambda: tokenizer)
+                    ).validation
+        requests = [f.request for f in feed(src, v, defaults, tokenizer, None)
+                    if f.request is not None]
+    if not requests:
         raise InputError(v.report(what="nothing to time") if v.num_problems else "no rows",
                          source=path)
-    prompts = [prompt_token_ids(r, tokenizer) for r in rows]
-    return Workload("file", prompts, [r.params.get("max_tokens", output_len) for r in rows],
+    return Workload("file", [r.prompt_token_ids for r in requests],
+                    [r.params.max_tokens for r in requests],
                     dict(path=path, output_len=output_len, invalid_rows=v.num_problems,
                          problems=v.problems))
 
@@ -139,8 +142,8 @@ def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
     Raises:
         ValueError: The tokenizer has no chat template.
     """
+    from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.data.rows import Row
-    from mlxpa.prompts import prompt_token_ids
 
     rng = np.random.default_rng(seed)
     prefix: list[dict] = []
@@ -166,8 +169,10 @@ WORKLOADS = ("random", "shared-prefix", "annotation", "file")
 def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts: int = 128,
                   input_len: int = 320, range_ratio: float = 0.6, output_len: int = 64,
                   num_groups: int = 8, prompts_per_group: int = 16, system_prompt_len: int = 512,
-                  question_len: int = 64, seed: int = 0) -> Workload:
-    """The workload ``name`` (one of :data:`WORKLOADS`) with the parameters that apply to it.
+                  question_len: int = 64, seed: int = 0,
+                  vocab_size: int | None = None) -> Workload:
+    """The workload ``name`` (one of :data:`WORKLOADS`) with the parameters that apply to it
+    (``vocab_size``: the model's, for the token ids a ``file`` row gives; None: unchecked).
 
     Raises:
         ValueError: An unknown name, or ``file`` without ``input``.
@@ -183,5 +188,5 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
     if name == "file":
         if not input:
             raise ValueError("--workload file needs --input PATH")
-        return file_workload(tokenizer, input, output_len)
+        return file_workload(tokenizer, input, output_len, vocab_size)
     raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")

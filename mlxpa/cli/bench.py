@@ -79,11 +79,12 @@ def bench(
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
     With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
+    from mlxpa.batch.model_files import ModelFiles
+    from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
-    from mlxpa.loader.models import load_model, peek_tokenizer
-    from mlxpa.progress import BenchProgress
+    from mlxpa.loader.models import load_model
     from mlxpa.worker.model_runner import kv_budget_bytes
 
     console = _console()
@@ -92,19 +93,18 @@ def bench(
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel, revision=revision,
                                adapter_path=adapter_path, keep_quantized=keep_quantized)
-
-        def load():
-            return load_model(model, revision=revision, adapter_path=adapter_path,
-                              keep_quantized=keep_quantized, kv_bytes=kv_budget_bytes(config))
-
+        files = ModelFiles(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
-                workload.value, peek_tokenizer(model, revision) or load()[1], input=input,
+                workload.value, files.tokenizer(), input=input,
                 num_prompts=num_prompts, input_len=input_len, range_ratio=range_ratio,
                 output_len=output_len, num_groups=num_groups, prompts_per_group=prompts_per_group,
-                system_prompt_len=system_prompt_len, question_len=question_len, seed=seed)
+                system_prompt_len=system_prompt_len, question_len=question_len, seed=seed,
+                vocab_size=files.vocab_size())
             _say_workload(console, wl, systems, repeats)
-        mdl, tok, _ = load()
+        mdl, tok, _ = load_model(model, revision=revision, adapter_path=adapter_path,
+                                 keep_quantized=keep_quantized, kv_bytes=kv_budget_bytes(config),
+                                 tokenizer=files.tokenizer())
         if workload.value == LIMITS:
             return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:

@@ -43,8 +43,8 @@ KVMemoryOpt = Annotated[float | None, typer.Option(
     "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
     "4); the pool takes only what the input can use.")]
 BenchKVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", help="Memory for each system's KV pool in GiB, allocated up front "
-    "(default: 15% of memory, at most 4).")]
+    "--kv-memory", help="Most memory for mlxpa's KV pool in GiB (default: 15% of memory, at "
+    "most 4); the pool takes only what the workload can use.")]
 MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
 MaxBatchedOpt = Annotated[int, typer.Option(
     help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
@@ -53,19 +52,24 @@ def plan(
 
     from rich.console import Console
 
+    from mlxpa.batch.plan import plan_file, plan_tables
+    from mlxpa.batch.prepare import prepare
+    from mlxpa.batch.prompts import messages_checker
+    from mlxpa.batch.source import Source
     from mlxpa.data import InputError
-    from mlxpa.plan import plan_file
-    from mlxpa.progress import plan_tables
 
     console = Console(stderr=True)
     try:
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
-        tokenizer, context = _tokenizer_and_context(model, revision, max_model_len)
-        with _checked_input(input, inputs, max_tokens, skip_invalid, tokenizer) as (
-                path, inputs, name, v):
-            p = plan_file(path, tokenizer, inputs=inputs, block_size=block_size,
-                          max_tokens=max_tokens, top_k=top, max_model_len=context,
-                          invalid=v.row_problems, name=name)
+        defaults, options = _plan_settings(max_tokens, skip_invalid)
+        files = _model_files(model, revision, max_model_len)
+        tokenizer = files.tokenizer()
+        with Source.open(input, inputs) as src:
+            v = prepare(src, None, defaults, options, console, vocab_size=files.vocab_size(),
+                        check_prompt=messages_checker(lambda: tokenizer),
+                        refusal="nothing was planned (--skip-invalid plans the rest)").validation
+            p = plan_file(src, v, tokenizer, defaults, block_size=block_size, top_k=top,
+                          max_model_len=files.context_len())
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -83,56 +87,27 @@ def plan(
         out.print(table)
 
 
-def _tokenizer_and_context(model: str | None, revision: str | None,
-                           max_model_len: int | None):
-    """The model's tokenizer (no weights) and its context capped by ``--max-model-len``.
+def _plan_settings(max_tokens: int, skip_invalid: bool):
+    """The sampling defaults and run options a plan reads the input with."""
+    from mlxpa.batch.options import RunOptions
+    from mlxpa.config import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens), RunOptions(skip_invalid=skip_invalid,
+                                                             show_progress=False)
+
+
+def _model_files(model: str | None, revision: str | None, max_model_len: int | None):
+    """The model's files as a run reads them before its weights (tokenizer, vocabulary,
+    context capped by ``--max-model-len``).
 
     Raises:
-        FileNotFoundError, ValueError: The model cannot be found or read.
+        ValueError: ``--max-model-len`` below 2.
     """
-    from mlx_lm.utils import load_tokenizer
-
-    from mlxpa.loader.models import peek_context_len, resolve_model
+    from mlxpa.batch.model_files import ModelFiles
+    from mlxpa.config import EngineConfig
 
     if max_model_len is not None and max_model_len < 2:
         raise ValueError(f"--max-model-len must be >= 2 (a prompt token and an output "
                          f"token), got {max_model_len}")
-    tokenizer = load_tokenizer(resolve_model(model, revision))
-    ctx = peek_context_len(model, revision)
-    return tokenizer, min(filter(None, (ctx, max_model_len)), default=None)
-
-
-@contextlib.contextmanager
-def _checked_input(source: str, inputs, max_tokens: int, skip_invalid: bool, tokenizer):
-    """The input checked as ``run`` checks it, chat rows against the template (stdin spooled
-    to a file, since it is read twice): yields ``(path, inputs, name, validation)`` with the
-    format decided.
-
-    Raises:
-        InputError: Invalid rows (the first 20 listed), unless ``skip_invalid``.
-    """
-    import dataclasses
-    import os
-
-    from mlxpa.config import SamplingParams
-    from mlxpa.data import STDIN, input_format, read_rows, spool_stdin
-    from mlxpa.data.read import LINE_FORMATS
-    from mlxpa.data.validate import check, validate
-    from mlxpa.prompts import messages_checker
-
-    fmt = input_format(source, inputs.fmt)
-    spooled = source == STDIN and fmt != "hf"
-    path = spool_stdin(fmt) if spooled else source
-    name = "<stdin>" if spooled else source
-    inputs = dataclasses.replace(inputs, fmt=fmt)
-    try:
-        v = validate(read_rows(path, inputs, name=name), source=name,
-                     unit="line" if fmt in LINE_FORMATS else "row",
-                     defaults=SamplingParams(max_tokens=max_tokens),
-                     check_prompt=messages_checker(lambda: tokenizer))
-        if not skip_invalid:
-            check(v, name, "nothing was planned (--skip-invalid plans the rest)")
-        yield path, inputs, name, v
-    finally:
-        if spooled:
-            os.remove(path)
+    return ModelFiles(EngineConfig(model=model, max_model_len=max_model_len,
+                                   revision=revision))

@@ -38,8 +38,8 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import InputOptions
 
 if TYPE_CHECKING:
-    from mlxpa.ray.run import RayOptions
-    from mlxpa.run import RunOptions
+    from mlxpa.batch.run import RunOptions
+    from mlxpa.ray.options import RayOptions
 
 # "\b" keeps click from re-wrapping the example lines.
 RUN_EXAMPLES = """\b
@@ -113,8 +113,8 @@ GrammarOpt = Annotated[str | None, typer.Option(
     metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
 
 RayOpt = Annotated[bool, typer.Option(
-    "--ray", help="Run on Ray Data replicas (pip install 'mlxpa[ray]'); rows sharing a prefix "
-    "go to the same replica.")]
+    "--ray", help="Run on Ray replicas (pip install 'mlxpa[ray]'); rows sharing a prefix go "
+    "to the same replica.")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     help="Ray cluster to join (auto: the one `ray start --head` started; default: a local "
     "Ray); implies --ray.")]
@@ -154,7 +154,7 @@ def run(
     """Generate a completion for every row of INPUT; one result row per input row, in order.
 
     Ctrl-C writes every finished row, prints the command that resumes the run and exits 130."""
-    from mlxpa.run import RunOptions
+    from mlxpa.batch.run import RunOptions
     from mlxpa.structured.fields import cli_constraint
     try:
         config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
@@ -209,7 +209,7 @@ def _ray_options(ray: bool, address: str | None, num_replicas: int):
     """``RayOptions`` for ``--ray`` (None: a local run; Ray is imported only when asked)."""
     if not ray:
         return None
-    from mlxpa.ray.run import RayOptions
+    from mlxpa.ray.options import RayOptions
 
     return RayOptions(address, num_replicas)
 
@@ -238,10 +238,10 @@ def _run_command(input: str, output: str, config: EngineConfig, defaults: Sampli
     130: interrupted, with the command that resumes)."""
     from rich.console import Console
 
+    from mlxpa.batch.run import OptionError, run_file
     from mlxpa.cli.signals import catch_sigint
     from mlxpa.data import InputError
     from mlxpa.data.resume import resume_hint
-    from mlxpa.run import OptionError, run_file
 
     console = Console(stderr=True, soft_wrap=True)  # result lines rich prints stay whole
     if options.show_progress:

@@ -1,11 +1,18 @@
 """How many KV blocks a known input can use at most, so the pool is sized to the work.
 
-mlxpa reads the whole input before the run, so the pool need not take the whole memory
-budget up front (vLLM sizes it from free memory, for a server whose work is unknown). A
+A batch run knows its requests before the model loads, so the pool need not take the whole
+memory budget up front (vLLM sizes it from free memory, for a server whose work is unknown). A
 request holds at most ``ceil((prompt + max_tokens) / block_size)`` blocks per sample
 (prefix sharing and copy-on-write only lower that, preemption frees before it re-allocates),
 so the sum over all requests plus the null block bounds every block ever held at once, the
 prefix cache's included: with a pool that size nothing is ever evicted or preempted.
+
+Trade-off: the run sizes the pool from the requests of its first window of rows (what pass 2
+reads and tokenizes before the model loads anyway; :mod:`mlxpa.batch.setup`), not from a read
+of the whole input. An input that fits in one window gets exactly its need; a longer one gets
+the whole budget, even when its total need is below it (each window's need usually reaches
+the budget, and reading ahead to find out would cost another pass over the input). Rows over
+the context are refused before the model loads and never size the pool.
 """
 
 from __future__ import annotations

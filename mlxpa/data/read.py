@@ -49,7 +49,13 @@ CSV_EXTENSIONS = (".csv", ".tsv")
 TEXT_EXTENSIONS = (".txt",)
 LINE_FORMATS = ("jsonl", "csv", "txt")  # formats whose problems name a line, not a row
 
-__all__ = ["STDIN", "input_format", "read_rows", "spool_stdin"]
+__all__ = ["STDIN", "STDIN_NAME", "input_format", "read_rows", "spool_stdin", "unit_of"]
+
+
+def unit_of(fmt: str) -> str:
+    """What messages call a record of format ``fmt``: ``line`` (JSONL, CSV, text: 1-based
+    physical lines) or ``row`` (Parquet, ``datasets``: 0-based rows)."""
+    return "line" if fmt in LINE_FORMATS else "row"
 
 
 def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
@@ -75,7 +81,7 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
     source = os.fspath(source)
     fmt = input_format(source, options.fmt)
     name = name or (STDIN_NAME if source == STDIN else source)
-    spec = RowSpec(name, "line" if fmt in LINE_FORMATS else "row", options)
+    spec = RowSpec(name, unit_of(fmt), options)
     if fmt == "hf":
         from mlxpa.data.hf import iter_hf_records
 
@@ -185,7 +191,7 @@ def _jsonl_lines(lines: Any, name: str) -> Records:
         if not raw.strip():
             continue
         if not seen and _starts_json_array(raw):
-            stem = os.path.splitext(name)[0] if name != "<stdin>" else "input"
+            stem = os.path.splitext(name)[0] if name != STDIN_NAME else "input"
             stem += ".lines" if stem + ".jsonl" == name else ""
             raise InputError("the file is a JSON array ([...]), not JSON Lines (one object per "
                              f"line); convert it with: jq -c '.[]' {shlex.quote(name)} > "

@@ -95,7 +95,7 @@ def load_model(
     spec: str | os.PathLike[str] | None, dtype: str | None = None,
     on_tokenizer: Callable[[TokenizerWrapper, dict], None] | None = None, *,
     revision: str | None = None, adapter_path: str | os.PathLike[str] | None = None,
-    keep_quantized: bool = False, kv_bytes: int = 0,
+    keep_quantized: bool = False, kv_bytes: int = 0, tokenizer: TokenizerWrapper | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
     """Resolves ``spec`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
@@ -115,6 +115,8 @@ def load_model(
         adapter_path: An mlx-lm LoRA/DoRA adapter folder (:mod:`mlxpa.loader.adapters`).
         keep_quantized: On the CPU, keep quantized weights packed.
         kv_bytes: The KV pool's budget in bytes (the dequantized weights must leave room).
+        tokenizer: The model's tokenizer, already loaded (:func:`load_tokenizer_of`); None
+            loads it.
 
     Returns:
         ``(model, tokenizer, folder)``; the tokenizer's ``eos_token_ids`` include the ids of the
@@ -127,7 +129,6 @@ def load_model(
     """
     import mlx.core as mx
     from mlx_lm.utils import load_model as load_weights
-    from mlx_lm.utils import load_tokenizer
 
     from mlxpa.kernels.device import on_cpu
     from mlxpa.loader.adapters import apply_adapters, check_adapter_path
@@ -144,7 +145,8 @@ def load_model(
     # 262,144 tokens) briefly takes about 0.5 GB more, which then does not add to the
     # weights' (the README example's peak RSS: 1.87 GB with the weights first, 1.47 GB).
     config = json.loads((folder / "config.json").read_text())
-    tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(folder, config)
     if on_tokenizer is not None:
         on_tokenizer(tokenizer, config)
     model, _ = load_weights(folder)
@@ -213,18 +215,36 @@ def peek_context_len(spec: str | os.PathLike[str] | None,
     return ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
+def load_tokenizer_of(spec: str | os.PathLike[str] | None,
+                      revision: str | None = None) -> TokenizerWrapper:
+    """The model's mlx-lm tokenizer, without the weights, as :func:`load_model` loads it
+    (``eos_token_ids`` include those of the folder's ``config.json``).
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model`, or the folder's config or
+            tokenizer files cannot be read.
+    """
+    folder = resolve_model(spec, revision)
+    return _load_tokenizer(folder, json.loads((folder / "config.json").read_text()))
+
+
+def _load_tokenizer(folder: Path, config: dict) -> TokenizerWrapper:
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+
+
 def peek_tokenizer(spec: str | os.PathLike[str] | None,
                    revision: str | None = None) -> Any | None:
-    """The model's mlx-lm tokenizer, without loading the weights; None when it cannot be
-    loaded (loading the model then reports the real problem).
+    """The model's mlx-lm tokenizer (:func:`load_tokenizer_of`), without loading the weights;
+    None when it cannot be loaded (loading the model then reports the real problem).
 
     Raises:
         HubModelError: A repo id that cannot be had (:func:`_peek_folder`)."""
-    from mlx_lm.utils import load_tokenizer
-
     folder = _peek_folder(spec, revision)
     try:
-        return None if folder is None else load_tokenizer(folder)
+        return None if folder is None else _load_tokenizer(
+            folder, json.loads((folder / "config.json").read_text()))
     except Exception:  # any failure here is reported by the model load that follows
         return None
 

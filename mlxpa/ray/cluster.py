@@ -1,4 +1,5 @@
-"""Connect to a Ray cluster for one run, or start a local Ray instance."""
+"""Connect to a Ray cluster for one run, or start a local Ray instance; Ray Data settings of
+``build_processor``."""
 
 from __future__ import annotations
 
@@ -51,34 +52,20 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
 
 
 def actor_pool(num_replicas: int):
-    """A fixed pool of ``num_replicas`` actors, each given one task (shard or batch) at a time,
-    so a free replica takes the next one (load balance) instead of one replica queueing them.
-    """
+    """A fixed Ray Data pool of ``num_replicas`` actors, each given one batch at a time, so a
+    free replica takes the next one (load balance) instead of one replica queueing them."""
     import ray
 
     return ray.data.ActorPoolStrategy(size=num_replicas, max_tasks_in_flight_per_actor=1)
 
 
-WAIT_FOR_REPLICAS_S = 600
-
-
-def configure_ray_data(wait_for_replicas: bool) -> None:
+def configure_ray_data() -> None:
     """Set the current Ray ``DataContext``: no Ray Data progress bars or execution logs on
-    stderr (mlxpa draws its own).
-
-    Args:
-        wait_for_replicas: An actor pool starts work only once all its replicas have loaded
-            the model (at most ``WAIT_FOR_REPLICAS_S`` seconds, then Ray raises
-            ``GetTimeoutError``: the cluster lacks the CPUs), so the first shards spread over
-            all replicas instead of queueing on the first one ready. Only for pipelines with
-            no task upstream of the pool (``mlxpa run --ray``): a pool holding every CPU
-            would starve them. False restores Ray's default (start as replicas come up).
-    """
+    stderr (mlxpa draws its own)."""
     import ray
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     ctx.enable_auto_log_stats = False
-    ctx.wait_for_min_actors_s = WAIT_FOR_REPLICAS_S if wait_for_replicas else -1
     logging.getLogger("ray.data").setLevel(logging.ERROR)

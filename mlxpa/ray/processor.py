@@ -48,7 +48,7 @@ class Processor:
         result is consumed."""
         from mlxpa.ray.cluster import actor_pool, configure_ray_data
 
-        configure_ray_data(wait_for_replicas=False)
+        configure_ray_data()
         if self.preprocess is not None:
             ds = ds.map(self.preprocess)
         if self.sort_by_prefix:

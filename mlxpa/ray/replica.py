@@ -1,36 +1,30 @@
-"""Ray Data replicas: callable classes that own one :class:`~mlxpa.engine.LLMEngine` each.
+"""Ray replicas: classes that own one :class:`~mlxpa.engine.LLMEngine` each.
 
-Ray Data builds the class once per actor (``map_batches(ShardReplica, compute=
-ActorPoolStrategy(size=N))``), so each replica loads the model once and keeps its prefix cache
-across the shards it is given. A shard's results leave the actor only when the whole shard is
-done (one returned block), so when Ray restarts a killed actor and retries its task, no row is
-lost and none is written twice.
+Ray builds one per actor, so each replica loads the model once and keeps its prefix cache
+across the shards (``mlxpa run --ray``) or batches (``build_processor``) it is given. A shard's
+results leave the actor only when the whole shard is done (one return value), so when Ray
+restarts a killed actor and runs its task again, no row is lost and none is written twice.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import time
 from typing import Any
 
-import numpy as np
-
+from mlxpa.batch.requests import Fed
 from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.data.inputs import where
 from mlxpa.data.records import result_records
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.ray.items import Item
 from mlxpa.ray.stats import delta, snapshot
 from mlxpa.request import RequestOutput
 
-STATS_INDEX = -1  # the index of the row that carries a shard's counters
-
 
 class ReplicaEngine:
-    """One engine replica (the state a Ray actor keeps between batches).
+    """One engine replica (the state a Ray actor keeps between tasks).
 
     Args:
         config: Engine configuration; the model loads here, once per actor.
@@ -43,21 +37,21 @@ class ReplicaEngine:
         self.replica = _actor_name()
         self.process = f"{socket.gethostname()}:{os.getpid()}"
 
-    def run(self, items: list[Item]) -> tuple[dict[int, list[RequestOutput]], dict[str, Any]]:
-        """Run ``items`` to completion, admitted in prefix order.
+    def run(self, requests: list[PromptInput],
+            ) -> tuple[dict[object, list[RequestOutput]], dict[str, Any]]:
+        """Run ``requests`` to completion, admitted in prefix order.
 
         Returns:
-            The outputs of each item's index (one per sample, in sample order), and what the
+            The outputs of each request id (one per sample, in sample order), and what the
             engine's counters gained (:func:`mlxpa.ray.stats.delta`; ``failed_rows`` counts
-            items whose output is an error).
+            requests whose output is an error).
         """
         c = self.engine.counters
         before = snapshot(c)
-        order = prefix_order([it.prompt_token_ids for it in items], self.engine.config.block_size)
-        prompts = (PromptInput(items[i].index, items[i].prompt_token_ids, items[i].params,
-                               items[i].row.id) for i in order)
-        outs: dict[int, list[RequestOutput]] = {}
-        for out in self.engine.generate(prompts):
+        order = prefix_order([r.prompt_token_ids for r in requests],
+                             self.engine.config.block_size)
+        outs: dict[object, list[RequestOutput]] = {}
+        for out in self.engine.generate(requests[i] for i in order):
             outs.setdefault(out.request_id, []).append(out)
         for group in outs.values():
             group.sort(key=lambda o: o.sample_index)
@@ -66,10 +60,8 @@ class ReplicaEngine:
 
 
 class ShardReplica(ReplicaEngine):
-    """``mlxpa run --ray``'s replica: a batch holds pickled shards (lists of
-    :class:`~mlxpa.ray.items.Item`); it returns, per shard, one row per item (``index``, and
-    ``payload``: the pickled result records a local run writes for it) and one row with index
-    ``STATS_INDEX`` whose payload is the shard's counters delta.
+    """``mlxpa run --ray``'s replica, a Ray actor: :meth:`run_shard` runs one shard of rows
+    and returns the result records a local run writes for each.
 
     Args:
         config: Engine configuration.
@@ -84,22 +76,24 @@ class ShardReplica(ReplicaEngine):
         super().__init__(config)
         self.out_fmt, self.model_name, self.source, self.unit = out_fmt, model_name, source, unit
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        index, payload = [], []
-        for blob in batch["payload"]:
-            items: list[Item] = pickle.loads(blob)
-            outs, stats = self.run(items)
-            for it in items:
-                place = where(self.source, it.row.line, self.unit)
-                records = result_records(it.row, outs[it.index], self.out_fmt, self.model_name,
-                                         place)
-                index.append(it.index)
-                payload.append(pickle.dumps(records))
-            index.append(STATS_INDEX)
-            payload.append(pickle.dumps(stats))
-        blobs = np.empty(len(payload), dtype=object)
-        blobs[:] = payload
-        return {"index": np.array(index, dtype=np.int64), "payload": blobs}
+    def ready(self) -> str:
+        """The replica's process (``host:pid``), once its model has loaded."""
+        return self.process
+
+    def run_shard(self, key: Any, shard: list[Fed],
+                  ) -> tuple[Any, list[tuple[int, list[dict]]], dict[str, Any]]:
+        """Run ``shard`` (rows with their requests) to completion.
+
+        Returns:
+            ``key``, each row's index with its result records, and the shard's counters
+            delta (:func:`mlxpa.ray.stats.delta`).
+        """
+        outs, stats = self.run([fed.request for fed in shard])
+        records = [(fed.row.index, result_records(
+            fed.row, outs[fed.row.index], self.out_fmt, self.model_name,
+            where(self.source, fed.row.line, self.unit), self.engine.tokenizer))
+            for fed in shard]
+        return key, records, stats
 
 
 def _actor_name() -> str:

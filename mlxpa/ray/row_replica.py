@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxpa.batch.requests import to_request
 from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.data.inputs import RowSpec
+from mlxpa.data.inputs import InputOptions, RowSpec
 from mlxpa.data.rows import parse_row
-from mlxpa.ray.items import make_item
 from mlxpa.ray.replica import ReplicaEngine
 
 SOURCE = "<dataset>"
-RESULT_FIELDS = ("text", "finish_reason", "prompt_tokens", "completion_tokens",
-                 "cached_tokens", "sample_index", "error")
 
 
 class RowReplica(ReplicaEngine):
@@ -36,17 +34,17 @@ class RowReplica(ReplicaEngine):
         import pyarrow as pa
 
         records = batch.to_pylist()
-        items, failed = [], {}
+        requests, failed = [], {}
         for i, obj in enumerate(records):
             row = parse_row({k: v for k, v in obj.items() if k not in self.drop}, i, None,
                             self.spec)
-            item = row.error or make_item(row, self.defaults, self.engine.tokenizer,
-                                          f"{SOURCE} id {row.id!r}")
-            if isinstance(item, str):
-                failed[i] = item
+            req = row.error or to_request(row, self.defaults, self.engine.tokenizer,
+                                          InputOptions())
+            if isinstance(req, str):
+                failed[i] = req if row.error else f"{SOURCE} id {row.id!r}: {req}"
             else:
-                items.append(item)
-        outs, _ = self.run(items)
+                requests.append(req)
+        outs, _ = self.run(requests)
         rows = []
         for i, obj in enumerate(records):
             base = {k: v for k, v in obj.items() if k not in self.drop}
@@ -59,6 +57,8 @@ class RowReplica(ReplicaEngine):
 
 
 def _result(out: Any, error: str | None) -> dict[str, Any]:
+    """A sample's result columns: :data:`mlxpa.data.schema.CORE_COLUMNS` but ``id`` (the
+    row's own columns hold it), and ``sample_index``."""
     if out is None or error is not None:
         return {"text": None, "finish_reason": "error",
                 "prompt_tokens": out.num_prompt_tokens if out is not None else None,

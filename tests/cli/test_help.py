@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
+from mlxpa.cli import app
 from mlxpa.config import SamplingParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +36,7 @@ def test_help_fits_80_columns_without_type_metavars(command):
 
 def test_run_help_is_short_and_names_every_flag_whole():
     text = _help("run")
-    assert len(text.splitlines()) < 120  # was 218 lines of rich panels at 80 columns
+    assert len(text.splitlines()) < 120
     assert "--prefix-caching / --no-prefix-caching" in text
     assert "-q, --quiet  " in text  # a flag: no metavar after it
 
@@ -43,3 +45,23 @@ def test_top_k_minus_one_is_off_as_in_rows():
     assert SamplingParams(top_k=-1).top_k == 0
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(top_k=-2)
+
+
+def test_help_reads_whole_at_80_columns():
+    def help_of(*cmd):
+        r = CliRunner().invoke(app, [*cmd, "--help"], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    top = help_of()
+    assert "..." not in top.split("Commands:")[1]
+    assert "run    Generate a completion for every row" in top
+    bench = help_of("bench")
+    assert "``" not in bench and "mlx-\n" not in bench
+    assert "only what the workload can use" in " ".join(bench.split())
+    for cmd in ("run", "plan"):
+        text = help_of(cmd)
+        assert ".tsv, .txt" in text and "--blas [auto|system|bundled]" in text
+    assert "Output tokens of a row that does not set max_tokens" in " ".join(
+        help_of("plan").split())
+

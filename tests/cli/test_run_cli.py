@@ -13,12 +13,12 @@ import pytest
 from mlx_lm.generate import generate_step
 from typer.testing import CliRunner
 
+from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.cli import app
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputOptions
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
-from mlxpa.run import RunOptions, run_file
 from tests.tiny_models import save_tiny_model
 
 PROMPT = "the cat sat on the mat"

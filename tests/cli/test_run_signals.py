@@ -26,7 +26,8 @@ def max_tokens(i: int) -> int:
     """Every 4th row is long, so later rows finish first: an interrupt finds finished rows
     after a row still running, and writes them after the gap (out of input order)."""
     return 48 if i % 4 == 0 else 8
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+pytestmark = [pytest.mark.slow,  # subprocess runs, each loading the model
+              pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def test_greedy_matches_mlx_lm_generate(default_model):
 def test_cli_on_examples_subset(default_model, tmp_path):
     """``run_file`` on example rows (shared instruction prefix, per-row stop and max_tokens)
     gives mlx-lm's greedy text cut at the first stop string."""
-    from mlxpa.run import RunOptions, run_file
+    from mlxpa.batch.run import RunOptions, run_file
 
     model, tok, _ = default_model
     rows = [json.loads(line) for line in open("examples/prompts.jsonl")][::6]
@@ -74,8 +74,8 @@ def test_kernel_auto_and_reference_agree(default_model):
 
 def test_chat_template_rejection_is_a_row_error(default_model):
     """Gemma's template raises on roles that do not alternate: that row fails alone."""
+    from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.data import Row
-    from mlxpa.prompts import prompt_token_ids
 
     _, tok, _ = default_model
     row = Row(0, 0, None, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],

@@ -79,6 +79,7 @@ def nvcc_results():
         return dict(zip(jobs, pool.map(lambda j: _compile(*j), jobs)))
 
 
+@pytest.mark.slow  # nvcc builds
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-g{s[3] // s[4]}")
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -126,6 +127,7 @@ def _gpu_check():
     return module
 
 
+@pytest.mark.slow  # an nvcc build
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_gpu_check_builds_without_mlx():
     """scripts/gpu_check.py loads the kernel modules through its stand-in for mlx.core (as on a
@@ -154,6 +156,7 @@ def test_gpu_check_reference_matches_mlxpa_reference():
     assert np.allclose(np.array(out)[1:, :, 0], want[1:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # an emulator build
 @pytest.mark.skipif(EMU is None or EMU.unavailable_reason() is not None,
                     reason="msl_emu or g++ unavailable")
 def test_gpu_check_launch_path_in_emulator():

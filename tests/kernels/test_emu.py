@@ -23,8 +23,9 @@ import emu_harness as H  # noqa: E402
 
 from mlxpa.kernels import _common  # noqa: E402
 
-pytestmark = pytest.mark.skipif(H.unavailable_reason() is not None,
-                                reason=str(H.unavailable_reason()))
+pytestmark = [pytest.mark.slow,  # the emulator's C++ builds
+              pytest.mark.skipif(H.unavailable_reason() is not None,
+                                 reason=str(H.unavailable_reason()))]
 
 TOL = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-3}
 

@@ -18,8 +18,9 @@ import emu_harness as H  # noqa: E402
 from mlxpa.kernels import _common  # noqa: E402
 from mlxpa.kernels.metal_paged_attention import SOURCES  # noqa: E402
 
-pytestmark = pytest.mark.skipif(H.unavailable_reason() is not None,
-                                reason=str(H.unavailable_reason()))
+pytestmark = [pytest.mark.slow,  # the emulator's C++ builds
+              pytest.mark.skipif(H.unavailable_reason() is not None,
+                                 reason=str(H.unavailable_reason()))]
 
 BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);\n"
 

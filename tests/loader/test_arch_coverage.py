@@ -12,6 +12,8 @@ import pytest
 from tests.loader.arch_coverage import classify
 from tests.loader.tiny_archs import ARCHS
 
+SLOW_ARCHS = {"gemma4"}  # the one architecture of the sweep among the slowest tests
+
 IDENTICAL = {
     "afmoe", "apertus", "baichuan_m1", "bailing_hybrid", "bailing_moe", "bailing_moe_linear",
     "bailing_moe_v3", "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -45,7 +47,8 @@ def test_every_architecture_is_listed():
     assert set(ARCHS) == IDENTICAL | REFUSED | NOT_BUILT
 
 
-@pytest.mark.parametrize("name", ARCHS)
+@pytest.mark.parametrize("name", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_ARCHS
+                                  else a for a in ARCHS])
 def test_architecture(name):
     cls, detail = classify(name)
     assert cls in ("IDENTICAL", "REFUSED", "NOT_BUILT"), f"{name}: {cls}: {detail}"

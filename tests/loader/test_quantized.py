@@ -83,6 +83,7 @@ def test_gemma3_quantized_tied_head_uses_split():
     assert runner._split is not None
 
 
+@pytest.mark.slow  # a GGUF conversion
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_compute_dtype_from_the_model(dtype):
     """The pools take the dtype the model computes in, never a packed weight's."""

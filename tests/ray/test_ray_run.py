@@ -1,7 +1,8 @@
 """``mlxpa run --ray`` and ``mlxpa.ray.build_processor`` on a local Ray cluster (2 CPU workers)
 with a tiny model; the oracle is a local run of the same rows (itself checked against mlx-lm's
 generation in tests/cli and tests/engine): same bytes on disk, same ids and error rows, same
-greedy texts. One test kills a replica's worker process (SIGKILL) in the middle of the run."""
+greedy texts; for an invalid input, the same exit status and message. One test kills a
+replica's worker process (SIGKILL) in the middle of the run."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a Ray cluster and model loads per replica
 
 from typer.testing import CliRunner  # noqa: E402
 
+from mlxpa.batch.run import RunOptions, run_file  # noqa: E402
 from mlxpa.cli import app  # noqa: E402
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
 from mlxpa.ray import build_processor  # noqa: E402
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
-from mlxpa.run import RunOptions, run_file  # noqa: E402
-from tests.tiny_models import save_tiny_model  # noqa: E402
+from tests.tiny_models import STRICT_TEMPLATE, VOCAB, save_tiny_model  # noqa: E402
 
 SYSTEMS = ["You are a terse assistant; answer in one word. " * 2,
            "Translate the following sentence into French. " * 2,
@@ -41,6 +43,11 @@ def model(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
 
 
+@pytest.fixture(scope="module")
+def strict_model(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("m") / "strict", chat_template=STRICT_TEMPLATE)
+
+
 def prompts(num: int = 18) -> list[dict]:
     """``num`` rows in three prefix groups, interleaved, so prefix sharding must reorder."""
     return [{"id": f"q{i}", "prompt": SYSTEMS[i % 3] + f"Item {i}: {'xyz' * (i % 4)}?",
@@ -52,9 +59,21 @@ def write_rows(path, rows, extra: str = "") -> str:
     return str(path)
 
 
-def run_cli(args) -> None:
+def run_cli(args, exit_code: int = 0):
     r = CliRunner().invoke(app, ["run", *args, "--kv-memory", "0.01", "-q"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == exit_code, r.output
+    return r
+
+
+def refusals(tmp_path, src: str, model: str) -> list[str]:
+    """What a local run and a --ray run of ``src`` print when they refuse it (exit 2 both;
+    neither writes an output)."""
+    said = []
+    for name, more in (("local", []), ("ray", ["--ray", "--num-replicas", "2"])):
+        out = tmp_path / f"{name}-refused.jsonl"
+        said.append(run_cli([src, "--model", model, "-o", str(out), *more], 2).stderr)
+        assert not out.exists()
+    return said
 
 
 def test_ray_run_writes_what_a_local_run_writes(tmp_path, model, cluster):
@@ -62,6 +81,8 @@ def test_ray_run_writes_what_a_local_run_writes(tmp_path, model, cluster):
     rows[4]["n"] = 2
     rows.append({"id": "chat", "messages": [{"role": "user", "content": "hi"}]})  # no template
     src = write_rows(tmp_path / "in.jsonl", rows, '{"id": "bad", "prompt": ""}\nnot json\n')
+    local_said, ray_said = refusals(tmp_path, src, model)
+    assert ray_said == local_said and "3 invalid row(s) of 21" in local_said
     common = [src, "--model", model, "--skip-invalid"]
     run_cli([*common, "-o", str(tmp_path / "local.jsonl"), "--metrics-json",
              str(tmp_path / "local.json")])
@@ -80,6 +101,37 @@ def test_ray_run_writes_what_a_local_run_writes(tmp_path, model, cluster):
     assert lm["failed_rows"] == 3 and rm["num_replicas"] == 2
     assert isinstance(rm["peak_kv_blocks"], list) and len(rm["peak_kv_blocks"]) == 2
     assert rm["prefix_cache_hit_rate"] >= 0.95 * lm["prefix_cache_hit_rate"] > 0.5
+
+
+def test_ray_refuses_what_a_local_run_refuses_before_the_model_loads(tmp_path, strict_model,
+                                                                    cluster):
+    """A chat row the template rejects and a stop id outside the vocabulary stop both runs
+    before any model work, with the same exit status (2) and the same message."""
+    rows = [{"id": "ok", "prompt": "hi"},
+            {"id": "robot", "messages": [{"role": "robot", "content": "hi"}]},
+            {"id": "oov", "prompt": "hi", "stop_token_ids": [VOCAB + 3]}]
+    src = write_rows(tmp_path / "in.jsonl", rows)
+    local_said, ray_said = refusals(tmp_path, src, strict_model)
+    assert ray_said == local_said
+    said = " ".join(local_said.split())  # rich wraps the long lines
+    assert "2 invalid row(s) of 3" in said
+    assert (f'{src} line 2: field "messages": the chat template rejected them: unknown role '
+            "robot") in said
+    assert (f'{src} line 3: field "stop_token_ids": token id {VOCAB + 3} is outside the '
+            f"model's vocabulary ({VOCAB} ids, 0..{VOCAB - 1})") in said
+
+
+def test_split_special_tokens_gives_the_same_ids_locally_and_on_ray(tmp_path, model, cluster):
+    """``a<eos>b`` is 3 tokens (a, <eos>, b), and 7 with --split-special-tokens (a, <, e, o,
+    s, >, b): on the replicas as locally."""
+    src = write_rows(tmp_path / "in.jsonl", [{"id": "s", "prompt": "a<eos>b", "max_tokens": 2},
+                                             *prompts(3)])
+    for name, more in (("local", []), ("ray", ["--ray", "--num-replicas", "2"])):
+        run_cli([src, "--model", model, "-o", str(tmp_path / f"{name}.jsonl"),
+                 "--split-special-tokens", *more])
+    local = (tmp_path / "local.jsonl").read_text()
+    assert (tmp_path / "ray.jsonl").read_text() == local
+    assert json.loads(local.splitlines()[0])["prompt_tokens"] == 7
 
 
 def test_ray_resume_appends_the_missing_rows(tmp_path, model, cluster):
@@ -130,7 +182,8 @@ def without_cached(path) -> list[dict]:
 
 
 def replica_pids() -> dict[int, str]:
-    """Ray worker processes running a ShardReplica, by pid: their process titles."""
+    """Ray worker processes of ShardReplica actors, by pid: their process titles (Ray adds
+    the method running, ``.run_shard``)."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -138,7 +191,7 @@ def replica_pids() -> dict[int, str]:
                 title = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if title.startswith("ray::MapWorker(MapBatches(ShardReplica))"):
+        if title.startswith("ray::ShardReplica"):
             found[int(pid)] = title.strip()
     return found
 
@@ -156,7 +209,7 @@ def test_a_killed_replica_loses_and_duplicates_no_row(tmp_path, model, cluster):
     def kill_a_busy_replica() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
-            busy = [p for p, t in replica_pids().items() if t.endswith(".submit")]
+            busy = [p for p, t in replica_pids().items() if t.endswith(".run_shard")]
             if busy:
                 seen.update(replica_pids())
                 os.kill(busy[0], signal.SIGKILL)

@@ -1,11 +1,10 @@
-"""The mistakes a newcomer makes first get messages that say what to do."""
+"""``read_rows``' messages for the mistakes a newcomer makes first say what to do."""
 
 from __future__ import annotations
 
 import pytest
 
 from mlxpa.data import InputError, read_rows
-from mlxpa.loader.models import resolve_model
 
 
 def test_json_array_file_is_recognised(tmp_path):
@@ -27,8 +26,3 @@ def test_csv_without_header_says_how_to_fix(tmp_path):
     path.write_text("hello there\nsecond\n")
     with pytest.raises(InputError, match="add a header line .* or pass --prompt-column"):
         list(read_rows(str(path)))
-
-
-def test_missing_model_path_says_it_does_not_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such folder or file"):
-        resolve_model(str(tmp_path / "no" / "such"))

@@ -5,10 +5,11 @@ text is encoded without adding special tokens, so exactly one BOS is present).
 Control tokens (the tokenizer's special tokens: ``<start_of_turn>``, ``<end_of_turn>``,
 ``<eos>``, ``<bos>``, ``<|im_start|>`` ...) come only from the chat template: text in a
 message that spells one is tokenized as ordinary text (Hugging Face's
-``split_special_tokens``), so a row cannot forge a turn or end its own prompt. A text
-``prompt`` is tokenized as written, control tokens included (users pre-render templates
-there), unless ``split_special_tokens`` is set for the run.
-"""
+``split_special_tokens``), exactly as the same text is when it spells none: each span between
+the template's own control tokens is encoded once, so a row can neither forge a turn or end
+its own prompt nor lose the merges across the edges of what it wrote. A text ``prompt`` is
+tokenized as written, control tokens included (users pre-render templates there), unless
+``split_special_tokens`` is set for the run."""
 
 from __future__ import annotations
 
@@ -84,8 +85,7 @@ def _chat_token_ids(messages: list[dict], tokenizer) -> list[int]:
     if not any(find(t) for t in texts):
         text = _render(messages, tokenizer)  # nothing forged: the template's text as is
         return _encode(tokenizer, text, _adds_bos(tokenizer, text))
-    # Each forged control string is swapped for a marker the template passes through, and
-    # tokenized as ordinary text where the marker lands in the rendered prompt.
+    # Each forged control string is swapped for a marker the template passes through.
     mark = next(chr(c) for c in range(0xE000, 0xF900) if not any(chr(c) in t for t in texts))
     forged: list[str] = []
 
@@ -99,11 +99,21 @@ def _chat_token_ids(messages: list[dict], tokenizer) -> list[int]:
 
     escaped = [{k: escape(v) if isinstance(v, str) else v for k, v in m.items()}
                for m in messages]
-    parts = re.split(f"{mark}(\\d+){mark}", _render(escaped, tokenizer))
-    ids = _encode(tokenizer, parts[0], _adds_bos(tokenizer, parts[0]))
-    for k, text in zip(parts[1::2], parts[2::2]):
-        ids += _encode(tokenizer, forged[int(k)], False, split=True)
-        ids += _encode(tokenizer, text, False) if text else []
+    rendered = _render(escaped, tokenizer)
+
+    def restored(span: str) -> str:
+        return re.sub(f"{mark}(\\d+){mark}", lambda m: forged[int(m.group(1))], span)
+
+    # The template's own control tokens are the only ones left in what it rendered. Each span
+    # between them, row text with its forged strings put back, is encoded once as ordinary
+    # text: what the same text gives as plain text, merges across a forged string's edges
+    # included.
+    ids, at, bos = [], 0, _adds_bos(tokenizer, rendered)
+    for start, end in [*find(rendered), (len(rendered), len(rendered))]:
+        span = restored(rendered[at:start])
+        ids += _encode(tokenizer, span, at == 0 and bos, split=True)
+        ids += _encode(tokenizer, rendered[start:end], False) if end > start else []
+        at = end
     return ids
 
 
@@ -120,14 +130,16 @@ def _control_finder(tokenizer) -> Finder:
         return held[1]
     backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special = {i for i, t in decoder.items() if getattr(t, "special", False)}
+    special = {i: t.content for i, t in decoder.items() if getattr(t, "special", False)}
     if backend is not None:
         def find(text: str) -> list[tuple[int, int]]:
             # NOTE: transformers leaves the backend's flag as its last encode call set it
             # (True after split_special_tokens=True); matching needs it off.
             backend.encode_special_tokens = False
             enc = backend.encode(text, add_special_tokens=False)
-            return [(a, b) for i, (a, b) in zip(enc.ids, enc.offsets) if i in special]
+            # an unknown character becomes the unk token, often special: not a match
+            return [(a, b) for i, (a, b) in zip(enc.ids, enc.offsets)
+                    if i in special and text[a:b] == special[i]]
     else:
         controls = control_tokens(tokenizer)
         pattern = re.compile("|".join(map(re.escape, controls))) if controls else None

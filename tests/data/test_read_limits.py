@@ -1,9 +1,8 @@
-"""Issue 12 items 3-4: no format refuses a row another accepts (cell, line and string sizes;
-deep nesting and huge integers), and OpenAI Batch bodies read as OpenAI and vLLM read them.
+"""The readers' limits: no format refuses a row another accepts (cell, line and string sizes;
+deep nesting and huge integers), and long rows read in flat memory.
 
 Oracles: the text written into the file (read back unchanged, in every format), Python's
-``tracemalloc`` peak against the size of one row, and the OpenAI / vLLM field rules quoted in
-the issue (``max_completion_tokens or max_tokens``)."""
+``tracemalloc`` peak against the size of one row, and a CSV run written as its JSONL twin."""
 
 from __future__ import annotations
 
@@ -88,59 +87,6 @@ def test_deep_nesting_and_huge_integers_are_row_errors(tmp_path):
     assert row.error.startswith(f'{csv_src} line 2: field "stop_token_ids" must be a token id')
 
 
-# ----------------------------------------------------------------------------- OpenAI Batch
-
-def _body(**body) -> dict:
-    return {"custom_id": "q", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **body}}
-
-
-def _one(tmp_path, obj):
-    src = tmp_path / "b.jsonl"
-    src.write_text(json.dumps(obj) + "\n")
-    (row,) = read_rows(str(src))
-    return row
-
-
-def test_max_completion_tokens_wins_over_max_tokens(tmp_path):
-    assert _one(tmp_path, _body(max_tokens=50, max_completion_tokens=7)).params == {
-        "max_tokens": 7}
-    assert _one(tmp_path, _body(max_tokens=50)).params == {"max_tokens": 50}
-    row = _one(tmp_path, _body(max_tokens=5, max_completion_tokens=-1))
-    assert 'field "body.max_completion_tokens" must be an integer >= 0, got -1' in row.error
-    plain = _one(tmp_path, {"prompt": "x", "max_tokens": 9, "max_completion_tokens": 3})
-    assert plain.params == {"max_tokens": 3}
-
-
-def test_restated_defaults_are_accepted_and_ignored(tmp_path):
-    row = _one(tmp_path, _body(response_format={"type": "text"}, n=1, stream=False,
-                               logprobs=False, parallel_tool_calls=True, user="u-1",
-                               metadata={"team": "x"}, store=False, presence_penalty=0.0,
-                               frequency_penalty=0, top_logprobs=0, tool_choice="none",
-                               service_tier="auto", stream_options=None))
-    assert row.error is None
-    # the structured-output fields restated at their defaults ask for nothing
-    assert row.params == {"n": 1, "structured": None, "logprobs": False, "top_logprobs": 0}
-
-
-@pytest.mark.parametrize("field,value", [
-    ("prompt_logprobs", 2), ("presence_penalty", 0.5), ("logit_bias", {"5": 1}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("best_of", 2), ("echo", True), ("n", 0), ("stream", True),
-])
-def test_features_that_change_the_output_are_errors_naming_them(tmp_path, field, value):
-    row = _one(tmp_path, _body(**{field: value}))
-    assert f'line 1: field "body.{field}"' in row.error
-
-
-def test_plain_rows_use_the_same_table(tmp_path):
-    ok = _one(tmp_path, {"prompt": "x", "logprobs": False, "response_format": {"type": "text"},
-                         "user": "u"})
-    assert ok.error is None
-    bad = _one(tmp_path, {"prompt": "x", "presence_penalty": 0.5})
-    assert bad.error.endswith('field "presence_penalty": sampling field not supported by mlxpa')
-
-
 def test_issue_csv_runs_like_the_same_jsonl(tmp_path):
     """The issue's CSV (a short row and a 137,589-character cell) runs as its JSONL twin does:
     the long row is an error row for its token count (over the tiny model's 4,096-token
@@ -167,31 +113,3 @@ def test_issue_csv_runs_like_the_same_jsonl(tmp_path):
                                         "tokens)")
     strip = [{k: v for k, v in o.items() if k != "error"} for o in csv_out]
     assert strip == [{k: v for k, v in o.items() if k != "error"} for o in jsonl_out]
-
-
-def test_n_is_bounded(tmp_path):
-    """n = 10**9 would queue a billion requests: an error naming the bound (1024)."""
-    assert _one(tmp_path, {"prompt": "x", "n": 1024}).params == {"n": 1024}
-    row = _one(tmp_path, {"prompt": "x", "n": 10**9})
-    assert row.error.endswith('field "n" must be an integer from 1 to 1024, got 1000000000')
-
-
-def test_jsonl_output_is_strict_json():
-    from mlxpa.data.jsonl import json_line
-
-    line = json_line({"id": 1, "extra": [float("nan"), {"x": float("-inf")}], "y": 2**70})
-    assert json.loads(line, parse_constant=lambda c: pytest.fail(c)) == {
-        "id": 1, "extra": [None, {"x": None}], "y": 2**70}
-
-
-def test_parquet_output_stores_kept_empty_objects(tmp_path):
-    """A kept column holding {} (found by the fuzzer: --keep-columns body of an OpenAI line
-    with "prompt": {}) is stored as JSON text; Arrow cannot write a struct without fields."""
-    from mlxpa.data import ResultWriter
-
-    out = tmp_path / "o.parquet"
-    with ResultWriter(str(out)) as w:
-        w.add(0, [{"id": "a", "text": "x", "body": {"prompt": {}, "n": [{}]}}])
-        w.add(1, [{"id": "b", "text": "y", "body": {}}])
-    got = pq.read_table(out).to_pylist()
-    assert [json.loads(r["body"]) for r in got] == [{"prompt": {}, "n": [{}]}, {}]

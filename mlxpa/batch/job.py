@@ -1,51 +1,50 @@
-"""Pass 2 of a file run (:func:`mlxpa.run.run_file`): rows to requests, in windows ordered by
-shared prefix, through the engine, and its outputs to result records in the writer."""
+"""Pass 2 of a file run (:func:`mlxpa.batch.run.run_file`): the windows of
+:func:`~mlxpa.batch.requests.feed` through the engine (each window in prefix order), rows that
+cannot run and rows already done straight to the writer, and the engine's outputs to result
+records in the writer."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console
 
+from mlxpa.batch.progress import RunProgress
+from mlxpa.batch.report import model_name
+from mlxpa.batch.requests import Fed
 from mlxpa.config import SamplingParams
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.data import STDIN, ResultWriter, Row
 from mlxpa.data.records import error_records, result_records
-from mlxpa.data.resume import id_key
-from mlxpa.data.validate import Validation
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.progress import RunProgress
-from mlxpa.prompts import prompt_token_ids
+from mlxpa.engine.metrics import Counters
 from mlxpa.request import RequestOutput
 
 
 @dataclasses.dataclass(slots=True)
 class Job:
-    """Pass 2: rows to requests, engine outputs to result records, for one writer."""
+    """Pass 2: requests through the engine, their outputs and the error rows to the writer."""
 
     engine: LLMEngine
-    validation: Validation
     defaults: SamplingParams
     out_fmt: str
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
-    split_special_tokens: bool = False  # control-token text in prompts is ordinary text
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     # finished samples of rows whose other samples still run (a row is written whole)
     pending: dict[int, list[RequestOutput]] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
 
-    def run(self, rows: Iterable[Row], order: str, window: int,
+    def run(self, windows: Iterable[list[Fed]], order: str,
             should_stop: Callable[[], bool]) -> None:
-        model = _model_name(self.engine.config.model)
+        model = model_name(self.engine.config.model)
         samples = self.pending
-        items = _windows(self._feed(rows), order, self.engine.config.block_size, window)
-        for out in self.engine.generate(items, should_stop=should_stop):
+        requests = self._requests(windows, order)
+        for out in self.engine.generate(requests, should_stop=should_stop):
             group = samples.setdefault(out.request_id, [])
             group.append(out)
             row = self.in_flight[out.request_id]
@@ -59,66 +58,47 @@ class Job:
                 self._advance()
         self.progress.advance(self.unshown)
 
-    def _advance(self) -> None:
+    def _advance(self, rows: int = 1) -> None:
         # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
-        # it runs at most 10 times a second, not once a row (that was quadratic in rows).
-        self.unshown += 1
+        # it runs at most 10 times a second, not once a row.
+        self.unshown += rows
         now = time.monotonic()
         if now - self.shown_at >= 0.1:
             self.progress.advance(self.unshown)
             self.unshown, self.shown_at = 0, now
 
-    def _feed(self, rows: Iterable[Row]) -> Iterator[PromptInput | None]:
-        """A request for each row left to run, in input order, and None for a row dealt
-        with here: already in the output (skipped) or unable to run (its error written)."""
-        for row in rows:
-            if row.id is not None and id_key(row.id) in self.validation.done:
-                self.writer.skip(row.index)
-                yield None
-                continue
-            error = row.error or self.validation.row_problems.get(row.index)
-            if error is None:
-                try:
-                    params = dataclasses.replace(self.defaults, **row.params)
-                    ids = prompt_token_ids(row, self.engine.tokenizer,
-                                           self.split_special_tokens)
-                except ValueError as e:
-                    error = f"{self.place(row)}: {e}"
-            if error is not None:
-                self.engine.counters.failed_rows += 1
-                self.writer.add(row.index, error_records(row, error, self.out_fmt))
-                self._advance()
-                yield None
-                continue
-            self.in_flight[row.index] = row
-            yield PromptInput(row.index, ids, params, row.id)
+    def _requests(self, windows: Iterable[list[Fed]], order: str) -> Iterator[PromptInput]:
+        """The requests of each window (``prefix``: in depth-first order of the window's
+        prompt prefix tree), after its error rows are written and its done rows skipped."""
+        for window in windows:
+            runs = settle(window, self.writer, self.out_fmt, self.engine.counters)
+            self._advance(sum(fed.error is not None for fed in window))
+            requests = []
+            for fed in runs:
+                self.in_flight[fed.row.index] = fed.row
+                requests.append(fed.request)
+            if order == "prefix":
+                ordered = prefix_order([r.prompt_token_ids for r in requests],
+                                       self.engine.config.block_size)
+                requests = [requests[i] for i in ordered]
+            yield from requests
 
 
-def _windows(items: Iterable[PromptInput | None], order: str, block_size: int,
-             window: int) -> Iterator[PromptInput]:
-    """The requests of ``items``: in input order, or (``prefix``) by windows of ``window``
-    rows (Nones count, so rows read ahead of the engine stay bounded), each window in
-    depth-first order of its prompts' prefix tree."""
-    if order == "input":
-        yield from (it for it in items if it is not None)
-        return
-    batch: list[PromptInput] = []
-    num_read = 0
-    for item in items:
-        num_read += 1
-        if item is not None:
-            batch.append(item)
-        if num_read >= window:
-            yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch],
-                                                       block_size))
-            batch, num_read = [], 0
-    yield from (batch[i] for i in prefix_order([b.prompt_token_ids for b in batch], block_size))
-
-
-def _model_name(spec: str | None) -> str:
-    from mlxpa.loader.models import DEFAULT_MODEL_NAME
-
-    return os.path.basename(os.path.normpath(spec)) if spec else DEFAULT_MODEL_NAME
+def settle(window: list[Fed], writer: ResultWriter, out_fmt: str,
+           counters: Counters) -> list[Fed]:
+    """Write the error row of each row of ``window`` that cannot run (counted in
+    ``counters.failed_rows``) and skip the rows the output already holds; returns the rows
+    that run, in input order."""
+    runs = []
+    for fed in window:
+        if fed.request is not None:
+            runs.append(fed)
+        elif fed.error is not None:
+            counters.failed_rows += 1
+            writer.add(fed.row.index, error_records(fed.row, fed.error, out_fmt))
+        else:
+            writer.skip(fed.row.index)
+    return runs
 
 
 def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, stopped: bool,

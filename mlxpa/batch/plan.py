@@ -1,24 +1,25 @@
 """``mlxpa plan``: what prefix sharing will save on an input, without running the model.
 
-Tokenizes every row (tokenizer only, no weights), orders the rows the way ``mlxpa run
---order prefix`` admits them, and replays that order through a simulated radix tree
-(:class:`RadixCache` with no pool, no eviction) to predict each row's prefix cache hit
-exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``.
+Makes every row's request as ``mlxpa run`` does (tokenizer only, no weights), orders the
+requests the way ``mlxpa run --order prefix`` admits them, and replays that order through a
+simulated radix tree (:class:`RadixCache` with no pool, no eviction) to predict each row's
+prefix cache hit exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from rich.table import Table
+
+from mlxpa.batch.requests import feed, over_context
+from mlxpa.batch.source import Source
+from mlxpa.config import SamplingParams
 from mlxpa.core.block_pool import cdiv
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
-from mlxpa.data import InputOptions, read_rows
-from mlxpa.data.inputs import where
-from mlxpa.data.read import LINE_FORMATS
-from mlxpa.prompts import prompt_token_ids
+from mlxpa.data.validate import Validation
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -94,52 +95,44 @@ def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
     return sum(map(len, token_lists)), computed, without, tree.total_blocks + tails
 
 
-def plan_file(source: str, tokenizer: TokenizerWrapper, *, inputs: InputOptions | None = None,
-              block_size: int = 16, max_tokens: int = 256, top_k: int = 5,
-              max_model_len: int | None = None, invalid: Container[int] = (),
-              name: str | None = None) -> Plan:
-    """Predict prefix sharing for every row of ``source``.
+def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
+              defaults: SamplingParams, *, block_size: int = 16, top_k: int = 5,
+              max_model_len: int | None = None) -> Plan:
+    """Predict prefix sharing for every row of ``src``: its requests as ``mlxpa run`` makes
+    them (:func:`~mlxpa.batch.requests.feed`, the same merge and tokenization).
 
     Args:
-        source: Input path (stdin spooled to a file first).
+        src: The input (a ``system`` message in its settings changes which blocks are
+            shared).
+        validation: Pass 1's result (its invalid rows are counted, not planned).
         tokenizer: The model's mlx-lm ``TokenizerWrapper``.
-        inputs: How to read the input (the same settings as ``mlxpa run``; a ``system``
-            message changes which blocks are shared).
+        defaults: Sampling parameters of rows that do not set theirs (``max_tokens``: the
+            output tokens of such a row).
         block_size: Tokens per KV block.
-        max_tokens: Output tokens per row when the row does not set ``max_tokens``.
         top_k: Shared prefixes to report.
         max_model_len: The context in tokens (prompt + output); each row's output is clamped
             to it, and a prompt that leaves no room is counted over the context (None: no cap).
-        invalid: Indices of rows the validation pass found invalid (counted, not planned).
-        name: The input's name in messages (default ``source``).
 
     Raises:
         InputError: The input is malformed.
     """
-    inputs = inputs or InputOptions()
-    name = name or source
-    unit = "line" if inputs.fmt in LINE_FORMATS else "row"
     rows, ids, caps, ns, bad, over = [], [], [], [], 0, []
-    for row in read_rows(source, inputs, name=name):
-        try:
-            if row.error is not None or row.index in invalid:
-                raise ValueError(row.error)
-            prompt = prompt_token_ids(row, tokenizer, inputs.split_special_tokens)
-        except ValueError:
+    for fed in feed(src, validation, defaults, tokenizer, None):
+        if fed.request is None:
             bad += 1
             continue
-        cap = row.params.get("max_tokens", max_tokens)
+        prompt, params = fed.request.prompt_token_ids, fed.request.params
+        cap = params.max_tokens
         if max_model_len is not None:
-            if len(prompt) >= max_model_len:
-                over.append(f"{where(name, row.line, unit)}: prompt has {len(prompt)} tokens; "
-                            f"the limit is {max_model_len - 1} (the context holds "
-                            f"{max_model_len} tokens)")
+            problem = over_context(len(prompt), max_model_len)
+            if problem is not None:
+                over.append(f"{src.place(fed.row)}: {problem}")
                 continue
             cap = min(cap, max_model_len - len(prompt))
-        rows.append(row)
+        rows.append(fed.row)
         ids.append(prompt)
         caps.append(cap)
-        ns.append(row.params.get("n", 1))
+        ns.append(params.n)
     return _plan(rows, ids, caps, ns, bad, over, tokenizer, block_size, top_k)
 
 
@@ -153,3 +146,24 @@ def _plan(rows, ids, caps, ns, bad: int, over: list[str], tokenizer, block_size:
     return Plan(len(rows), bad, len(over), prompt, computed,
                 1 - computed / prompt if prompt else 0.0, without, with_sharing, block_size,
                 shared, over[:MAX_LISTED])
+
+
+def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
+    """``mlxpa plan``'s report: the predicted figures, and the longest shared prefixes."""
+    t = Table(title=title, show_header=False, box=None)
+    skipped = f"{plan.invalid_rows} invalid" + (
+        f", {plan.over_context_rows} over the context" if plan.over_context_rows else "")
+    for k, v in [("rows", f"{plan.rows} (+{skipped})"),
+                 ("prompt tokens", f"{plan.prompt_tokens}"),
+                 ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
+                 ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),
+                 ("KV blocks without sharing", f"{plan.kv_blocks_without_sharing}"),
+                 ("KV blocks with sharing", f"{plan.kv_blocks_with_sharing}"),
+                 ("block size", f"{plan.block_size}")]:
+        t.add_row(f"[bold]{k}", v)
+    s = Table(title="longest shared prefixes")
+    for col in ("tokens", "rows", "first row", "starts with"):
+        s.add_column(col)
+    for sp in plan.shared_prefixes:
+        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
+    return t, s

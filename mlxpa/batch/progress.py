@@ -1,5 +1,4 @@
-"""Rich rendering on stderr: a live progress bar and a final report for ``mlxpa run``, a bar
-per timed system for ``mlxpa bench``, the tables of ``mlxpa plan``.
+"""Rich rendering of a batch run on stderr: the live progress bar and the final report's table.
 
 The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and never on stdout
 (stdout carries results in shell pipelines).
@@ -9,24 +8,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
 from rich.table import Table
 
 from mlxpa.engine.metrics import Counters, Stats, summarize
-
-if TYPE_CHECKING:
-    from mlxpa.plan import Plan
-
 
 LINE_INTERVAL_S = 10.0  # line mode: seconds between progress lines
 
@@ -90,54 +83,6 @@ class RunProgress:
                                f"{s.elapsed_s:.0f} s", markup=False, highlight=False)
 
 
-class BenchBar:
-    """One bar of :class:`BenchProgress`: ``advance(n)`` output tokens, ``done(result)``."""
-
-    def __init__(self, progress: Progress, task: TaskID) -> None:
-        self._progress, self._task = progress, task
-
-    def advance(self, n: int) -> None:
-        """Count ``n`` more output tokens (redrawn at rich's refresh rate, 10 times a second)."""
-        if n:
-            self._progress.advance(self._task, n)
-
-    def done(self, result: str) -> None:
-        """Stop the bar's clock and show ``result`` (the run's rate) after it."""
-        self._progress.update(self._task, result=result)
-        self._progress.stop_task(self._task)
-
-
-class BenchProgress:
-    """``mlxpa bench`` progress: a bar per timed system run (output tokens done / total,
-    elapsed, then its rate), each kept on screen below the ones before.
-
-    As :class:`RunProgress`: drawn live on a stderr terminal; to a file or pipe rich prints
-    the bars once, when the bench ends; nothing with ``enabled`` False (``--quiet``).
-
-    Args:
-        console: Where to draw (default: stderr).
-        enabled: False draws nothing.
-    """
-
-    def __init__(self, console: Console | None = None, enabled: bool = True) -> None:
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("tokens"), TimeElapsedColumn(), TextColumn("{task.fields[result]}"),
-            console=console or Console(stderr=True), disable=not enabled, transient=False,
-            redirect_stdout=False, redirect_stderr=False)
-
-    def __enter__(self) -> BenchProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def bar(self, label: str, total: int) -> BenchBar:
-        """A new bar named ``label`` for ``total`` output tokens; its clock starts now."""
-        return BenchBar(self._progress, self._progress.add_task(label, total=total, result=""))
-
-
 def summary_table(stats: Stats, kv_blocks_total: int | None = None,
                   kv_budget_blocks: int | None = None) -> Table:
     """The final report as a two-column table (``kv_blocks_total``: the pool's blocks;
@@ -169,24 +114,3 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
     for k, v in rows:
         t.add_row(f"[bold]{k}", v)
     return t
-
-
-def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
-    """``mlxpa plan``'s report: the predicted figures, and the longest shared prefixes."""
-    t = Table(title=title, show_header=False, box=None)
-    skipped = f"{plan.invalid_rows} invalid" + (
-        f", {plan.over_context_rows} over the context" if plan.over_context_rows else "")
-    for k, v in [("rows", f"{plan.rows} (+{skipped})"),
-                 ("prompt tokens", f"{plan.prompt_tokens}"),
-                 ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
-                 ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),
-                 ("KV blocks without sharing", f"{plan.kv_blocks_without_sharing}"),
-                 ("KV blocks with sharing", f"{plan.kv_blocks_with_sharing}"),
-                 ("block size", f"{plan.block_size}")]:
-        t.add_row(f"[bold]{k}", v)
-    s = Table(title="longest shared prefixes")
-    for col in ("tokens", "rows", "first row", "starts with"):
-        s.add_column(col)
-    for sp in plan.shared_prefixes:
-        s.add_row(str(sp.num_tokens), str(sp.num_rows), str(sp.first_row_id), repr(sp.preview))
-    return t, s

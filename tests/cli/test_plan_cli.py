@@ -1,0 +1,62 @@
+"""``mlxpa plan`` on the tiny model's tokenizer alone (a folder without weights): the
+predicted blocks with n samples and the context clamp, rows over the context named, invalid
+rows listed as ``run`` lists them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.helpers import ROBOT, cli, write_jsonl
+from tests.tiny_models import save_tokenizer_only
+
+
+@pytest.fixture(scope="module")
+def tokenizer_only(tmp_path_factory):
+    """A model folder without weights: anything that loads the model fails."""
+    return save_tokenizer_only(tmp_path_factory.mktemp("m") / "noweights")
+
+
+def plan_json(src, model, *more):
+    r = cli("plan", src, "--model", model, "--json", *more)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout), r.stderr
+
+
+
+def test_plan_counts_n_samples_per_row(tmp_path, tokenizer_only):
+    """40 byte tokens + 20 outputs = 4 blocks of 16 per sample, 4 samples: 16 blocks without
+    sharing; with sharing the 2 full prompt blocks are held once: 2 + 4 * 2 = 10."""
+    src = write_jsonl(tmp_path / "n.jsonl", [{"prompt": "x" * 40, "n": 4, "max_tokens": 20}])
+    p, _ = plan_json(src, tokenizer_only)
+    assert (p["kv_blocks_without_sharing"], p["kv_blocks_with_sharing"]) == (16, 10)
+
+
+
+def test_plan_clamps_max_tokens_and_names_rows_over_the_context(tmp_path, tokenizer_only):
+    """The tiny model's context is 4096 tokens: "hello" (5 tokens) with max_tokens 1e11 holds
+    4096 tokens = 256 blocks, as run clamps it; a 5000-token prompt is named, not planned."""
+    src = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "hello", "max_tokens": 10**11},
+                                             {"id": "long", "prompt": "y" * 5000}])
+    p, err = plan_json(src, tokenizer_only)
+    assert p["kv_blocks_without_sharing"] == 256
+    assert (p["rows"], p["over_context_rows"]) == (1, 1)
+    assert p["over_context"] == [f"{src} line 2: prompt has 5000 tokens; the limit is 4095 "
+                                 "(the model context (--max-model-len) holds 4096 tokens)"]
+    assert "warning: 1 row(s) over the context" in err
+    p, _ = plan_json(src, tokenizer_only, "--max-model-len", 100)
+    assert p["kv_blocks_without_sharing"] == 7  # ceil(100 / 16)
+
+
+
+def test_plan_lists_invalid_rows_and_exits_2(tmp_path, tokenizer_only):
+    src = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hello"}, ROBOT])
+    r = cli("plan", src, "--model", tokenizer_only)
+    assert r.exit_code == 2, r.output
+    assert f"{src}: 1 invalid row(s) of 2; nothing was planned (--skip-invalid plans " in r.stderr
+    assert f'{src} line 2: field "messages": the chat template rejected them' in r.stderr
+    assert "error row" not in r.stderr
+    p, _ = plan_json(src, tokenizer_only, "--skip-invalid")
+    assert (p["rows"], p["invalid_rows"]) == (1, 1)
+
