@@ -61,6 +61,12 @@ TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = gr
 TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
 TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
+RepetitionPenaltyOpt = Annotated[float, typer.Option(
+    help="Default repetition penalty (vLLM's: prompt and output tokens; 1 = off).")]
+PresencePenaltyOpt = Annotated[float, typer.Option(
+    help="Default presence penalty, -2..2 (OpenAI's: output tokens; 0 = off).")]
+FrequencyPenaltyOpt = Annotated[float, typer.Option(
+    help="Default frequency penalty, -2..2 (OpenAI's: output tokens; 0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
     "its id (its index when it has none; vLLM's LLM(seed=...)).")]
@@ -126,6 +132,8 @@ def run(
     top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
     stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
     ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
+    repetition_penalty: RepetitionPenaltyOpt = 1.0, presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     # constraint defaults
     choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
     grammar: GrammarOpt = None,
@@ -160,7 +168,9 @@ def run(
             stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
-            structured=cli_constraint(choice, json_schema, regex, grammar))
+            structured=cli_constraint(choice, json_schema, regex, grammar),
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty)
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
                                keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
