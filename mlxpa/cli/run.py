@@ -62,11 +62,11 @@ TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
 TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
 RepetitionPenaltyOpt = Annotated[float, typer.Option(
-    help="Default repetition penalty (vLLM's: prompt and output tokens; 1 = off).")]
+    show_default=False, help="Default repetition penalty (1 = off).")]
 PresencePenaltyOpt = Annotated[float, typer.Option(
-    help="Default presence penalty, -2..2 (OpenAI's: output tokens; 0 = off).")]
+    show_default=False, help="Default presence penalty, -2..2 (0 = off).")]
 FrequencyPenaltyOpt = Annotated[float, typer.Option(
-    help="Default frequency penalty, -2..2 (OpenAI's: output tokens; 0 = off).")]
+    show_default=False, help="Default frequency penalty, -2..2 (0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
     "its id (its index when it has none; vLLM's LLM(seed=...)).")]
@@ -74,13 +74,13 @@ NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
 StopOpt = Annotated[list[str] | None, typer.Option(
     help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]
 StopTokenIdOpt = Annotated[list[int] | None, typer.Option(
-    help="Default token id that ends the completion like EOS (repeatable).")]
+    help="Default stop token id (repeatable).")]
 MinTokensOpt = Annotated[int, typer.Option(
-    help="Default tokens to generate before EOS or a stop may end the completion.")]
+    help="Default tokens before EOS or a stop may end the text.")]
 IgnoreEosOpt = Annotated[bool, typer.Option(
     "--ignore-eos", help="Default: generate past EOS up to max tokens.")]
 IncludeStopStrOpt = Annotated[bool, typer.Option(
-    "--include-stop-str", help="Default: keep the matched stop string in the text.")]
+    "--include-stop-str", help="Default: keep the matched stop string.")]
 OutputFormatOpt = Annotated[OutputFormat, typer.Option(
     help="mlxpa (a row per sample) or openai (Batch API output lines; the default for auto "
     "when every input line is an OpenAI Batch request and the output is JSONL).")]
