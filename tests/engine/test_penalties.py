@@ -119,3 +119,30 @@ def test_a_bias_id_outside_the_vocabulary_is_a_row_error(model):
     assert out.finish_reason == "abort"
     assert out.error == ('field "logit_bias": token id 256 is outside the model\'s '
                          "vocabulary (256 ids, 0..255)")
+
+
+def test_a_bias_never_lifts_the_grammar_mask(model):
+    """Order: the grammar mask, then ``logit_bias``: +100 on a letter the regex forbids
+    leaves it impossible, +100 on an allowed one picks it at every position; the repetition
+    penalty applies to what the grammar allows (the text still matches)."""
+    import re
+
+    from mlxpa.structured.spec import StructuredOutput
+
+    tok = byte_tokenizer()
+    digits = StructuredOutput.make("regex", "[0-9]{6}")
+    ids = tok.encode("number:")
+    (seven,), (x,) = tok.encode("7", add_special_tokens=False), tok.encode(
+        "x", add_special_tokens=False)
+    eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
+    outs = list(eng.generate([
+        PromptInput(0, ids, SamplingParams(max_tokens=8, structured=digits,
+                                           logit_bias={x: 100.0})),
+        PromptInput(1, ids, SamplingParams(max_tokens=8, structured=digits,
+                                           logit_bias={seven: 100.0})),
+        PromptInput(2, ids, SamplingParams(max_tokens=8, structured=digits,
+                                           repetition_penalty=2.0))]))
+    by_id = {o.request_id: o.text for o in outs}
+    assert re.fullmatch("[0-9]{6}", by_id[0]) and "x" not in by_id[0]
+    assert by_id[1] == "777777"
+    assert re.fullmatch("[0-9]{6}", by_id[2])
