@@ -252,17 +252,19 @@ class ModelRunner:
         features = (score_features[0] if len(score_features) == 1
                     else mx.concatenate(score_features) if score_features else None)
         del score_features
-        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                 *(self.states.arrays() if self.states is not None else []),
-                 *([features] if features is not None else [])]
+        # evaluated with the tokens: the written pools and states, the scored positions'
+        # hidden states
+        pending = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                   *(self.states.arrays() if self.states is not None else []),
+                   *([features] if features is not None else [])]
         reqs = [out.requests[i] for i in order]
         if reqs:
             res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
-                              self.eos_token_ids, self.grammars, pools, self.penalties)
+                              self.eos_token_ids, self.grammars, pending, self.penalties)
         else:
-            mx.eval(*pools)
+            mx.eval(*pending)
             res = _NOTHING_SAMPLED
-        del pools
+        del pending
         by_row = dict(zip(order, res.tokens))
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
