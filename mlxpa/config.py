@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,10 @@ SAMPLING_EPS = 1e-5
 # (and hold its memory) instead of failing.
 MAX_N = 1024
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
+# Ranges of the OpenAI / vLLM penalty fields (OpenAI's API documents both).
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # a logit_bias value lies in [-100, 100]
+MAX_LOGPROBS = 20  # most alternatives per position (top_logprobs, prompt_logprobs)
 
 
 class FieldError(ValueError):
@@ -135,6 +139,25 @@ class SamplingParams:
             None for free text.
         logprobs: Return the log-probability of every generated token.
         top_logprobs: Also return this many most likely tokens per position (0 to 20).
+        repetition_penalty: vLLM's (CTRL's, Keskar et al. 2019) multiplicative penalty, > 0
+            (1: off): every token that occurs in the prompt or the output so far has its
+            logit divided by it when positive, multiplied by it when not.
+        presence_penalty: OpenAI's additive penalty in [-2, 2] (0: off), subtracted once
+            from the logit of every token that occurs in the output so far (not the prompt).
+        frequency_penalty: OpenAI's additive penalty in [-2, 2] (0: off), subtracted from a
+            token's logit once per occurrence in the output so far (not the prompt).
+        logit_bias: OpenAI's token id -> bias in [-100, 100], added to the token's logit
+            before the penalties (None or empty: off). Ids must index the model's
+            vocabulary (checked by the engine and the row check).
+        prompt_logprobs: vLLM's: None (off), or return the log-probability of every prompt
+            token after the first given the tokens before it, with this many most likely
+            alternatives per position (0 to 20); needs ``max_tokens >= 1``.
+
+    The order of the logit processing is vLLM v1's sampler's (``vllm/v1/sample/sampler.py``):
+    raw log-probabilities (``logprobs``) are taken first, then the grammar mask,
+    ``min_tokens``, ``logit_bias``, the repetition, frequency and presence penalties, then
+    temperature, top-k, top-p and min-p (greedy requests take the argmax of the penalised
+    logits). ``mlxpa.worker.penalties`` applies them.
     """
 
     max_tokens: int = 256
@@ -152,6 +175,11 @@ class SamplingParams:
     structured: StructuredOutput | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:  # vLLM's and the rows' "disabled"
@@ -192,16 +220,56 @@ class SamplingParams:
         _check(self.structured is None or isinstance(self.structured, StructuredOutput),
                "structured", self.structured, "a StructuredOutput or None")
         _check(isinstance(self.logprobs, bool), "logprobs", self.logprobs, "true or false")
-        _check(_int(self.top_logprobs) and 0 <= self.top_logprobs <= 20,
-               "top_logprobs", self.top_logprobs, "an integer from 0 to 20")
+        _check(_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
+               "top_logprobs", self.top_logprobs, f"an integer from 0 to {MAX_LOGPROBS}")
+        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0,
+               "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1: off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_finite(value) and -MAX_PENALTY <= value <= MAX_PENALTY, name, value,
+                   f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g} (0: off)")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        _check(self.prompt_logprobs is None or (
+            _int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+            "prompt_logprobs", self.prompt_logprobs,
+            f"an integer from 0 to {MAX_LOGPROBS} or null")
         if self.min_tokens > self.max_tokens:  # a rule between fields: a plain ValueError
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), as in "
                              f"vLLM, got {self.min_tokens!r}")
+        if self.prompt_logprobs is not None and self.max_tokens == 0:
+            raise ValueError("max_tokens must be >= 1 with prompt_logprobs (the prompt is "
+                             "scored in the step that samples the first token, as in vLLM), "
+                             "got 0")
 
     @property
     def greedy(self) -> bool:
         """True when sampling is an argmax (temperature below :data:`SAMPLING_EPS`)."""
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalised(self) -> bool:
+        """True when ``logit_bias`` or a penalty changes the logits."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1 or bool(
+            self.presence_penalty) or bool(self.frequency_penalty)
+
+
+_LOGIT_BIAS_WANTED = (f"an object of token id (an integer >= 0) -> bias from "
+                      f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}")
+
+
+def _logit_bias(value: object) -> dict[int, float] | None:
+    """``logit_bias`` as a new ``{int: float}`` dict (None when empty).
+
+    Raises:
+        FieldError: Not a mapping of integer ids >= 0 to finite biases in [-100, 100].
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, Mapping) and all(
+        _int(k) and k >= 0 and _finite(b) and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS
+        for k, b in value.items())
+    _check(ok, "logit_bias", value, _LOGIT_BIAS_WANTED)
+    return {k: float(b) for k, b in value.items()} or None
 
 
 @dataclass(frozen=True, slots=True)

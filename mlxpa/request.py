@@ -44,11 +44,15 @@ class TokenLogprob(NamedTuple):
         token_id: The generated token.
         logprob: Its log-probability (natural log).
         top: The ``top_logprobs`` most likely ``(token_id, logprob)`` pairs, most likely first.
+        rank: How many tokens of the vocabulary are at least as likely, the token included
+            (vLLM's ``Logprob.rank``: 1 = most likely); given for scored prompt tokens,
+            None elsewhere.
     """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -81,6 +85,9 @@ class Request:
         logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
         target_token_ids: Token ids whose log-probabilities the runner returns at the
             request's first sampled position (from the logits of the last prompt token).
+        prompt_logprobs: Prompt position to the :class:`TokenLogprob` of the prompt token
+            there, for a request with ``sampling_params.prompt_logprobs`` (filled by the
+            engine from the scored positions; samples 1..n-1 share sample 0's).
         seed_key: What a request without a ``seed`` derives its seed from, with the engine
             seed and ``sample_index`` (the input row's id, so inserting another row does not
             change its samples; None: ``request_id``).
@@ -105,6 +112,7 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     target_token_ids: tuple[int, ...] = ()
     seed_key: object = None
+    prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -149,6 +157,10 @@ class RequestOutput:
         logprobs: Per token of ``token_ids``, its :class:`TokenLogprob` (rows that ask).
         choice_logprobs: For a ``choice`` row, each choice's total log-probability given
             the prompt (see :mod:`mlxpa.engine.choice_scores`).
+        prompt_logprobs: For a request with ``prompt_logprobs`` (vLLM's), one entry per
+            prompt token: None for the first (nothing precedes it), then the token's
+            :class:`TokenLogprob` given the tokens before it (``rank`` set, ``top`` its
+            ``prompt_logprobs`` most likely alternatives).
     """
 
     request_id: object
@@ -163,3 +175,4 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
     choice_logprobs: dict[str, float] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -64,6 +64,12 @@ TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = gr
 TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
 TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
 MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
+RepetitionPenaltyOpt = Annotated[float, typer.Option(
+    show_default=False, help="Default repetition penalty (1 = off).")]
+PresencePenaltyOpt = Annotated[float, typer.Option(
+    show_default=False, help="Default presence penalty, -2..2 (0 = off).")]
+FrequencyPenaltyOpt = Annotated[float, typer.Option(
+    show_default=False, help="Default frequency penalty, -2..2 (0 = off).")]
 SeedOpt = Annotated[int, typer.Option(
     help="Engine seed: a row without a seed field samples with a seed derived from this and "
     "its id (its index when it has none; vLLM's LLM(seed=...)).")]
@@ -71,13 +77,13 @@ NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
 StopOpt = Annotated[list[str] | None, typer.Option(
     help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]
 StopTokenIdOpt = Annotated[list[int] | None, typer.Option(
-    help="Default token id that ends the completion like EOS (repeatable).")]
+    help="Default stop token id (repeatable).")]
 MinTokensOpt = Annotated[int, typer.Option(
-    help="Default tokens to generate before EOS or a stop may end the completion.")]
+    help="Default tokens before EOS or a stop may end the text.")]
 IgnoreEosOpt = Annotated[bool, typer.Option(
     "--ignore-eos", help="Default: generate past EOS up to max tokens.")]
 IncludeStopStrOpt = Annotated[bool, typer.Option(
-    "--include-stop-str", help="Default: keep the matched stop string in the text.")]
+    "--include-stop-str", help="Default: keep the matched stop string.")]
 OutputFormatOpt = Annotated[OutputFormat, typer.Option(
     help="mlxpa (a row per sample) or openai (Batch API output lines; the default for auto "
     "when every input line is an OpenAI Batch request and the output is JSONL).")]
@@ -131,6 +137,8 @@ def run(
     top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
     stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
     ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
+    repetition_penalty: RepetitionPenaltyOpt = 1.0, presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     # constraint defaults
     choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
     grammar: GrammarOpt = None,
@@ -167,7 +175,9 @@ def run(
             stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
-            structured=cli_constraint(choice, json_schema, regex, grammar))
+            structured=cli_constraint(choice, json_schema, regex, grammar),
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty)
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
                                keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,

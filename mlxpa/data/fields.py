@@ -6,8 +6,8 @@ Every field of the OpenAI / vLLM request APIs that is not one of mlxpa's samplin
 * ``ignored``: it does not change the completion (``model``, ``user``, ``metadata``, ``store``,
   ``parallel_tool_calls`` without tools, ...): accepted and dropped;
 * ``unsupported``: it would change the output and mlxpa does not implement it: an error row
-  naming it, unless its value only restates the API's default (``"presence_penalty": 0``,
-  ``"best_of": 1``, ``"stream": false``), which is accepted.
+  naming it and why, unless its value only restates the API's default (``"best_of": 1``,
+  ``"use_beam_search": false``, ``"stream": false``), which is accepted.
 
 A feature that becomes supported moves out of this table into the row parser (its entry is
 switched to ``supported``; a ``supported`` field is left to the code that reads it).
@@ -31,16 +31,25 @@ class FieldRule(NamedTuple):
         status: ``supported`` (read elsewhere), ``ignored`` or ``unsupported``.
         defaults: Values that restate the API's default (an ``unsupported`` field set to one
             of them changes nothing, so it is accepted); None and absent are always accepted.
+        reason: Why an ``unsupported`` field is refused (what is missing, and what to use
+            instead where something does the job), quoted in the row's error.
     """
 
     status: str
     defaults: tuple[Any, ...] = ()
+    reason: str = ""
 
 
 _OFF = (False, 0, [], {}, "")
-_UNSUPPORTED = FieldRule("unsupported", _OFF)
 _IGNORED = FieldRule("ignored")
 _SUPPORTED = FieldRule("supported")
+
+
+def _unsupported(reason: str, *defaults: Any) -> FieldRule:
+    return FieldRule("unsupported", (*_OFF, *defaults), reason)
+
+
+_TOOLS = "tool calling is not implemented (no tool-call parsing)"
 
 # OpenAI Chat/Completions and vLLM request fields that are not mlxpa sampling fields.
 FIELD_SUPPORT: dict[str, FieldRule] = {
@@ -56,18 +65,33 @@ FIELD_SUPPORT: dict[str, FieldRule] = {
     "response_format": _SUPPORTED, "logprobs": _SUPPORTED, "top_logprobs": _SUPPORTED,
     "guided_json": _SUPPORTED, "guided_regex": _SUPPORTED, "guided_choice": _SUPPORTED,
     "guided_grammar": _SUPPORTED, "structured_outputs": _SUPPORTED,
-    "prompt_logprobs": _UNSUPPORTED,
-    "presence_penalty": _UNSUPPORTED, "frequency_penalty": _UNSUPPORTED,
-    "repetition_penalty": FieldRule("unsupported", (*_OFF, 1, 1.0)),
-    "logit_bias": _UNSUPPORTED, "allowed_token_ids": _UNSUPPORTED, "bad_words": _UNSUPPORTED,
-    "best_of": FieldRule("unsupported", (*_OFF, 1)), "use_beam_search": _UNSUPPORTED,
-    "length_penalty": FieldRule("unsupported", (*_OFF, 1, 1.0)),
-    "typical_p": FieldRule("unsupported", (*_OFF, 1, 1.0)),
-    "tools": _UNSUPPORTED, "tool_choice": FieldRule("unsupported", (*_OFF, "none")),
-    "functions": _UNSUPPORTED, "function_call": FieldRule("unsupported", (*_OFF, "none")),
-    "echo": _UNSUPPORTED, "suffix": _UNSUPPORTED,
-    "reasoning_effort": _UNSUPPORTED, "modalities": FieldRule("unsupported", (*_OFF, ["text"])),
-    "audio": _UNSUPPORTED, "prediction": _UNSUPPORTED, "web_search_options": _UNSUPPORTED,
+    # penalties, logit bias and prompt log-probabilities (mlxpa.data.params reads them)
+    "prompt_logprobs": _SUPPORTED, "presence_penalty": _SUPPORTED,
+    "frequency_penalty": _SUPPORTED, "repetition_penalty": _SUPPORTED,
+    "logit_bias": _SUPPORTED,
+    "allowed_token_ids": _unsupported(
+        "restricting the vocabulary is not implemented (a guided_choice, guided_regex or "
+        "logit_bias of -100 does the job)"),
+    "bad_words": _unsupported("banning words is not implemented (logit_bias -100 bans "
+                              "single tokens)"),
+    "best_of": _unsupported("ranking best_of samples by log-probability is not "
+                            "implemented; use n and logprobs", 1),
+    "use_beam_search": _unsupported("beam search is not implemented"),
+    "length_penalty": _unsupported("it only weighs beam search, which is not implemented",
+                                   1, 1.0),
+    "typical_p": _unsupported("typical sampling is not implemented; use top_p or min_p",
+                              1, 1.0),
+    "tools": _unsupported(_TOOLS), "tool_choice": _unsupported(_TOOLS, "none"),
+    "functions": _unsupported(_TOOLS), "function_call": _unsupported(_TOOLS, "none"),
+    "echo": _unsupported("echoing the prompt is not implemented (prompt_logprobs gives "
+                         "its log-probabilities)"),
+    "suffix": _unsupported("insertion after a suffix (fill-in-the-middle) is not "
+                           "implemented"),
+    "reasoning_effort": _unsupported("reasoning controls are not implemented"),
+    "modalities": _unsupported("only text output is produced", ["text"]),
+    "audio": _unsupported("only text output is produced"),
+    "prediction": _unsupported("predicted outputs are not implemented"),
+    "web_search_options": _unsupported("a batch run has no web search"),
 }
 
 
@@ -90,7 +114,7 @@ def field_problem(name: str, key: str, value: Any) -> str | None:
         return None
     if key == "stream":
         return f'field "{name}" must be false (a batch does not stream), got {show(value)}'
-    return f'field "{name}": sampling field not supported by mlxpa'
+    return f'field "{name}" is not supported by mlxpa: {rule.reason}'
 
 
 def _same(value: Any, default: Any) -> bool:

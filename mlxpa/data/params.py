@@ -15,11 +15,15 @@ from mlxpa.config import bad, sampling_field_problem, token_id_problem
 from mlxpa.structured.fields import JSON_TEXT_FIELDS
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens")
-# Fields whose values are token ids (indices into the model's vocabulary): each id is checked
-# against the model's vocabulary size by :func:`check_token_ids` before the model runs.
-TOKEN_ID_FIELDS = ("stop_token_ids",)
-_FLOATS = ("temperature", "top_p", "min_p")
+                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens",
+                   "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                   "prompt_logprobs")
+# Fields whose values are token ids (indices into the model's vocabulary): each id (of
+# ``logit_bias``: each key) is checked against the model's vocabulary size by
+# :func:`check_token_ids` before the model runs.
+TOKEN_ID_FIELDS = ("stop_token_ids", "logit_bias")
+_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+           "frequency_penalty")
 
 
 def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
@@ -58,7 +62,7 @@ def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -
     Returns:
         One message per offending field (:func:`mlxpa.config.token_id_problem`).
     """
-    found = (token_id_problem(prefix + name, params.get(name, ()), vocab_size)
+    found = (token_id_problem(prefix + name, params.get(name) or (), vocab_size)
              for name in TOKEN_ID_FIELDS)
     return [p for p in found if p is not None]
 
@@ -66,7 +70,8 @@ def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -
 def _from_json(name: str, value: Any) -> Any:
     """``value`` in the field's Python type where JSON's number types differ from it (an
     integral float such as ``10.0`` for an int field, an int for a float field; one
-    ``stop`` string or one stop id as a list); anything else unchanged, for
+    ``stop`` string or one stop id as a list; ``logit_bias``' keys, strings in JSON, as
+    ints where they spell one); anything else unchanged, for
     :class:`~mlxpa.config.SamplingParams` to judge."""
     if name in _FLOATS and isinstance(value, int) and not isinstance(value, bool):
         try:
@@ -77,7 +82,28 @@ def _from_json(name: str, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
     if name == "stop_token_ids":
         return [_as_int(t) for t in value] if isinstance(value, list) else [_as_int(value)]
+    if name == "logit_bias":
+        return _bias_map(value)
     return _as_int(value)
+
+
+def _bias_map(value: Any) -> Any:
+    """A ``logit_bias`` object with int keys (JSON keys are strings). Parquet gives a map
+    column as a list of ``(key, value)`` tuples and a struct column as a dict that holds
+    every row's keys, null where this row has none: both read as the row's own object."""
+    if isinstance(value, list) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    if not isinstance(value, dict):
+        return value
+    return {_token_key(k): v for k, v in value.items() if v is not None}
+
+
+def _token_key(key: Any) -> Any:
+    """A ``logit_bias`` key as an int when it spells a decimal integer (JSON object keys
+    are strings: ``"50256"``); anything else unchanged, for the range check to refuse."""
+    if isinstance(key, str) and key.isascii() and key.isdecimal() and len(key) <= 20:
+        return int(key)
+    return _as_int(key)
 
 
 def _as_int(value: Any) -> Any:

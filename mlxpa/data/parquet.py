@@ -23,7 +23,8 @@ columns ``string``, token counts ``int64``, missing values null), then any extra
 order first seen. ``id`` is ``int64`` while every id is an int and becomes ``string`` (ints
 written as ``"7"``) once a string id appears; an int column that meets floats becomes
 ``float64``; a column whose values cannot share an Arrow type is stored as ``string`` with
-non-strings JSON-encoded. Each part has its own schema; the merge widens them to one.
+non-strings JSON-encoded; ``logprobs`` and ``prompt_logprobs`` always have one nested type
+(:func:`token_logprobs_type`). Each part has its own schema; the merge widens them to one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 from mlxpa.data._files import atomic_rewrite
 from mlxpa.data.jsonl import json_default
 from mlxpa.data.order import parquet_in_order
-from mlxpa.data.schema import CORE_TYPES
+from mlxpa.data.schema import CORE_TYPES, TOKEN_LOGPROB_COLUMNS
 
 
 def parts_dir(path: str) -> str:
@@ -145,8 +146,9 @@ class ParquetSink:
 
         types = _core_types(pa)
         for key in dict.fromkeys(k for r in self._buffer for k in r):
-            types[key] = _merge_type(pa, types.get(key, pa.null()),
-                                     _infer_type(pa, [r.get(key) for r in self._buffer]))
+            new = (token_logprobs_type(pa) if key in TOKEN_LOGPROB_COLUMNS
+                   else _infer_type(pa, [r.get(key) for r in self._buffer]))
+            types[key] = _merge_type(pa, types.get(key, pa.null()), new)
         schema = _resolved_schema(pa, types)
         final = os.path.join(self._parts, f"part-{self._num_parts:06d}.parquet")
         pq.write_table(_to_table(pa, self._buffer, schema), final + ".tmp")
@@ -193,6 +195,13 @@ def _core_types(pa: Any) -> dict[str, Any]:
 def _resolved_schema(pa: Any, types: dict[str, Any]) -> Any:
     return pa.schema([(k, pa.int64() if k == "id" and pa.types.is_null(t) else t)
                       for k, t in types.items()])
+
+
+def token_logprobs_type(pa: Any) -> Any:
+    """The Arrow type of a ``logprobs`` / ``prompt_logprobs`` column: ``list<struct<token:
+    string, logprob: double, top_logprobs: list<struct<token: string, logprob: double>>>>``."""
+    pair = [pa.field("token", pa.string()), pa.field("logprob", pa.float64())]
+    return pa.list_(pa.struct([*pair, pa.field("top_logprobs", pa.list_(pa.struct(pair)))]))
 
 
 def _infer_type(pa: Any, values: list) -> Any:

@@ -5,7 +5,9 @@ mlxpa rows (one per sample)::
     {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
     + "sample_index" when n > 1, "error" when the row failed,
     + "logprobs": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}] (rows that
-      ask), "choice_logprobs": {choice: total log-probability} (choice rows),
+      ask), "prompt_logprobs": [null, {"token", "logprob", "top_logprobs": [...]}, ...] (rows
+      with prompt_logprobs: one entry per prompt token, null for the first),
+      "choice_logprobs": {choice: total log-probability} (choice rows),
     then the --keep-columns fields
 
 OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
@@ -20,6 +22,10 @@ and for a failed row ``"response": null, "error": {"code", "message"}``. A chat 
 [{"token", "logprob", "bytes"}]}]}``; a completions choice's is OpenAI's (legacy) completions
 shape ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
 (see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``.
+``prompt_logprobs`` goes where vLLM's OpenAI server puts it: in the body of a chat completion,
+in each choice of a completion, as vLLM's ``[null, {"<token id>": {"logprob", "rank",
+"decoded_token"}, ...}, ...]`` (the prompt token and its alternatives; see
+:func:`vllm_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -114,6 +120,9 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
             record["sample_index"] = out.sample_index
         if out.logprobs is not None:
             record["logprobs"] = [_entry(lp, token_text, False) for lp in out.logprobs]
+        if out.prompt_logprobs is not None:
+            record["prompt_logprobs"] = [None if lp is None else _entry(lp, token_text, False)
+                                         for lp in out.prompt_logprobs]
         if out.choice_logprobs is not None:
             record["choice_logprobs"] = out.choice_logprobs
         records.append(_keep(row, record))
@@ -176,6 +185,33 @@ def completions_logprobs(logprobs: list[TokenLogprob],
             "top_logprobs": tops, "text_offset": offsets}
 
 
+def vllm_prompt_logprobs(logprobs: list[TokenLogprob | None],
+                         token_text: Callable[[int], str]) -> list[dict[str, dict] | None]:
+    """vLLM's OpenAI-server ``prompt_logprobs`` of one prompt.
+
+    Args:
+        logprobs: One entry per prompt token (None for the first, which nothing precedes).
+        token_text: A token id's text.
+
+    Returns:
+        Per prompt token, None or ``{"<token id>": {"logprob", "rank", "decoded_token"}}``
+        holding the prompt token and then its alternatives (rank 1 = most likely), as
+        vLLM's ``list[dict[int, Logprob] | None]`` serialises (JSON keys are strings).
+    """
+    out: list[dict[str, dict] | None] = []
+    for lp in logprobs:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                                    "decoded_token": token_text(lp.token_id)}}
+        for rank, (token_id, value) in enumerate(lp.top, 1):
+            entry.setdefault(str(token_id), {"logprob": value, "rank": rank,
+                                             "decoded_token": token_text(token_id)})
+        out.append(entry)
+    return out
+
+
 def _openai_body(row: Row, outs: list[RequestOutput], model: str,
                  token_text: Callable[[int], str]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
@@ -192,14 +228,19 @@ def _openai_body(row: Row, outs: list[RequestOutput], model: str,
         elif out.logprobs is not None:
             logprobs = completions_logprobs(out.logprobs, token_text)
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
+        if out.prompt_logprobs is not None and not chat:  # vLLM: in each completion choice
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs, token_text)
         if out.choice_logprobs is not None:
             choice["choice_logprobs"] = out.choice_logprobs
         choices.append(choice)
     prompt = outs[0].num_prompt_tokens
     completion = sum(len(o.token_ids) for o in outs)
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{row.index}",
+    body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{row.index}",
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion,
                       "prompt_tokens_details": {"cached_tokens": outs[0].num_cached_tokens}}}
+    if outs[0].prompt_logprobs is not None and chat:  # vLLM: in the chat completion's body
+        body["prompt_logprobs"] = vllm_prompt_logprobs(outs[0].prompt_logprobs, token_text)
+    return body

@@ -8,9 +8,9 @@ a validation pass can list them all before any model work:
 * the id (a string or an integer; default: the row index);
 * per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked; constraint and
   log-probability fields (:mod:`mlxpa.structured.fields`), compiled;
-* sampling fields mlxpa does not support (``presence_penalty``, ``logprobs``, ...) and near
-  misses of supported names (``temprature``) are errors; any other field passes through (it
-  can be carried to the output with ``--keep-columns``);
+* request fields mlxpa does not support (``use_beam_search``, ``tools``, ...; the error says
+  why) and near misses of supported names (``temprature``) are errors; any other field
+  passes through (it can be carried to the output with ``--keep-columns``);
 * OpenAI Batch API lines (``custom_id``, ``method``, ``url``, ``body``): the id is
   ``custom_id`` and every field of ``body`` must be known.
 """
@@ -50,8 +50,11 @@ class Row:
             (>= 0), ``n`` (>= 1), ``min_tokens`` (>= 0); floats for ``temperature`` (>= 0),
             ``top_p`` (in (0, 1]), ``min_p`` (in [0, 1]); ``stop`` a list of non-empty strings
             and ``stop_token_ids`` a list of ints >= 0 (a single value becomes a one-element
-            list); bools for ``ignore_eos`` and ``include_stop_str_in_output``. Integral floats
-            such as ``10.0`` are accepted as ints.
+            list); bools for ``ignore_eos`` and ``include_stop_str_in_output``; floats for
+            ``repetition_penalty`` (> 0), ``presence_penalty`` and ``frequency_penalty``
+            (in [-2, 2]); ``logit_bias`` a dict of int token ids to floats in [-100, 100]
+            (JSON's string keys read as ints); ``prompt_logprobs`` an int in [0, 20].
+            Integral floats such as ``10.0`` are accepted as ints.
         error: Why the row cannot run (the full message with source, line and field), or None.
             When set, ``prompt``, ``messages`` and ``params`` hold only what was valid.
         line: Where the row came from: 1-based line (JSONL, CSV) or 0-based row (Parquet,

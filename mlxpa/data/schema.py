@@ -19,9 +19,16 @@ CORE_TYPES: dict[str, type | None] = {
     "error": str,
 }
 CORE_COLUMNS = tuple(CORE_TYPES)
+
+# Columns of per-token log-probabilities, each a list (null entries allowed: the first
+# prompt token's) of ``{"token": str, "logprob": float, "top_logprobs": [{"token": str,
+# "logprob": float}]}``; Parquet stores them with this one type whatever a row group holds
+# (a group whose rows ask for no alternatives would otherwise infer another).
+TOKEN_LOGPROB_COLUMNS = ("logprobs", "prompt_logprobs")
 # Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
 # column may not take one of these names.
-OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
+OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response",
+                           *TOKEN_LOGPROB_COLUMNS))
 
 
 def id_key(value: Any) -> str:

@@ -20,7 +20,7 @@ from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import Request, RequestOutput, RequestStatus
+from mlxpa.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from mlxpa.worker.model_runner import ModelRunner, kv_budget_bytes
 from mlxpa.worker.outputs import StepResult
 
@@ -106,6 +106,9 @@ class LLMEngine:
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter(),
                       seed_key=request_id if seed_key is None else seed_key)
+        if params.prompt_logprobs is not None:  # every prompt token after the first
+            req.num_scored_tokens = len(req.prompt_token_ids) - 1
+            req.scored_top_logprobs = params.prompt_logprobs
         try:
             self._check_token_ids(req)
             self.scheduler.add_request(req)
@@ -129,7 +132,8 @@ class LLMEngine:
                 (:func:`mlxpa.config.token_id_problem`).
         """
         for name, ids in (("prompt_token_ids", req.prompt_token_ids),
-                          ("stop_token_ids", req.sampling_params.stop_token_ids)):
+                          ("stop_token_ids", req.sampling_params.stop_token_ids),
+                          ("logit_bias", req.sampling_params.logit_bias or ())):
             problem = token_id_problem(name, ids, self.runner.vocab_size)
             if problem is not None:
                 raise ValueError(problem)
@@ -156,7 +160,8 @@ class LLMEngine:
                 continue
             children = [Request(parent.request_id, parent.prompt_token_ids,
                                 parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i, seed_key=parent.seed_key)
+                                sample_index=i, seed_key=parent.seed_key,
+                                prompt_logprobs=parent.prompt_logprobs)  # computed once
                         for i in range(1, parent.sampling_params.n)]
             for child in children:
                 self._detok[child] = self._detokenizer(parent.sampling_params)
@@ -188,6 +193,9 @@ class LLMEngine:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
         advance the scheduler, count; return the requests (not the choice scoring ones) that
         received a token."""
+        for req, by_position in result.scored.items():
+            if req.sampling_params.prompt_logprobs is not None:
+                req.prompt_logprobs.update(by_position)
         if self._pending_forks:
             self._fork_samples(out)
         for req, lp in result.logprobs.items():
@@ -276,7 +284,8 @@ class LLMEngine:
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
             error=req.stop_reason if req.finish_reason == "abort" and isinstance(
                 req.stop_reason, str) else None,
-            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None)
+            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None,
+            prompt_logprobs=_prompt_logprobs(req))
 
     def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
@@ -308,3 +317,12 @@ class LLMEngine:
                     return
                 continue
             yield from self.step()
+
+
+def _prompt_logprobs(req: Request) -> list[TokenLogprob | None] | None:
+    """vLLM's ``prompt_logprobs`` of a request that asks: None for the first prompt token,
+    then each token's :class:`TokenLogprob` (None where it was not computed: a request that
+    failed before its prefill ended)."""
+    if req.sampling_params.prompt_logprobs is None:
+        return None
+    return [None] + [req.prompt_logprobs.get(p) for p in range(1, req.num_prompt_tokens)]

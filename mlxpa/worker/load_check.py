@@ -25,6 +25,7 @@ from mlxpa.worker.paged_forward import (
     build_metadata,
     find_head_split,
     forward,
+    lm_head,
     paged_context,
 )
 from mlxpa.worker.state_store import RecurrentStateStore
@@ -90,9 +91,9 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
                                         for i, n in zip(rows, counts)], block_size,
                                        geometry.windows, kernel)
             states = store.caches(rows, starts, counts) if store is not None else None
-            logits = forward(model, split, pool, geometry.windows, tok, meta,
-                             list(range(len(rows))), [n - 1 for n in counts],
-                             geometry.gathered, states, geometry.layout)
+            logits = lm_head(split)(forward(
+                model, split, pool, geometry.windows, tok, meta, list(range(len(rows))),
+                [n - 1 for n in counts], geometry.gathered, states, geometry.layout))
             if store is not None:
                 store.save(rows, starts, counts, states)
             mx.eval(logits, pool.key_caches, pool.value_caches,

@@ -8,15 +8,28 @@ of a CPU step, so requests that do not ask never pay for it.
 Three uses share :func:`token_logprobs`: each sampled token of a request with ``logprobs``; each
 scored prompt token (:attr:`~mlxpa.request.Request.num_scored_tokens`: the logits at position
 ``p - 1`` score the prompt token at ``p``, as vLLM's ``prompt_logprobs``), with its
-``scored_top_logprobs`` alternatives; and :func:`gather_logprobs` reads the
-``target_token_ids`` at a request's first sampled position.
+``scored_top_logprobs`` alternatives and its rank (:func:`scored_logprobs`); and
+:func:`gather_logprobs` reads the ``target_token_ids`` at a request's first sampled position.
+
+Scored positions can be a whole prefill chunk: 2,048 positions of Gemma 3's 262,144-token
+vocabulary are 2 GiB of float32 logits, and the log-softmax and top-k need as much again.
+:func:`scored_logprobs` therefore applies the LM head and the log-softmax to at most
+:data:`SCORE_SLICE_BYTES` of logits at a time, evaluating each slice before the next, so
+the peak stays a few slices' worth whatever the chunk (a model without a body/head split
+computes its logits at every position anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from mlxpa.request import Request, TokenLogprob
+
+# Most bytes of float32 logits one slice of scored positions takes (64 MiB: 64 positions of
+# a 262,144-token vocabulary); the slice's log-softmax and top-k take about three times more.
+SCORE_SLICE_BYTES = 64 * 2**20
 
 
 def log_softmax(logits: mx.array) -> mx.array:
@@ -26,13 +39,15 @@ def log_softmax(logits: mx.array) -> mx.array:
 
 
 def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
-                   num_top: list[int]) -> list[TokenLogprob]:
+                   num_top: list[int], ranks: bool = False) -> list[TokenLogprob]:
     """The log-probability of one token per row, with the row's most likely tokens.
 
     Args:
         logits: ``[R, V]`` raw logits.
         token_ids: ``[R]`` token ids (a list or an int array), one per row.
         num_top: Per row, how many most likely ``(token_id, logprob)`` pairs to return.
+        ranks: Also give each token's rank: how many tokens of the vocabulary are at least
+            as likely, itself included (vLLM's ``Logprob.rank``, 1 = most likely).
 
     Returns:
         Per row, the :class:`TokenLogprob` of its token (``top``: most likely first).
@@ -42,6 +57,7 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
     lp = log_softmax(logits)
     ids = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
     chosen = mx.take_along_axis(lp, ids[:, None].astype(mx.int32), axis=-1)[:, 0]
+    rank = (lp >= chosen[:, None]).sum(axis=-1) if ranks else None
     k = max(num_top)
     top_ids = top_lp = None
     if k > 0:
@@ -50,13 +66,36 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
         order = mx.argsort(-top_lp, axis=-1)
         top_ids = mx.take_along_axis(top_ids, order, axis=-1)
         top_lp = mx.take_along_axis(top_lp, order, axis=-1)
-        mx.eval(chosen, top_ids, top_lp)
+    mx.eval(*(a for a in (chosen, rank, top_ids, top_lp) if a is not None))
     chosen_l, tok_l = chosen.tolist(), ids.tolist()
+    rank_l = rank.tolist() if rank is not None else [None] * len(num_top)
     ids_l = top_ids.tolist() if top_ids is not None else None
     lps_l = top_lp.tolist() if top_lp is not None else None
     return [TokenLogprob(int(tok_l[r]), float(chosen_l[r]),
-                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else ())
+                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else (), rank_l[r])
             for r, n in enumerate(num_top)]
+
+
+def scored_logprobs(features: mx.array, head: Callable[[mx.array], mx.array], width: int,
+                    token_ids: list[int], num_top: list[int]) -> list[TokenLogprob]:
+    """:func:`token_logprobs` (with ranks) of scored positions, the LM head applied in slices
+    of at most :data:`SCORE_SLICE_BYTES` of float32 logits, each evaluated before the next.
+
+    Args:
+        features: ``[N, H]`` the head's inputs at the scored positions (evaluated), or
+            ``[N, V]`` logits (``head`` is then the identity).
+        head: Turns ``[n, H]`` features into ``[n, V]`` logits.
+        width: ``V``, the logits' width.
+        token_ids: ``[N]`` the scored token ids.
+        num_top: Per position, how many alternatives to return.
+    """
+    step = max(1, SCORE_SLICE_BYTES // (4 * width))
+    values: list[TokenLogprob] = []
+    for start in range(0, len(token_ids), step):
+        end = start + step
+        values += token_logprobs(head(features[start:end]), token_ids[start:end],
+                                 num_top[start:end], ranks=True)
+    return values
 
 
 def gather_logprobs(logits: mx.array, token_ids: list[int]) -> list[float]:

@@ -2,8 +2,8 @@
 
 The runner reads a :class:`SchedulerOutput` and returns a :class:`StepResult`; it never mutates
 requests, blocks or the scheduler. It owns the runner-side state of requests (block-table
-copies, grammar matchers, recurrent states) and frees exactly what the scheduler tells it
-(``finished`` and ``preempted``, vLLM's ``finished_req_ids``). Per step it:
+copies, grammar matchers, penalty entries, recurrent states) and frees exactly what the
+scheduler tells it (``finished`` and ``preempted``, vLLM's ``finished_req_ids``). Per step it:
 
 1. frees that state and applies copy-on-write block copies;
 2. splits the scheduled requests into a decode group (one token each) and prefill groups of
@@ -14,8 +14,10 @@ copies, grammar matchers, recurrent states) and frees exactly what the scheduler
 4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
    of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
-5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``, and
-   reads the log-probabilities of the scored tokens (:mod:`mlxpa.worker.logprobs`).
+5. samples and evaluates everything (tokens, every written pool, the hidden states of scored
+   positions) in one ``mx.eval`` (:mod:`mlxpa.worker.sample_step`), and reads the
+   log-probabilities of the scored tokens, the head applied to them in bounded slices
+   (:func:`mlxpa.worker.logprobs.scored_logprobs`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
 from mlxpa.worker.load_check import check_paged_path
-from mlxpa.worker.logprobs import score_columns, token_logprobs
+from mlxpa.worker.logprobs import score_columns, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
-from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
+from mlxpa.worker.paged_forward import build_metadata, forward, lm_head, paged_context
+from mlxpa.worker.penalties import PenaltyState
 from mlxpa.worker.sample_step import Sampled, sample_step
 from mlxpa.worker.state_store import RecurrentStateStore
 
@@ -135,6 +138,8 @@ class ModelRunner:
         vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
             model or used as a logits index is below it; the grammar bitmask's width.
         grammars: The matchers of constrained requests (:class:`Grammars`), or None.
+        penalties: The ``logit_bias`` and penalty entries of the requests that set them
+            (:class:`PenaltyState`).
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which the pools store.
         states: The per-request recurrent-state store of a hybrid or state-space model
@@ -168,6 +173,8 @@ class ModelRunner:
         self.vocab_size = vocab_size(model, self.geometry.logits_width)
         self.grammars = (Grammars(hf_tokenizer, self.vocab_size, self.eos_token_ids)
                          if hf_tokenizer is not None else None)
+        self.penalties = PenaltyState()
+        self._head = lm_head(self._split)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
 
@@ -220,10 +227,12 @@ class ModelRunner:
     def _free(self, finished: list[Request], preempted: list[Request]) -> None:
         """Forget the block-table copies of ``finished`` and ``preempted`` requests, the
         grammar matchers of finished ones (a preempted request keeps its matcher: its output
-        tokens stay) and the recurrent states of both (a preempted request recomputes from
-        position 0)."""
+        tokens stay), the penalty entries of both (a preempted one's are rebuilt from its
+        prompt and output tokens when it samples again) and the recurrent states of both (a
+        preempted request recomputes from position 0)."""
         for req in (*finished, *preempted):
             self._tables.pop(req, None)
+        self.penalties.drop([*finished, *preempted])
         if self.grammars is not None:
             for req in finished:
                 self.grammars.release(req)
@@ -243,23 +252,44 @@ class ModelRunner:
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
-        order, logits, scored, score_logits = self._forward(out)
-        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                 *(self.states.arrays() if self.states is not None else [])]
+        order, logits, scored, score_features = self._forward(out)
+        features = (score_features[0] if len(score_features) == 1
+                    else mx.concatenate(score_features) if score_features else None)
+        del score_features
+        # evaluated with the tokens: the written pools and states, the scored positions'
+        # hidden states
+        pending = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                   *(self.states.arrays() if self.states is not None else []),
+                   *([features] if features is not None else [])]
         reqs = [out.requests[i] for i in order]
         if reqs:
             res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
-                              self.eos_token_ids, self.grammars, pools)
+                              self.eos_token_ids, self.grammars, pending, self.penalties)
         else:
-            mx.eval(*pools)
+            mx.eval(*pending)
             res = _NOTHING_SAMPLED
+        del pending
         by_row = dict(zip(order, res.tokens))
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
             logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
-            scored=_scored(scored, score_logits),
+            scored=self._scored(scored, features),
             targets={reqs[j]: v for j, v in res.targets.items()},
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
+
+    def _scored(self, scored: list[tuple[Request, int, int]],
+                features: mx.array | None) -> dict[Request, dict[int, TokenLogprob]]:
+        """Per request, position to the :class:`TokenLogprob` of its scored prompt token
+        (``features``: the head's inputs at the scored positions, evaluated)."""
+        if not scored:
+            return {}
+        values = scored_logprobs(features, self._head, self.geometry.logits_width,
+                                 [t for _, _, t in scored],
+                                 [r.scored_top_logprobs for r, _, _ in scored])
+        by_request: dict[Request, dict[int, TokenLogprob]] = {}
+        for (req, position, _), value in zip(scored, values):
+            by_request.setdefault(req, {})[position] = value
+        return by_request
 
     def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array],
                                                       list[tuple[Request, int, int]],
@@ -267,12 +297,12 @@ class ModelRunner:
         """Run the step's groups (lazily).
 
         Returns:
-            ``(order, logits, scored, score_logits)``: the indices in ``out.requests`` of
+            ``(order, logits, scored, score_features)``: the indices in ``out.requests`` of
             the requests that sample, their ``[S_k, V]`` logits per group, the ``(request,
-            position, token id)`` of each scored prompt token and its ``[N_k, V]`` logits
-            per group.
+            position, token id)`` of each scored prompt token and the LM head's ``[N_k, H]``
+            inputs there per group (logits without a body/head split).
         """
-        order, logits, scored, score_logits = [], [], [], []
+        order, logits, scored, score_features = [], [], [], []
         pad = _MAX_PAD_TOKENS if self.states is None else 0
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
             for group in group_by_length(out.num_scheduled_tokens, pad):
@@ -293,22 +323,9 @@ class ModelRunner:
                     self.states.save(reqs, starts, counts, states)
                 if rows:
                     order.extend(group[k] for k in rows)
-                    logits.append(result[:len(rows)] if extra else result)
+                    logits.append(self._head(result[:len(rows)] if extra else result))
                 if extra:
-                    score_logits.append(result[len(rows):])
+                    score_features.append(result[len(rows):])
                     scored.extend((reqs[k], p, t) for k, _, t, p in extra)
                 del result  # sample_step alone holds the logits (the mask may reuse them)
-        return order, logits, scored, score_logits
-
-
-def _scored(scored: list[tuple[Request, int, int]],
-            score_logits: list[mx.array]) -> dict[Request, dict[int, TokenLogprob]]:
-    """Per request, position to the :class:`TokenLogprob` of its scored prompt token."""
-    if not scored:
-        return {}
-    values = token_logprobs(mx.concatenate(score_logits), [t for _, _, t in scored],
-                            [r.scored_top_logprobs for r, _, _ in scored])
-    by_request: dict[Request, dict[int, TokenLogprob]] = {}
-    for (req, position, _), value in zip(scored, values):
-        by_request.setdefault(req, {})[position] = value
-    return by_request
+        return order, logits, scored, score_features

@@ -30,6 +30,16 @@ class HeadSplit:
     head: Callable[[mx.array], mx.array]
 
 
+def lm_head(split: HeadSplit | None) -> Callable[[mx.array], mx.array]:
+    """What turns :func:`forward`'s output into logits: the split's LM head, or (no split:
+    the model's output already is logits) the identity."""
+    return split.head if split is not None else _identity
+
+
+def _identity(x: mx.array) -> mx.array:
+    return x
+
+
 def find_head_split(model: nn.Module) -> HeadSplit | None:
     """A body/LM-head split candidate, found without assuming attribute names beyond
     mlx-lm's conventions: the text model (``language_model`` of a multimodal wrapper, else
@@ -80,8 +90,10 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
             entries, a layer keeping several caches); None: one entry per position.
 
     Returns:
-        ``[len(rows), vocab]`` logits at ``(rows, cols)``, or None when ``rows`` is empty
-        (only the K/V writes matter, evaluated with the pools).
+        The head's inputs at ``(rows, cols)``, ``[len(rows), hidden]`` (``lm_head(split)``
+        turns them into logits, so a caller can apply the head in slices), or, without a
+        split, the ``[len(rows), vocab]`` logits there; None when ``rows`` is empty (only
+        the K/V writes matter, evaluated with the pools).
     """
     gathered = gathered or [False] * len(windows)
     states = states or {}
@@ -95,7 +107,7 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
     hidden = split.body(tokens, cache=caches)
     if not rows:
         return None
-    return split.head(hidden[mx.array(rows), mx.array(cols)])
+    return hidden[mx.array(rows), mx.array(cols)]
 
 
 def _cache_list(caches):

@@ -1,10 +1,13 @@
-"""One step's sampling: ``min_tokens`` and grammar masks, sampling, log-probabilities.
+"""One step's sampling: masks, ``logit_bias`` and penalties, sampling, log-probabilities.
 
-Order (vLLM's): the raw logits are kept for log-probabilities; each constrained request's
-grammar bitmask is filled (overlapping the forward pass, which ``mx.async_eval`` has started);
-EOS and stop token ids are banned below ``min_tokens`` (in the bitmask when there is one, so
-the whole mask is one fused pass over the logits); then :func:`mlxpa.worker.sampling.sample`
-draws, and the matchers consume the sampled tokens.
+Order (vLLM v1's sampler's): the raw logits are kept for log-probabilities; each constrained
+request's grammar bitmask is filled (overlapping the forward pass, which ``mx.async_eval`` has
+started); EOS and stop token ids are banned below ``min_tokens`` (in the bitmask when there is
+one, so the whole mask is one fused pass over the logits); ``logit_bias`` and the repetition,
+frequency and presence penalties change the entries of the requests that set them
+(:mod:`mlxpa.worker.penalties`: one gather, evaluated with the forward pass, and one scatter
+for all rows); then :func:`mlxpa.worker.sampling.sample` draws (temperature, top-k, top-p,
+min-p; greedy rows take the argmax), and the matchers consume the sampled tokens.
 
 ``min_tokens`` never empties a request's row of logits: when the ban would leave no token to
 sample (the grammar admits only EOS or stop ids, or the ids cover the vocabulary), the row
@@ -22,6 +25,7 @@ from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.mask import apply_bitmask, ban_in_bitmask
 from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.logprobs import gather_logprobs, token_logprobs
+from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
 from mlxpa.worker.sampling import sample
 
 
@@ -88,8 +92,8 @@ def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[
 
 def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
                 eos_token_ids: list[int], grammars: Grammars | None,
-                pending: list[mx.array]) -> Sampled:
-    """Mask, sample and evaluate one step.
+                pending: list[mx.array], penalties: PenaltyState | None = None) -> Sampled:
+    """Mask, penalise, sample and evaluate one step.
 
     Args:
         parts: ``[S_k, V]`` logits of the requests that sample, per forward group (lazy),
@@ -102,6 +106,8 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
         grammars: The constrained requests' matchers (None: no constraints possible); the
             bitmask is ``grammars.vocab_size`` wide.
         pending: Other arrays to evaluate with the tokens (the KV pools).
+        penalties: The runner's ``logit_bias`` and penalty entries (None: no request of the
+            step can set them).
 
     Returns:
         The sampled tokens, the asked-for log-probabilities and the grammar endings.
@@ -110,10 +116,14 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     parts.clear()
     lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
     first = [i for i, r in enumerate(reqs) if r.target_token_ids and not r.output_token_ids]
-    bitmask = None
-    if grammars is not None and any(r.sampling_params.structured is not None for r in reqs):
-        mx.async_eval(raw, *pending)  # the forward pass runs while the masks fill
-        bitmask = grammars.fill(reqs)
+    bitmask = entries = None
+    constrained = grammars is not None and any(
+        r.sampling_params.structured is not None for r in reqs)
+    if constrained or (penalties is not None and any(
+            r.sampling_params.penalised for r in reqs)):
+        mx.async_eval(raw, *pending)  # the forward pass runs while the host works
+        bitmask = grammars.fill(reqs) if constrained else None
+        entries = penalties.step(reqs) if penalties is not None else None
         mx.synchronize()  # the finished async evaluation lets go of the raw logits
     if bitmask is not None:
         ban_in_bitmask(bitmask.words, early_stop_bans(reqs, eos_token_ids, grammars.vocab_size))
@@ -122,6 +132,10 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
         logits = mask_early_stops(raw + 0 if lp_rows or first else raw, reqs, eos_token_ids)
     if not (lp_rows or first):
         raw = None  # the mask's output may take over the raw logits' buffer
+    if entries is not None:
+        values = gather_entries(logits, entries)
+        mx.eval(values)  # now nothing but `logits` holds the masked logits: scatter in place
+        logits = apply_penalties(logits, values, entries)
     toks = sample(logits, [r.sampling_params for r in reqs], seeds,
                   [r.num_output_tokens for r in reqs])
     mx.eval(toks, *pending)

@@ -36,7 +36,7 @@ def test_help_fits_80_columns_without_type_metavars(command):
 
 def test_run_help_is_short_and_names_every_flag_whole():
     text = _help("run")
-    assert len(text.splitlines()) < 120
+    assert len(text.splitlines()) < 140  # one screen-ish page; every option named whole
     assert "--prefix-caching / --no-prefix-caching" in text
     assert "-q, --quiet  " in text  # a flag: no metavar after it
 

@@ -108,14 +108,14 @@ def test_openai_batch_lines_checked(tmp_path):
     assert (row.id, row.prompt, row.params, row.openai, row.error) == (
         "q", "x", {"max_tokens": 2}, "completions", None)
     bad = {"custom_id": "", "method": "GET", "url": "/v1/embeddings",
-           "body": {"prompt": "x", "frequency_penalty": 1, "max_tokns": 3, "stream": True}}
+           "body": {"prompt": "x", "frequency_penalty": 3, "max_tokns": 3, "stream": True}}
     assert one(tmp_path, bad).error == (
         f'{tmp_path / "p.jsonl"} line 1: field "custom_id" must be a non-empty string, got ""; '
         'field "method" must be "POST", got "GET"; field "url" must be '
         '"/v1/chat/completions" or "/v1/completions", got "/v1/embeddings"; '
-        'field "body.frequency_penalty": sampling field not supported by mlxpa; '
         'field "body.max_tokns": unknown sampling field (did you mean "max_tokens"?); '
-        'field "body.stream" must be false (a batch does not stream), got true')
+        'field "body.stream" must be false (a batch does not stream), got true; '
+        'field "body.frequency_penalty" must be a number from -2 to 2 (0: off), got 3')
     chat_url = {**line, "url": "/v1/chat/completions"}
     assert one(tmp_path, chat_url).error.endswith(
         'field "url" "/v1/chat/completions" needs field "body.messages"')
@@ -131,8 +131,9 @@ def test_unknown_sampling_fields_and_passthrough(tmp_path):
     row = one(tmp_path, {"prompt": "x", "temprature": 0.5, "echo": True, "category": "c",
                          "url": "http://example.com", "top_k": None})
     assert row.error == (f'{tmp_path / "p.jsonl"} line 1: field "temprature": unknown sampling '
-                         'field (did you mean "temperature"?); field "echo": sampling field '
-                         "not supported by mlxpa")
+                         'field (did you mean "temperature"?); field "echo" is not supported '
+                         "by mlxpa: echoing the prompt is not implemented (prompt_logprobs "
+                         "gives its log-probabilities)")
     assert one(tmp_path, {"prompt": "x", "category": "c", "max_completion_tokens": 4}).params == {
         "max_tokens": 4}
 
@@ -173,12 +174,12 @@ def test_parquet_nulls_named(tmp_path):
     pq.write_table(pa.table({"id": pa.array([None, "b"], pa.string()),
                              "prompt": pa.array([None, "x"], pa.string()),
                              "seed": pa.array([None, None], pa.int64()),
-                             "presence_penalty": pa.array([None, 0.5], pa.float64())}), path)
+                             "presence_penalty": pa.array([None, 2.5], pa.float64())}), path)
     rows = list(read_rows(str(path)))
     assert rows[0].id == 0  # a null id takes the row index
     assert rows[0].error == f'{path} row 0: field "prompt" is null (and no "messages")'
-    assert rows[1].error == (f'{path} row 1: field "presence_penalty": sampling field not '
-                             "supported by mlxpa")
+    assert rows[1].error == (f'{path} row 1: field "presence_penalty" must be a number from '
+                             "-2 to 2 (0: off), got 2.5")
 
 
 def test_openai_text_content_parts_and_switched_off_features(tmp_path):
@@ -194,13 +195,16 @@ def test_openai_text_content_parts_and_switched_off_features(tmp_path):
          "body": {"messages": [{"role": "user", "content": [
              {"type": "image_url", "image_url": {"url": "x"}}]}]}},
         {"custom_id": "r3", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"1": 2}}},
+         "body": {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"1": 2},
+                  "bad_words": ["x"]}},
     ]
     src.write_text("".join(json.dumps(o) + "\n" for o in lines))
     r1, r2, r3 = read_rows(str(src))
     assert r1.error is None and r1.messages == [{"role": "user", "content": "Hi\nthere"}]
     assert 'body.messages[0].content" must be a string or a list of {"type": "text"' in r2.error
-    assert 'field "body.logit_bias": sampling field not supported by mlxpa' in r3.error
+    assert r3.params == {"logit_bias": {1: 2}}
+    assert r3.error.endswith('field "body.bad_words" is not supported by mlxpa: banning words '
+                             'is not implemented (logit_bias -100 bans single tokens)')
 
 
 def test_openai_line_without_custom_id_names_it_and_has_no_id(tmp_path):

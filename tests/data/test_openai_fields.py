@@ -35,7 +35,6 @@ def test_max_completion_tokens_wins_over_max_tokens(tmp_path):
     assert plain.params == {"max_tokens": 3}
 
 
-
 def test_restated_defaults_are_accepted_and_ignored(tmp_path):
     row = _one(tmp_path, _body(response_format={"type": "text"}, n=1, stream=False,
                                logprobs=False, parallel_tool_calls=True, user="u-1",
@@ -43,29 +42,42 @@ def test_restated_defaults_are_accepted_and_ignored(tmp_path):
                                frequency_penalty=0, top_logprobs=0, tool_choice="none",
                                service_tier="auto", stream_options=None))
     assert row.error is None
-    # the structured-output fields restated at their defaults ask for nothing
-    assert row.params == {"n": 1, "structured": None, "logprobs": False, "top_logprobs": 0}
+    # the structured-output and penalty fields restated at their defaults ask for nothing
+    assert row.params == {"n": 1, "structured": None, "logprobs": False, "top_logprobs": 0,
+                          "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-
-@pytest.mark.parametrize("field,value", [
-    ("prompt_logprobs", 2), ("presence_penalty", 0.5), ("logit_bias", {"5": 1}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("best_of", 2), ("echo", True), ("n", 0), ("stream", True),
+@pytest.mark.parametrize("field,value,why", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "tool calling"),
+    ("tool_choice", "auto", "tool calling"), ("best_of", 2, "ranking best_of"),
+    ("echo", True, "echoing the prompt"), ("use_beam_search", True, "beam search"),
+    ("n", 0, "must be an integer from 1"), ("stream", True, "does not stream"),
 ])
-def test_features_that_change_the_output_are_errors_naming_them(tmp_path, field, value):
+def test_features_that_change_the_output_are_errors_naming_them(tmp_path, field, value, why):
     row = _one(tmp_path, _body(**{field: value}))
     assert f'line 1: field "body.{field}"' in row.error
+    assert why in row.error  # the reason, not only "not supported"
 
+
+@pytest.mark.parametrize("field,value,params", [
+    ("prompt_logprobs", 2, {"prompt_logprobs": 2}),
+    ("presence_penalty", 0.5, {"presence_penalty": 0.5}),
+    ("frequency_penalty", -2, {"frequency_penalty": -2.0}),
+    ("repetition_penalty", 1.3, {"repetition_penalty": 1.3}),
+    ("logit_bias", {"5": 1, "7": -100.0}, {"logit_bias": {5: 1, 7: -100.0}}),
+])
+def test_penalty_fields_are_read(tmp_path, field, value, params):
+    row = _one(tmp_path, _body(**{field: value}))
+    assert row.error is None and row.params == params
 
 
 def test_plain_rows_use_the_same_table(tmp_path):
     ok = _one(tmp_path, {"prompt": "x", "logprobs": False, "response_format": {"type": "text"},
-                         "user": "u"})
-    assert ok.error is None
-    bad = _one(tmp_path, {"prompt": "x", "presence_penalty": 0.5})
-    assert bad.error.endswith('field "presence_penalty": sampling field not supported by mlxpa')
-
+                         "user": "u", "presence_penalty": 0.5})
+    assert ok.error is None and ok.params["presence_penalty"] == 0.5
+    bad = _one(tmp_path, {"prompt": "x", "use_beam_search": True})
+    assert bad.error.endswith('field "use_beam_search" is not supported by mlxpa: beam search '
+                              'is not implemented')
 
 
 def test_n_is_bounded(tmp_path):

@@ -438,7 +438,9 @@ def test_any_permutation_of_adds_gives_input_order(tmp_path_factory, order, fmt)
 def test_sampling_fields_constant():
     assert SAMPLING_FIELDS == ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                                "stop", "n", "stop_token_ids", "ignore_eos",
-                               "include_stop_str_in_output", "min_tokens")
+                               "include_stop_str_in_output", "min_tokens", "repetition_penalty",
+                               "presence_penalty", "frequency_penalty", "logit_bias",
+                               "prompt_logprobs")
 
 
 def test_text_file_is_one_prompt_per_line(tmp_path):
