@@ -14,14 +14,17 @@ copies, grammar matchers, recurrent states) and frees exactly what the scheduler
 4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
    of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
-5. samples and evaluates everything (tokens and every written pool) in one ``mx.eval``, and
-   reads the log-probabilities of the scored tokens (:mod:`mlxpa.worker.logprobs`).
+5. samples and evaluates everything (tokens, every written pool, the log-probabilities of
+   the scored prompt tokens and of the targets, :mod:`mlxpa.worker.logprobs`) in one
+   ``mx.eval``. A ``score_only`` request never samples: its last chunk's logits are read
+   for its targets only.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -33,7 +36,7 @@ from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
 from mlxpa.worker.load_check import check_paged_path
-from mlxpa.worker.logprobs import score_columns, token_logprobs
+from mlxpa.worker.logprobs import LogprobGather, score_columns
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
 from mlxpa.worker.paged_forward import build_metadata, forward, paged_context
@@ -104,7 +107,7 @@ def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> li
     return groups
 
 
-_NOTHING_SAMPLED = Sampled([], {}, {}, {}, None)
+_NOTHING_SAMPLED = Sampled([], {}, {}, None)
 
 
 class ModelRunner:
@@ -230,45 +233,52 @@ class ModelRunner:
         """Run one scheduled step.
 
         Returns:
-            The sampled tokens (one per request whose chunk reaches its last token,
-            ``out.sampling``, in ``out.requests`` order), their log-probabilities where asked,
-            the scored and target tokens' log-probabilities, and the grammar endings;
-            :data:`EMPTY_STEP_RESULT` when no token is scheduled.
+            The sampled tokens (one per request whose chunk reaches its last token and that
+            samples, ``out.sampling``, in ``out.requests`` order), their log-probabilities
+            where asked, the scored and target tokens' log-probabilities, and the grammar
+            endings; :data:`EMPTY_STEP_RESULT` when no token is scheduled.
         """
         self._free(out.finished, out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
-        order, logits, scored, score_logits = self._forward(out)
-        pools = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                 *(self.states.arrays() if self.states is not None else [])]
+        order, logits, reads = self._forward(out)
+        scored = _gather(reads.score_logits, list(range(len(reads.scored))),
+                         [t for _, _, t in reads.scored],
+                         [r.scored_top_logprobs for r, _, _ in reads.scored])
+        targets = _gather(reads.target_logits,
+                          [k for k, r in enumerate(reads.targets) for _ in r.target_token_ids],
+                          [t for r in reads.targets for t in r.target_token_ids],
+                          [r.scored_top_logprobs for r in reads.targets
+                           for _ in r.target_token_ids])
+        pending = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                   *(self.states.arrays() if self.states is not None else []),
+                   *(a for g in (scored, targets) if g is not None for a in g.arrays)]
         reqs = [out.requests[i] for i in order]
-        if reqs:
+        if reqs:  # one evaluation: tokens, pools and the reads
             res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
-                              self.eos_token_ids, self.grammars, pools)
+                              self.eos_token_ids, self.grammars, pending)
         else:
-            mx.eval(*pools)
+            mx.eval(*pending)
             res = _NOTHING_SAMPLED
         by_row = dict(zip(order, res.tokens))
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
             logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
-            scored=_scored(scored, score_logits),
-            targets={reqs[j]: v for j, v in res.targets.items()},
+            scored=_by_position(reads.scored, scored),
+            targets=_by_request(reads.targets, targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
 
-    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array],
-                                                      list[tuple[Request, int, int]],
-                                                      list[mx.array]]:
+    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array], _Reads]:
         """Run the step's groups (lazily).
 
         Returns:
-            ``(order, logits, scored, score_logits)``: the indices in ``out.requests`` of
-            the requests that sample, their ``[S_k, V]`` logits per group, the ``(request,
-            position, token id)`` of each scored prompt token and its ``[N_k, V]`` logits
-            per group.
+            ``(order, logits, reads)``: the indices in ``out.requests`` of the requests that
+            sample, their ``[S_k, V]`` logits per group, and the logits of the scored prompt
+            tokens and of the targets (:class:`_Reads`).
         """
-        order, logits, scored, score_logits = [], [], [], []
+        order, logits = [], []
+        reads = _Reads([], [], [], [])
         pad = _MAX_PAD_TOKENS if self.states is None else 0
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
             for group in group_by_length(out.num_scheduled_tokens, pad):
@@ -279,32 +289,61 @@ class ModelRunner:
                 rows = [k for k, i in enumerate(group) if out.sampling[i]]
                 extra = [(k, *c) for k, r in enumerate(reqs)
                          for c in score_columns(r, starts[k], counts[k])]
+                # targets: read where the chunk ends the prompt (the last prompt token)
+                tgt = [k for k, r in enumerate(reqs)
+                       if r.target_token_ids and starts[k] + counts[k] == r.num_prompt_tokens]
                 states = (self.states.caches(reqs, starts, counts)
                           if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
-                                 meta, rows + [e[0] for e in extra],
-                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra],
+                                 meta, rows + [e[0] for e in extra] + tgt,
+                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra]
+                                 + [counts[k] - 1 for k in tgt],
                                  self.geometry.gathered, states, self.geometry.layout)
                 if self.states is not None:
                     self.states.save(reqs, starts, counts, states)
                 if rows:
                     order.extend(group[k] for k in rows)
-                    logits.append(result[:len(rows)] if extra else result)
+                    logits.append(result[:len(rows)] if extra or tgt else result)
                 if extra:
-                    score_logits.append(result[len(rows):])
-                    scored.extend((reqs[k], p, t) for k, _, t, p in extra)
+                    reads.score_logits.append(result[len(rows):len(rows) + len(extra)])
+                    reads.scored.extend((reqs[k], p, t) for k, _, t, p in extra)
+                if tgt:
+                    reads.target_logits.append(result[len(rows) + len(extra):])
+                    reads.targets.extend(reqs[k] for k in tgt)
                 del result  # sample_step alone holds the logits (the mask may reuse them)
-        return order, logits, scored, score_logits
+        return order, logits, reads
 
 
-def _scored(scored: list[tuple[Request, int, int]],
-            score_logits: list[mx.array]) -> dict[Request, dict[int, TokenLogprob]]:
+class _Reads(NamedTuple):
+    """A step's log-probability reads beside sampling (lists filled group by group)."""
+
+    scored: list[tuple[Request, int, int]]  # (request, position, token id) per scored token
+    score_logits: list[mx.array]  # [N_k, V] per group
+    targets: list[Request]  # requests whose targets are read
+    target_logits: list[mx.array]  # [T_k, V] per group: their last prompt token's logits
+
+
+def _gather(logits: list[mx.array], rows: list[int], token_ids: list[int],
+            num_top: list[int]) -> LogprobGather | None:
+    """The lazy :class:`LogprobGather` of ``(row, token id)`` pairs over the groups'
+    ``logits`` (concatenated), or None when there is none."""
+    if not logits:
+        return None
+    return LogprobGather(logits[0] if len(logits) == 1 else mx.concatenate(logits), rows,
+                         token_ids, num_top)
+
+
+def _by_position(scored: list[tuple[Request, int, int]],
+                 gather: LogprobGather | None) -> dict[Request, dict[int, TokenLogprob]]:
     """Per request, position to the :class:`TokenLogprob` of its scored prompt token."""
-    if not scored:
-        return {}
-    values = token_logprobs(mx.concatenate(score_logits), [t for _, _, t in scored],
-                            [r.scored_top_logprobs for r, _, _ in scored])
     by_request: dict[Request, dict[int, TokenLogprob]] = {}
-    for (req, position, _), value in zip(scored, values):
+    for (req, position, _), value in zip(scored, gather.values() if gather else ()):
         by_request.setdefault(req, {})[position] = value
     return by_request
+
+
+def _by_request(targets: list[Request],
+                gather: LogprobGather | None) -> dict[Request, list[TokenLogprob]]:
+    """Per request, the :class:`TokenLogprob` of each of its ``target_token_ids``."""
+    values = iter(gather.values() if gather else ())
+    return {req: [next(values) for _ in req.target_token_ids] for req in targets}
