@@ -18,6 +18,7 @@ is read twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -48,7 +49,8 @@ from mlxpa.engine.metrics import Counters, Stats, summarize
 from mlxpa.engine_setup import build_engine
 from mlxpa.job import Job, close_in_order, report_written
 from mlxpa.progress import RunProgress, summary_table
-from mlxpa.prompts import messages_checker
+from mlxpa.prompts import messages_checker, prompt_token_ids
+from mlxpa.structured.labels import choice_label_checker
 
 PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 
@@ -139,10 +141,13 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     try:
         src = _Source(path, "<stdin>" if spooled else source, dataclasses.replace(inputs, fmt=fmt))
         vocab = engine.runner.vocab_size if engine is not None else _peek_vocab(config.model)
-        chat = messages_checker(lambda: engine.tokenizer if engine is not None
-                                else _peek_tokenizer(config.model))
+        tokenizer = functools.cache(lambda: engine.tokenizer if engine is not None
+                                    else _peek_tokenizer(config.model))
+        chat = messages_checker(tokenizer)
+        labels = choice_label_checker(tokenizer, lambda row, tok: prompt_token_ids(
+            row, tok, src.inputs.split_special_tokens), defaults.structured)
         v, out_fmt = _validation_pass(src, existing, defaults, output, file_fmt, options,
-                                      console, vocab, chat)
+                                      console, vocab, lambda row: chat(row) or labels(row))
         if v.num_rows == v.num_done:  # nothing to run: no model load
             return _empty_run(output, src.name, v, options, console)
         engine = engine or build_engine(config, src.rows(), v, defaults, console,

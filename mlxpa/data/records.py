@@ -5,7 +5,9 @@ mlxpa rows (one per sample)::
     {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
     + "sample_index" when n > 1, "error" when the row failed,
     + "logprobs": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}] (rows that
-      ask), "choice_logprobs": {choice: total log-probability} (choice rows),
+      ask); choice rows: "choice_logprobs": {label: total log-probability},
+      "choice_probs": {label: probability normalised over the labels},
+      "choice_outside_prob": the probability of none of the labels,
     then the --keep-columns fields
 
 OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
@@ -19,7 +21,8 @@ and for a failed row ``"response": null, "error": {"code", "message"}``. A chat 
 ``logprobs`` is OpenAI's ``{"content": [{"token", "logprob", "bytes", "top_logprobs":
 [{"token", "logprob", "bytes"}]}]}``; a completions choice's is OpenAI's (legacy) completions
 shape ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
-(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``.
+(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``,
+``choice_probs`` and ``choice_outside_prob``.
 """
 
 from __future__ import annotations
@@ -114,10 +117,17 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
             record["sample_index"] = out.sample_index
         if out.logprobs is not None:
             record["logprobs"] = [_entry(lp, token_text, False) for lp in out.logprobs]
-        if out.choice_logprobs is not None:
-            record["choice_logprobs"] = out.choice_logprobs
+        record.update(_choice_fields(out))
         records.append(_keep(row, record))
     return records
+
+
+def _choice_fields(out: RequestOutput) -> dict[str, Any]:
+    """A choice row's label probabilities (none for other rows)."""
+    if out.choice_logprobs is None:
+        return {}
+    return {"choice_logprobs": out.choice_logprobs, "choice_probs": out.choice_probs,
+            "choice_outside_prob": out.choice_outside_prob}
 
 
 def _keep(row: Row, record: dict) -> dict:
@@ -192,8 +202,7 @@ def _openai_body(row: Row, outs: list[RequestOutput], model: str,
         elif out.logprobs is not None:
             logprobs = completions_logprobs(out.logprobs, token_text)
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
-        if out.choice_logprobs is not None:
-            choice["choice_logprobs"] = out.choice_logprobs
+        choice.update(_choice_fields(out))
         choices.append(choice)
     prompt = outs[0].num_prompt_tokens
     completion = sum(len(o.token_ids) for o in outs)

@@ -19,9 +19,14 @@ CORE_TYPES: dict[str, type | None] = {
     "error": str,
 }
 CORE_COLUMNS = tuple(CORE_TYPES)
+# A choice row's label probabilities (label to value; the outside mass a float): mlxpa rows
+# and each choice of an OpenAI Batch line; Parquet stores the first two as structs of
+# doubles (a string of JSON where the label sets of row groups differ).
+CHOICE_FIELDS = ("choice_logprobs", "choice_probs", "choice_outside_prob")
 # Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
 # column may not take one of these names.
-OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response"))
+OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response",
+                           *CHOICE_FIELDS))
 
 
 def id_key(value: Any) -> str:

@@ -17,7 +17,7 @@ from mlxpa.config import EngineConfig, SamplingParams, token_id_problem
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
-from mlxpa.engine.choice_scores import ChoiceScores
+from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestOutput, RequestStatus
@@ -55,7 +55,6 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
                                   tokenizer._tokenizer)
-        self.choice_scores = ChoiceScores(tokenizer)
         # A recurrent state exists only at the position its request reached: no prefix
         # cache hits (and no forked samples, see _fork_samples) for such models.
         recurrent = self.runner.states is not None
@@ -64,6 +63,8 @@ class LLMEngine:
             config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
+        self.choice_scores = ChoiceScores(tokenizer, self.scheduler.max_model_len,
+                                          self.runner.seed_for, self._output)
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
@@ -92,28 +93,38 @@ class LLMEngine:
                     ) -> list[RequestOutput] | None:
         """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
         when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
-        the rest wait, reading the prompt from the prefix cache when admitted).
+        the rest wait, reading the prompt from the prefix cache when admitted). A
+        ``choice`` row is scored, not decoded (:mod:`mlxpa.engine.choice_scores`): one
+        prefill, its labels' tokens, ``n`` labels drawn from the scores.
 
         Returns:
             Finished :class:`RequestOutput` s (one per sample) right away when the request
-            needs no model work (``max_tokens`` 0) or cannot run (empty prompt, longer than
-            the context or the pool: ``finish_reason`` ``abort`` with ``error`` set);
-            otherwise None.
+            needs no model work (``max_tokens`` 0, not a choice row) or cannot run (empty
+            prompt, longer than the context or the pool, labels that cannot be scored:
+            ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
         """
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter(),
                       seed_key=request_id if seed_key is None else seed_key)
+        choice = is_choice(params)
         try:
             self._check_token_ids(req)
-            self.scheduler.add_request(req)
+            if choice:
+                prefill = self.choice_scores.add(req, self.scheduler.add_request)
+            else:
+                self.scheduler.add_request(req)
         except ValueError as e:
             return [self._error(req, str(e), i) for i in range(params.n)]
         self.counters.prompt_tokens += req.num_prompt_tokens
+        if choice:
+            if self.choice_scores.waits_for_prefill(prefill):
+                self._pending_forks.append(prefill)
+            return None
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if self.choice_scores.on_add(req) or params.n > 1:
+        if params.n > 1:
             self._pending_forks.append(req)
         return None
 
@@ -142,28 +153,25 @@ class LLMEngine:
         return out
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
-        """Start samples 1..n-1 and the choice scoring requests of every request whose
-        prefill ran in step ``out`` (before ``update_from_output``, which may finish and free
-        the parent)."""
-        done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
+        """Start samples 1..n-1 of every request whose prefill ran in step ``out``, and the
+        label requests of every choice row's prefill that ran (before
+        ``update_from_output``, which finishes and frees a choice row's prefill)."""
+        done = {id(r) for r, last in zip(out.requests, out.last_chunk) if last}
         still = []
         for parent in self._pending_forks:
             if id(parent) not in done:
                 still.append(parent)
                 continue
-            children = [Request(parent.request_id, parent.prompt_token_ids,
-                                parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i, seed_key=parent.seed_key)
-                        for i in range(1, parent.sampling_params.n)]
-            for child in children:
-                self._detok[child] = self._detokenizer(parent.sampling_params)
-            for scorer in self.choice_scores.on_prefilled(parent, children):
-                try:
-                    self.scheduler.add_request(scorer)
-                except ValueError:
-                    scorer.status = RequestStatus.FINISHED_ABORTED
-                    self._released.extend(self.choice_scores.finished(scorer))
-            # A recurrent state cannot be forked: such samples compute their prompt.
+            if parent.score_only:  # a choice row's prefill
+                children = self.choice_scores.on_prefilled(parent)
+            else:
+                children = [Request(parent.request_id, parent.prompt_token_ids,
+                                    parent.sampling_params, arrival_time=parent.arrival_time,
+                                    sample_index=i, seed_key=parent.seed_key)
+                            for i in range(1, parent.sampling_params.n)]
+                for child in children:
+                    self._detok[child] = self._detokenizer(parent.sampling_params)
+            # A recurrent state cannot be forked: such requests compute their prompt.
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
@@ -183,8 +191,8 @@ class LLMEngine:
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> list[Request]:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
-        advance the scheduler, count; return the requests (not the choice scoring ones) that
-        received a token."""
+        advance the scheduler, release the choice rows whose scores are complete, count;
+        return the requests that received a token."""
         if self._pending_forks:
             self._fork_samples(out)
         for req, lp in result.logprobs.items():
@@ -192,7 +200,8 @@ class LLMEngine:
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
         updated = self.scheduler.update_from_output(out, result.sampled)
-        updated, released = self.choice_scores.on_step(result, updated)
+        released = self.choice_scores.on_step(out, result)
+        self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
         self._released.extend(released)
         self._count(out, result, len(updated))
         return updated
@@ -205,8 +214,7 @@ class LLMEngine:
         for req in updated:
             self._check_stop(req, grammar_ended)
             if req.is_finished:
-                finished.extend(self.choice_scores.hold(
-                    req, self._output(req, self._detok.pop(req).finalize())))
+                finished.append(self._output(req, self._detok.pop(req).finalize()))
         return finished
 
     def _check_stop(self, req: Request, grammar_ended: dict[Request, str | None]) -> None:
@@ -256,7 +264,8 @@ class LLMEngine:
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
         c.requests += 1
-        if sample_index in (None, 0):
+        index = req.sample_index if sample_index is None else sample_index
+        if index == 0:  # the prompt is counted once per row, as prompt_tokens is
             c.cached_prompt_tokens += max(req.num_cached_tokens, 0)
         times = req.token_times
         ttft = times[0] - req.arrival_time if times else None
@@ -267,7 +276,7 @@ class LLMEngine:
         tokens = list(req.output_token_ids)
         return RequestOutput(
             request_id=req.request_id,
-            sample_index=req.sample_index if sample_index is None else sample_index,
+            sample_index=index,
             text=text, token_ids=tokens,
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
