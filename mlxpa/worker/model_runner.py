@@ -16,8 +16,10 @@ copies, grammar matchers, recurrent states) and frees exactly what the scheduler
    over 262,144 tokens costs more than the rest of the 270M model);
 5. samples and evaluates everything (tokens, every written pool, the log-probabilities of
    the scored prompt tokens and of the targets, :mod:`mlxpa.worker.logprobs`) in one
-   ``mx.eval``. A ``score_only`` request never samples: its last chunk's logits are read
-   for its targets only.
+   ``mx.eval`` (a step of several groups first evaluates each group but the last, so that
+   the next group's pool writes can take over the pools' buffers instead of copying them).
+   A ``score_only`` request never samples: its last chunk's logits are read for its targets
+   only.
 """
 
 from __future__ import annotations
@@ -251,8 +253,7 @@ class ModelRunner:
                           [t for r in reads.targets for t in r.target_token_ids],
                           [r.scored_top_logprobs for r in reads.targets
                            for _ in r.target_token_ids])
-        pending = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                   *(self.states.arrays() if self.states is not None else []),
+        pending = [*self._pools(),
                    *(a for g in (scored, targets) if g is not None for a in g.arrays)]
         reqs = [out.requests[i] for i in order]
         if reqs:  # one evaluation: tokens, pools and the reads
@@ -280,8 +281,9 @@ class ModelRunner:
         order, logits = [], []
         reads = _Reads([], [], [], [])
         pad = _MAX_PAD_TOKENS if self.states is None else 0
+        groups = group_by_length(out.num_scheduled_tokens, pad)
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
-            for group in group_by_length(out.num_scheduled_tokens, pad):
+            for g, group in enumerate(groups):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 starts = [r.num_computed_tokens for r in reqs]
@@ -310,8 +312,19 @@ class ModelRunner:
                 if tgt:
                     reads.target_logits.append(result[len(rows) + len(extra):])
                     reads.targets.extend(reqs[k] for k in tgt)
+                if g + 1 < len(groups):
+                    # The next group writes the pools. Its writes can take over a pool's
+                    # buffer only if nothing else references it, but this group's lazy
+                    # reads (attention gathers, up to its logits) still would: MLX would
+                    # copy every whole pool once per further group. Evaluate this one now.
+                    mx.eval(*([] if result is None else [result]), *self._pools())
                 del result  # sample_step alone holds the logits (the mask may reuse them)
         return order, logits, reads
+
+    def _pools(self) -> list[mx.array]:
+        """Every array a forward pass writes in place: the K/V pools and recurrent states."""
+        return [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                *(self.states.arrays() if self.states is not None else [])]
 
 
 class _Reads(NamedTuple):
