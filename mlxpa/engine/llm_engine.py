@@ -199,6 +199,7 @@ class LLMEngine:
             req.logprobs.append(lp)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
+        self._count_kv(out)
         updated = self.scheduler.update_from_output(out, result.sampled)
         released = self.choice_scores.on_step(out, result)
         self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
@@ -246,17 +247,22 @@ class LLMEngine:
             sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
             req.stop_reason = f"structured output failed: {grammar_ended[req]}"
 
+    def _count_kv(self, out: SchedulerOutput) -> None:
+        """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
+        in it: a choice row's requests hold their blocks for one step or a few)."""
+        c, kv = self.counters, self.kv_cache_manager
+        running = self.scheduler.running
+        c.peak_kv_blocks = max(c.peak_kv_blocks, kv.num_active_blocks)
+        c.kv_tokens_held += (sum(r.num_computed_tokens for r in running)
+                             + out.total_num_scheduled_tokens)
+        c.kv_slots_in_use += sum(len(r.block_table) for r in running) * kv.block_size
+
     def _count(self, out: SchedulerOutput, result: StepResult, num_sampled: int) -> None:
-        sched, c = self.scheduler, self.counters
+        c = self.counters
         c.num_steps += 1
         c.generation_tokens += num_sampled
         c.num_preemptions += len(out.preempted)
         c.evicted_blocks = self.kv_cache_manager.evicted_blocks
-        used = self.kv_cache_manager.num_active_blocks
-        c.peak_kv_blocks = max(c.peak_kv_blocks, used)
-        c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
-        c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
-                              * self.kv_cache_manager.block_size)
         if result.mask_time_s is not None:
             c.mask_time_s += result.mask_time_s
             c.mask_steps += 1

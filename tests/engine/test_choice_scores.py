@@ -275,6 +275,7 @@ def test_cost_is_one_prefill_plus_the_labels_tokens(model):
     by_id = {o.request_id: o for o in outs}
     assert by_id[1].num_cached_tokens == 8  # "a review of a " fills one block of 8
     assert eng.counters.generation_tokens == sum(len(o.token_ids) for o in outs)
+    assert eng.counters.peak_kv_blocks > 0 and eng.counters.kv_tokens_held > 0
 
 
 def test_max_tokens_cuts_the_label_and_stop_fields_do_not(model):
