@@ -10,11 +10,13 @@ argmax: ``--rows`` reviews as chat rows whose five labels share first tokens ("v
     positive" / "very negative" with "positive" / "negative", "neutral"), greedy, through
     ``mlxpa run``: the fraction of rows whose ``text`` is the label with the highest
     ``choice_logprobs`` (ties: the label given first).
-chi2: one review, ``--samples`` seeded temperature-1 samples (rows of ``n`` <= 1000, seeds
-    1, 2, ...), through ``mlxpa run``: the label counts against ``choice_probs`` (before
-    issue 24, which had no such column: ``softmax(choice_logprobs)``), Pearson's chi-square
-    statistic, its degrees of freedom (labels with a nonzero probability - 1) and p-value
-    (:func:`chi2_sf`; the check passes at p > 0.01).
+chi2: one review (the argmax part's row whose label probabilities are the most even, so
+    every label is drawn), ``--samples`` seeded temperature-1 samples (rows of ``n`` <= 1000,
+    seeds 1, 2, ...), through ``mlxpa run``: the label counts against ``choice_probs``
+    (before issue 24, which had no such column: ``softmax(choice_logprobs)``), Pearson's
+    chi-square statistic over the labels (those expected fewer than 5 times pooled into one
+    cell), its degrees of freedom (cells - 1) and p-value (:func:`chi2_sf`; the check passes
+    at p > 0.01).
 
     python benchmarks/choice_bench.py --out benchmarks/results/choice.json
     python benchmarks/choice_bench.py --model DIR --rows 6 --samples 40 --num-prompts 4
@@ -116,17 +118,45 @@ def first_best(scores: dict[str, float]) -> str:
     return max(scores, key=scores.get)
 
 
-def argmax_agreement(num_rows: int, folder: str, model: str | None) -> dict:
+def label_probs(record: dict) -> tuple[list[float], str]:
+    """A result row's label probabilities (``LABELS`` order) and where they came from:
+    ``choice_probs``, or, from code before issue 24, ``softmax(choice_logprobs)``."""
+    if "choice_probs" in record:
+        return [record["choice_probs"][c] for c in LABELS], "choice_probs"
+    scores = [record["choice_logprobs"][c] for c in LABELS]
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    return [w / sum(weights) for w in weights], "softmax(choice_logprobs)"
+
+
+def argmax_agreement(num_rows: int, folder: str, model: str | None) -> tuple[dict, str]:
+    """The figures, and the review whose label probabilities are the most even."""
+    texts = reviews(num_rows)
     rows = [{"id": i, "messages": messages(r), "structured_outputs": {"choice": LABELS},
-             "temperature": 0} for i, r in enumerate(reviews(num_rows))]
+             "temperature": 0} for i, r in enumerate(texts)]
     out = run_rows(rows, folder, "argmax", model)
     agree = sum(r["text"] == first_best(r["choice_logprobs"]) for r in out)
-    return {"rows": len(out), "labels": LABELS, "text_is_argmax": agree,
-            "fraction": agree / len(out)}
+    even = max(out, key=lambda r: min(label_probs(r)[0]))
+    return ({"rows": len(out), "labels": LABELS, "text_is_argmax": agree,
+             "fraction": agree / len(out)}, texts[even["id"]])
 
 
-def label_draws(num_samples: int, folder: str, model: str | None) -> dict:
-    review = reviews(3)[2]
+def pooled(counts: list[int], expected: list[float]) -> list[tuple[int, float]]:
+    """``(observed, expected)`` cells: those expected fewer than 5 times pooled into one (and
+    that one into the smallest other cell while it is still below 5)."""
+    cells = [(o, e) for o, e in zip(counts, expected) if e >= 5]
+    small = [(o, e) for o, e in zip(counts, expected) if e < 5]
+    if small:
+        rest = (sum(o for o, _ in small), sum(e for _, e in small))
+        if rest[1] < 5 and cells:
+            k = min(range(len(cells)), key=lambda i: cells[i][1])
+            rest = (rest[0] + cells[k][0], rest[1] + cells[k][1])
+            del cells[k]
+        cells.append(rest)
+    return cells
+
+
+def label_draws(num_samples: int, review: str, folder: str, model: str | None) -> dict:
     per_row = min(1000, num_samples)
     rows, left, seed = [], num_samples, 1
     while left > 0:
@@ -135,22 +165,16 @@ def label_draws(num_samples: int, folder: str, model: str | None) -> dict:
                      "temperature": 1.0, "structured_outputs": {"choice": LABELS}})
         left, seed = left - n, seed + 1
     out = run_rows(rows, folder, "chi2", model)
-    first = out[0]
-    if "choice_probs" in first:
-        probs, source = [first["choice_probs"][c] for c in LABELS], "choice_probs"
-    else:
-        scores = [first["choice_logprobs"][c] for c in LABELS]
-        top = max(scores)
-        weights = [math.exp(s - top) for s in scores]
-        probs, source = [w / sum(weights) for w in weights], "softmax(choice_logprobs)"
+    probs, source = label_probs(out[0])
     counts = [sum(r["text"] == c for r in out) for c in LABELS]
     total = sum(counts)
-    cells = [(o, p * total) for o, p in zip(counts, probs) if p > 0]
-    stat = sum((o - e) ** 2 / e for o, e in cells)
+    cells = pooled(counts, [p * total for p in probs])
+    stat = sum((o - e) ** 2 / e for o, e in cells if e > 0)
     df = len(cells) - 1
-    return {"samples": len(out), "labels": LABELS, "counts": counts, "probs": probs,
-            "probs_from": source, "min_expected": min(e for _, e in cells),
-            "chi2": stat, "df": df, "p_value": chi2_sf(stat, df) if df else 1.0,
+    return {"samples": len(out), "review": review, "labels": LABELS, "counts": counts,
+            "probs": probs, "probs_from": source, "cells": len(cells),
+            "min_expected": min(e for _, e in cells), "chi2": stat, "df": df,
+            "p_value": chi2_sf(stat, df) if df else None,
             "outside_labels": len(out) - total}
 
 
@@ -166,16 +190,20 @@ def main() -> None:
     args = ap.parse_args()
     parts = args.parts.split(",")
     figures: dict = {"python_path": os.environ.get("PYTHONPATH", "")}
+    review = reviews(3)[2]
     with tempfile.TemporaryDirectory() as folder:
         if "argmax" in parts:
-            figures["argmax"] = argmax_agreement(args.rows, folder, args.model)
+            figures["argmax"], review = argmax_agreement(args.rows, folder, args.model)
             print(f"argmax: text is the highest-scoring label in "
                   f"{figures['argmax']['text_is_argmax']}/{figures['argmax']['rows']} rows")
         if "chi2" in parts:
-            c = figures["chi2"] = label_draws(args.samples, folder, args.model)
-            print(f"chi2: {c['samples']} samples, counts {c['counts']}, expected from "
-                  f"{c['probs_from']} {[round(p * sum(c['counts']), 1) for p in c['probs']]}, "
-                  f"chi2 {c['chi2']:.2f} (df {c['df']}), p = {c['p_value']:.3g}")
+            c = figures["chi2"] = label_draws(args.samples, review, folder, args.model)
+            verdict = ("no test (one cell)" if c["p_value"] is None
+                       else f"p = {c['p_value']:.3g}")
+            print(f"chi2: {c['samples']} samples of {review!r}, counts {c['counts']}, "
+                  f"expected from {c['probs_from']} "
+                  f"{[round(p * sum(c['counts']), 1) for p in c['probs']]}, "
+                  f"chi2 {c['chi2']:.2f} (df {c['df']}), {verdict}")
         if "throughput" in parts:
             t = figures["throughput"] = throughput(args.num_prompts, folder, args.model)
             print(f"throughput: {t['choice_rows_per_s']:.2f} choice rows/s "
