@@ -154,8 +154,8 @@ class ChoiceScores:
             joined = self._joiner.join(row.prompt_token_ids, so.choices)
         except ValueError as e:
             raise ValueError(f"{source_name(so)}: {e}") from None
-        for label, ids in zip(so.choices, joined.tokens):
-            if joined.start + len(ids) >= self._max_model_len:
+        for label, ids in zip(so.choices, joined.tokens):  # a longer label's request fits
+            if len(ids) > 1 and joined.start + len(ids) >= self._max_model_len:
                 raise ValueError(
                     f"{source_name(so)}: the prompt and label {show(label)} have "
                     f"{joined.start + len(ids)} tokens; the limit is {self._max_model_len - 1}")
@@ -222,22 +222,22 @@ class ChoiceScores:
     def _release(self, state: _Row) -> list[RequestOutput]:
         """The outputs of a row whose requests all finished."""
         row, params, start = state.row, state.row.sampling_params, state.prefill.num_prompt_tokens
+        samples = [Request(row.request_id, row.prompt_token_ids, params,
+                           arrival_time=row.arrival_time, sample_index=i, seed_key=row.seed_key,
+                           num_cached_tokens=state.prefill.num_cached_tokens)
+                   for i in range(params.n)]
         missing = [label for label, ids, by_pos in zip(state.labels, state.tokens, state.values)
                    if len(by_pos) != len(ids)]
-        scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
-        if not missing:
-            probs, outside = label_probs(scores, state.tokens)
-        outs, now = [], time.perf_counter()
-        for i in range(params.n):
-            sample = Request(row.request_id, row.prompt_token_ids, params,
-                             arrival_time=row.arrival_time, sample_index=i,
-                             seed_key=row.seed_key,
-                             num_cached_tokens=state.prefill.num_cached_tokens)
-            if missing:
+        if missing:  # never seen: every request of the row ran to its end
+            for sample in samples:
                 sample.status = RequestStatus.FINISHED_ABORTED
                 sample.stop_reason = f"label {show(missing[0])} could not be scored"
-                outs.append(self._output(sample, ""))
-                continue
+            return [self._output(sample, "") for sample in samples]
+        scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
+        probs, outside = label_probs(scores, state.tokens)
+        by_label = dict(zip(state.labels, scores)), dict(zip(state.labels, probs))
+        outs, now = [], time.perf_counter()
+        for sample in samples:
             k = choose_label(scores, params, self._seed_for(sample))
             ids = state.tokens[k]
             m = min(len(ids), params.max_tokens)
@@ -248,8 +248,7 @@ class ChoiceScores:
                              else RequestStatus.FINISHED_LENGTH_CAPPED)
             text = state.labels[k] if m == len(ids) else self._cut(ids, m, state.labels[k])
             out = self._output(sample, text)
-            out.choice_logprobs = dict(zip(state.labels, scores))
-            out.choice_probs = dict(zip(state.labels, probs))
+            out.choice_logprobs, out.choice_probs = by_label  # shared by the row's samples
             out.choice_outside_prob = outside
             outs.append(out)
         return outs
