@@ -80,11 +80,16 @@ class Request:
             returns the log-probability of each given the tokens before it (teacher-forced,
             as vLLM's ``prompt_logprobs``). Their logits are always computed: a prefix-cache
             hit stops before them. 0: none.
-        scored_top_logprobs: For each scored token, also this many most likely tokens at its
-            position (vLLM's ``prompt_logprobs`` count; 0: the scored token's alone).
+        scored_top_logprobs: For each scored token (and at the targets' position), also this
+            many most likely tokens there (vLLM's ``prompt_logprobs`` count; 0: the scored
+            token's alone).
         logprobs: Per output token, its :class:`TokenLogprob` (rows that ask for logprobs).
-        target_token_ids: Token ids whose log-probabilities the runner returns at the
-            request's first sampled position (from the logits of the last prompt token).
+        target_token_ids: Token ids whose log-probabilities the runner returns from the
+            logits of the last prompt token (the position its first output token would be
+            sampled at), with ``scored_top_logprobs`` alternatives.
+        score_only: The request samples nothing: it computes its prompt, its scored tokens
+            and its targets, and finishes after its last prompt token (finish reason
+            ``stop``, no output tokens; vLLM's pooling requests end the same way).
         prompt_logprobs: Prompt position to the :class:`TokenLogprob` of the prompt token
             there, for a request with ``sampling_params.prompt_logprobs`` (filled by the
             engine from the scored positions; samples 1..n-1 share sample 0's).
@@ -113,6 +118,7 @@ class Request:
     target_token_ids: tuple[int, ...] = ()
     seed_key: object = None
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
+    score_only: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -155,12 +161,18 @@ class RequestOutput:
         itl_s: Seconds between consecutive output tokens.
         error: Why the request could not run (finish reason ``abort``), else None.
         logprobs: Per token of ``token_ids``, its :class:`TokenLogprob` (rows that ask).
-        choice_logprobs: For a ``choice`` row, each choice's total log-probability given
+        choice_logprobs: For a ``choice`` row, each label's total log-probability given
             the prompt (see :mod:`mlxpa.engine.choice_scores`).
         prompt_logprobs: For a request with ``prompt_logprobs`` (vLLM's), one entry per
             prompt token: None for the first (nothing precedes it), then the token's
             :class:`TokenLogprob` given the tokens before it (``rank`` set, ``top`` its
             ``prompt_logprobs`` most likely alternatives).
+        choice_probs: For a ``choice`` row, the labels' probabilities normalised over the
+            labels (``softmax`` of ``choice_logprobs``; they sum to 1): the distribution
+            the row's label is drawn from at temperature 1.
+        choice_outside_prob: For a ``choice`` row, the model's probability of writing none
+            of the labels after the prompt (``1 - sum(exp(choice_logprobs))`` over the
+            labels whose tokens do not extend another label's tokens).
     """
 
     request_id: object
@@ -176,3 +188,5 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     choice_logprobs: dict[str, float] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    choice_probs: dict[str, float] | None = None
+    choice_outside_prob: float | None = None

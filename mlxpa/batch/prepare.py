@@ -8,14 +8,15 @@ The local run, ``--ray``, ``mlxpa plan`` and ``mlxpa bench --workload file`` all
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rich.console import Console
 
 from mlxpa.batch.options import RunOptions
+from mlxpa.batch.prompts import prompt_checker
 from mlxpa.batch.source import Source
 from mlxpa.config import SamplingParams
-from mlxpa.data import Row, output_format
+from mlxpa.data import output_format
 from mlxpa.data.records import resolve_output_format
 from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
@@ -40,8 +41,7 @@ class Prepared(NamedTuple):
 
 def prepare(src: Source, output: str | None, defaults: SamplingParams, options: RunOptions,
             console: Console | None = None, *, vocab_size: int | None,
-            check_prompt: Callable[[Row], str | None] | None,
-            refusal: str | None = None) -> Prepared:
+            tokenizer: Callable[[], Any] | None, refusal: str | None = None) -> Prepared:
     """Read ``src`` once and check every row, before the model loads.
 
     Args:
@@ -53,8 +53,10 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
         console: Where the progress lines go (default: stderr).
         vocab_size: Every token id a row or the defaults give must be below it (None: not
             checked).
-        check_prompt: A row's prompt problem found by the tokenizer (the chat template), or
-            None (:func:`~mlxpa.batch.prompts.messages_checker`).
+        tokenizer: Returns the model's tokenizer (or None), called once when a row first
+            needs it: chat rows are rendered with the template and a ``choice`` row's labels
+            joined to its prompt (:func:`~mlxpa.batch.prompts.prompt_checker`); None: not
+            checked.
         refusal: What the command does about invalid rows, for the error (None: ``run``'s
             words).
 
@@ -74,7 +76,8 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
                       markup=False, highlight=False, soft_wrap=True)
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
                  default_n=defaults.n, defaults=defaults, vocab_size=vocab_size,
-                 check_prompt=check_prompt)
+                 check_prompt=None if tokenizer is None else prompt_checker(
+                     tokenizer, src.inputs.split_special_tokens, defaults.structured))
     if not options.skip_invalid:
         check(v, src.name, refusal)
     if options.show_progress:

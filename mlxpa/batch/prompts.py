@@ -13,10 +13,13 @@ tokenized as written, control tokens included (users pre-render templates there)
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
 from mlxpa.data import Row
+from mlxpa.structured.labels import choice_label_checker
+from mlxpa.structured.spec import StructuredOutput
 
 
 def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) -> list[int]:
@@ -66,6 +69,25 @@ def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Ro
         return None
 
     return check
+
+
+def prompt_checker(get_tokenizer: Callable[[], object | None], split_special_tokens: bool,
+                   default: StructuredOutput | None) -> Callable[[Row], str | None]:
+    """The validation pass's tokenizer checks of a row, without the weights: its ``messages``
+    (:func:`messages_checker`), then a ``choice`` row's labels after its prompt
+    (:func:`mlxpa.structured.labels.choice_label_checker`: labels that are the same tokens
+    there are refused). ``get_tokenizer`` is called once, when the first row needs it.
+
+    Args:
+        get_tokenizer: The model's tokenizer (None turns the checks off: the load reports why).
+        split_special_tokens: As the run tokenizes prompts.
+        default: The run's default constraint (``--choice``), for rows that give none.
+    """
+    tokenizer = functools.cache(get_tokenizer)
+    chat = messages_checker(tokenizer)
+    labels = choice_label_checker(
+        tokenizer, lambda row, tok: prompt_token_ids(row, tok, split_special_tokens), default)
+    return lambda row: chat(row) or labels(row)
 
 
 def control_tokens(tokenizer) -> list[str]:

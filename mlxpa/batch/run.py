@@ -35,7 +35,6 @@ from mlxpa.batch.model_files import ModelFiles
 from mlxpa.batch.options import OptionError, RunOptions, check_targets
 from mlxpa.batch.prepare import Prepared, prepare
 from mlxpa.batch.progress import RunProgress
-from mlxpa.batch.prompts import messages_checker
 from mlxpa.batch.report import final_report
 from mlxpa.batch.requests import Fed, feed, windows
 from mlxpa.batch.setup import build_engine
@@ -86,7 +85,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     model = ModelFiles(config, engine)
     with Source.open(source, inputs) as src:
         p = prepare(src, output, defaults, options, console, vocab_size=model.vocab_size(),
-                    check_prompt=messages_checker(model.tokenizer_or_none))
+                    tokenizer=model.tokenizer_or_none)
         if p.num_to_run == 0:  # nothing to run: no model load
             return _without_model(output, src.name, p, [], options, console)
         fed = windows(feed(src, p.validation, defaults, model.tokenizer(), model.context_len()),

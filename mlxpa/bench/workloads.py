@@ -112,7 +112,6 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
     """
     from mlxpa.batch.options import RunOptions
     from mlxpa.batch.prepare import prepare
-    from mlxpa.batch.prompts import messages_checker
     from mlxpa.batch.requests import feed
     from mlxpa.batch.source import Source
     from mlxpa.config import SamplingParams
@@ -121,7 +120,7 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
     defaults = SamplingParams(max_tokens=output_len)
     with Source.open(path) as src:
         v = prepare(src, None, defaults, RunOptions(skip_invalid=True, show_progress=False),
-                    vocab_size=vocab_size, check_prompt=messages_checker(lambda: tokenizer)
+                    vocab_size=vocab_size, tokenizer=lambda: tokenizer
                     ).validation
         requests = [f.request for f in feed(src, v, defaults, tokenizer, None)
                     if f.request is not None]

@@ -54,7 +54,6 @@ def plan(
 
     from mlxpa.batch.plan import plan_file, plan_tables
     from mlxpa.batch.prepare import prepare
-    from mlxpa.batch.prompts import messages_checker
     from mlxpa.batch.source import Source
     from mlxpa.data import InputError
 
@@ -66,7 +65,7 @@ def plan(
         tokenizer = files.tokenizer()
         with Source.open(input, inputs) as src:
             v = prepare(src, None, defaults, options, console, vocab_size=files.vocab_size(),
-                        check_prompt=messages_checker(lambda: tokenizer),
+                        tokenizer=lambda: tokenizer,
                         refusal="nothing was planned (--skip-invalid plans the rest)").validation
             p = plan_file(src, v, tokenizer, defaults, block_size=block_size, top_k=top,
                           max_model_len=files.context_len())

@@ -109,8 +109,8 @@ OverwriteOpt = Annotated[bool, typer.Option(
     "--overwrite", help="Replace an existing output file.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
 ChoiceOpt = Annotated[str | None, typer.Option(
-    metavar="A,B,..", help="Default: one of these labels (+ choice_logprobs), spaces kept: "
-    "' yes, no'.")]
+    metavar="A,B,..", help="Default: one of these labels, scored (+ choice_probs, "
+    "choice_logprobs), spaces kept: ' yes, no'.")]
 JsonSchemaOpt = Annotated[str | None, typer.Option(
     metavar="PATH", help="Default: JSON valid under this schema file.")]
 RegexOpt = Annotated[str | None, typer.Option(

@@ -35,9 +35,12 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     # Their sum (the runner returns its empty result when 0).
     total_num_scheduled_tokens: int = 0
-    # Per request: its chunk reaches its last token, so a token is sampled (the runner's
-    # LM-head rows, update_from_output's appends, the engine's forks).
+    # Per request: its chunk reaches its last token and it samples (not score_only), so a
+    # token is sampled (the runner's LM-head rows, update_from_output's appends).
     sampling: list[bool] = field(default_factory=list)
+    # Per request: its chunk reaches its last token (its prefill is done; a decode's always
+    # does): the engine starts what waited for the prefill, a score_only request finishes.
+    last_chunk: list[bool] = field(default_factory=list)
     # (src, dst) block copies to apply before the forward pass (copy-on-write).
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     # Requests preempted while building this step (their blocks are already free): the
@@ -120,8 +123,10 @@ class Scheduler:
             budget = self._admit(out, budget)
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens)
-        out.sampling = [r.num_computed_tokens + n == r.num_tokens
-                        for r, n in zip(out.requests, out.num_scheduled_tokens)]
+        out.last_chunk = [r.num_computed_tokens + n == r.num_tokens
+                          for r, n in zip(out.requests, out.num_scheduled_tokens)]
+        out.sampling = [last and not r.score_only
+                        for r, last in zip(out.requests, out.last_chunk)]
         out.finished, self._finished = self._finished, []
         return out
 
@@ -195,13 +200,16 @@ class Scheduler:
                 self.add_request(child)
 
     def fork_request(self, parent: Request, child: Request) -> None:
-        """Start ``child``, another sample of ``parent``'s prompt, sharing its prompt blocks.
+        """Start ``child``, whose prompt is ``parent``'s prompt or extends it, sharing the
+        parent's prompt blocks.
 
         ``parent``'s prefill must have run (its prompt K/V written) and a sequence slot must
-        be free (``len(running) < max_num_seqs``). The child shares every prompt block and
-        recomputes only the last prompt token (to sample its own first token): that write
-        lands in the shared last block, so the KV cache manager copies it first
-        (copy-on-write) when the child is next scheduled.
+        be free (``len(running) < max_num_seqs``). The child shares every prompt block of
+        the parent and computes only what follows: its own further prompt tokens (a scoring
+        request: a prompt plus a label), or, with the parent's own prompt (another sample),
+        the last prompt token again (to sample its own first token). The first write lands
+        in the shared last block when that is partial, so the KV cache manager copies it
+        first (copy-on-write) when the child is next scheduled.
 
         Raises:
             RuntimeError: No sequence slot is free.
@@ -210,9 +218,11 @@ class Scheduler:
             raise RuntimeError(f"fork would exceed max_num_seqs={self.max_num_seqs}")
         bs = self.kv_cache_manager.block_size
         assert len(parent.block_table) * bs >= parent.num_prompt_tokens
+        assert child.num_prompt_tokens >= parent.num_prompt_tokens
         self.kv_cache_manager.fork(parent, child)
-        child.num_computed_tokens = child.num_prompt_tokens - 1
-        child.max_tokens = parent.max_tokens
+        child.num_computed_tokens = min(parent.num_prompt_tokens, child.num_prompt_tokens - 1)
+        child.max_tokens = min(child.sampling_params.max_tokens,
+                               self.max_model_len - child.num_prompt_tokens)
         child.num_cached_tokens = parent.num_cached_tokens
         child.status = RequestStatus.RUNNING
         self.running.append(child)
@@ -235,6 +245,8 @@ class Scheduler:
             sampled_token_ids: One id per request whose ``out.sampling`` flag is True, in
                 order.
 
+        A ``score_only`` request whose prompt is computed finishes here (``stop``).
+
         Returns:
             Requests that received a token this step (finished ones included; their blocks
             are already freed).
@@ -242,9 +254,12 @@ class Scheduler:
         tokens = iter(sampled_token_ids)
         now = time.perf_counter()
         updated = []
-        for req, n, samples in zip(out.requests, out.num_scheduled_tokens, out.sampling):
+        for req, n, last, samples in zip(out.requests, out.num_scheduled_tokens,
+                                         out.last_chunk, out.sampling):
             req.num_computed_tokens += n
             self.kv_cache_manager.cache_blocks(req)
+            if last and req.score_only:
+                self.finish_request(req, RequestStatus.FINISHED_STOPPED)
             if not samples:
                 continue
             tok = next(tokens)

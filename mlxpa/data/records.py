@@ -6,8 +6,9 @@ mlxpa rows (one per sample)::
     + "sample_index" when n > 1, "error" when the row failed,
     + "logprobs": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}] (rows that
       ask), "prompt_logprobs": [null, {"token", "logprob", "top_logprobs": [...]}, ...] (rows
-      with prompt_logprobs: one entry per prompt token, null for the first),
-      "choice_logprobs": {choice: total log-probability} (choice rows),
+      with prompt_logprobs: one entry per prompt token, null for the first); choice rows:
+      "choice_logprobs": {label: total log-probability}, "choice_probs": {label: probability
+      normalised over the labels}, "choice_outside_prob": the probability of none of the labels,
     then the --keep-columns fields
 
 OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
@@ -21,11 +22,11 @@ and for a failed row ``"response": null, "error": {"code", "message"}``. A chat 
 ``logprobs`` is OpenAI's ``{"content": [{"token", "logprob", "bytes", "top_logprobs":
 [{"token", "logprob", "bytes"}]}]}``; a completions choice's is OpenAI's (legacy) completions
 shape ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
-(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``.
-``prompt_logprobs`` goes where vLLM's OpenAI server puts it: in the body of a chat completion,
-in each choice of a completion, as vLLM's ``[null, {"<token id>": {"logprob", "rank",
-"decoded_token"}, ...}, ...]`` (the prompt token and its alternatives; see
-:func:`vllm_prompt_logprobs`).
+(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``,
+``choice_probs`` and ``choice_outside_prob``. ``prompt_logprobs`` goes where vLLM's OpenAI
+server puts it: in the body of a chat completion, in each choice of a completion, as vLLM's
+``[null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]`` (the prompt token
+and its alternatives; see :func:`vllm_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -123,10 +124,17 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
         if out.prompt_logprobs is not None:
             record["prompt_logprobs"] = [None if lp is None else _entry(lp, token_text, False)
                                          for lp in out.prompt_logprobs]
-        if out.choice_logprobs is not None:
-            record["choice_logprobs"] = out.choice_logprobs
+        record.update(_choice_fields(out))
         records.append(_keep(row, record))
     return records
+
+
+def _choice_fields(out: RequestOutput) -> dict[str, Any]:
+    """A choice row's label probabilities (none for other rows)."""
+    if out.choice_logprobs is None:
+        return {}
+    return {"choice_logprobs": out.choice_logprobs, "choice_probs": out.choice_probs,
+            "choice_outside_prob": out.choice_outside_prob}
 
 
 def _keep(row: Row, record: dict) -> dict:
@@ -230,8 +238,7 @@ def _openai_body(row: Row, outs: list[RequestOutput], model: str,
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
         if out.prompt_logprobs is not None and not chat:  # vLLM: in each completion choice
             choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs, token_text)
-        if out.choice_logprobs is not None:
-            choice["choice_logprobs"] = out.choice_logprobs
+        choice.update(_choice_fields(out))
         choices.append(choice)
     prompt = outs[0].num_prompt_tokens
     completion = sum(len(o.token_ids) for o in outs)

@@ -25,10 +25,14 @@ CORE_COLUMNS = tuple(CORE_TYPES)
 # "logprob": float}]}``; Parquet stores them with this one type whatever a row group holds
 # (a group whose rows ask for no alternatives would otherwise infer another).
 TOKEN_LOGPROB_COLUMNS = ("logprobs", "prompt_logprobs")
+# A choice row's label probabilities (label to value; the outside mass a float): mlxpa rows
+# and each choice of an OpenAI Batch line; Parquet stores the first two as structs of
+# doubles (a string of JSON where the label sets of row groups differ).
+CHOICE_FIELDS = ("choice_logprobs", "choice_probs", "choice_outside_prob")
 # Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
 # column may not take one of these names.
 OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response",
-                           *TOKEN_LOGPROB_COLUMNS))
+                           *TOKEN_LOGPROB_COLUMNS, *CHOICE_FIELDS))
 
 
 def id_key(value: Any) -> str:

@@ -39,7 +39,8 @@ class Validation:
         num_done: Rows skipped because the output already holds them.
         cut_at: JSONL byte offset to cut a row whose samples were partly written, or None.
         all_openai: Every row that is not invalid is an OpenAI Batch API line (at least one is).
-        constrained: Some row that will run has a constraint (its own or the defaults').
+        constrained: Some row that will run is decoded under a grammar (its own constraint
+            or the defaults'; a ``choice`` row is scored and needs none).
     """
 
     num_rows: int = 0
@@ -136,7 +137,8 @@ def _record(v: Validation, row: Row, problem: str | None,
     will run."""
     if problem is not None:
         _add_problem(v, problem)
-    elif row.params.get("structured", getattr(defaults, "structured", None)) is not None:
+    elif getattr(row.params.get("structured", getattr(defaults, "structured", None)),
+                 "decoded", False):  # a choice is scored: no grammar
         v.constrained = True
 
 

@@ -1,180 +1,263 @@
-"""``choice_logprobs``: the log-probability of every choice of a ``choice`` row, given its prompt.
+"""Choice rows are scored, not decoded: every label's log-probability, then the row's label.
 
-Definition: for choice ``c`` with tokens ``t_1..t_k = tokenizer.encode(c,
-add_special_tokens=False)`` (the choice tokenized on its own, appended right after the prompt's
-tokens), ``choice_logprobs[c] = sum_j log p(t_j | prompt, t_1..t_{j-1})``, teacher-forced, with
-the model's raw log-softmax (no temperature, no mask). It is the probability that the model
-writes exactly those tokens next, not that it stops after them; it does not add other
-tokenizations of the same text. When no choice's tokens are a prefix of another's, these are
-disjoint events, so ``sum(exp(v)) <= 1``.
+Scores: for label ``c`` with tokens ``t_1..t_k`` after the prompt (where labels start and end:
+:mod:`mlxpa.structured.labels`), ``choice_logprobs[c] = sum_j log p(t_j | prompt, t_1..t_{j-1})``,
+teacher-forced, from the model's raw log-softmax (no temperature, no filter). It is the
+probability that the model writes exactly those tokens next (not that it stops after them);
+other tokenizations of the same text are not added.
 
-Mechanics, on the worker's generic scoring (only this module knows about choices): every
-choice's first token is a ``target_token_ids`` entry of the row, scored from the logits of its
-own first sampled token (no extra work: single-token labels cost nothing). Once the row's
-prefill has run, one scoring request per choice of two or more tokens is added (prompt + choice
-tokens, ``max_tokens`` 1, ``num_scored_tokens`` = the choice's length - 1). Its prompt's full
-blocks are prefix-cache hits on the row's own blocks, so such a choice costs about one decode
-step per further token plus the prompt's partial last block. The model runner returns the
-log-probability of each scored token (:func:`mlxpa.worker.logprobs.score_columns`) and they
-are summed here (per position, so a recompute after preemption does not count twice).
+The row's label: the first label with the highest score at temperature 0 (ties go to the
+label given first); otherwise a draw from ``softmax(score / temperature)`` over the labels
+after ``top_p``, ``top_k`` and ``min_p`` over them, with token sampling's own filters and
+key (:func:`mlxpa.worker.sampling.sample_one`, output position 0), sample ``i`` of ``n``
+with sample ``i``'s seed (:meth:`mlxpa.worker.model_runner.ModelRunner.seed_for`). A choice
+row never samples from the vocabulary and spends no decode step. Its output also carries
+``choice_probs`` (``softmax`` of the scores: they sum to 1) and ``choice_outside_prob``
+(``1 - sum(exp(score))`` over the labels whose tokens do not extend another label's tokens:
+a label that extends another is inside that one's event, so only these are disjoint).
 
-The engine calls :meth:`ChoiceScores.on_add` (a new request), :meth:`~ChoiceScores.on_prefilled`
-(its prefill ran: the scoring requests to queue), :meth:`~ChoiceScores.on_step` (a step's
-scores; the scoring requests' own tokens taken out) and :meth:`~ChoiceScores.hold` (a finished
-output waits for its row's scores).
+What else a row's fields mean here: ``max_tokens`` below the chosen label's token count
+cuts the label to its first ``max_tokens`` tokens (finish reason ``length``, as a decoded
+choice cut by ``max_tokens`` in vLLM); the label is still chosen from every label's whole
+score. ``stop``, ``stop_token_ids``, ``min_tokens`` and ``ignore_eos`` do not apply: the text
+is a whole label. ``logprobs`` gives the chosen label's per-token teacher-forced values
+(``top_logprobs`` alternatives at each of its positions). ``completion_tokens`` counts the
+chosen label's tokens (those it takes over from the prompt's end included).
+
+Cost, on the worker's generic scoring (only this module knows about choices): the row's
+request is its prompt up to where the labels start, ``score_only``, with each label's first
+token as a ``target_token_ids`` entry: one prefill, whose last logits score every label's
+first token (single-token labels cost nothing more). When it has run, one ``score_only``
+request per label of two or more tokens (that prompt plus the label, ``num_scored_tokens``
+= the label's length - 1) forks its blocks (copy-on-write of the partial last block, which
+is therefore not computed again) and computes the label's tokens; beyond ``max_num_seqs``
+such requests wait and read the prompt's full blocks from the prefix cache instead. The
+model runner returns each scored token's log-probability; they are kept per position, so a
+recompute after preemption does not count twice.
+
+The engine calls :meth:`ChoiceScores.add` (a new choice row), :meth:`~ChoiceScores.on_prefilled`
+(its prefill ran: the label requests to start) and :meth:`~ChoiceScores.on_step` (a step's
+scores; the outputs of the rows they complete).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from mlxpa.config import SamplingParams
-from mlxpa.request import Request, RequestOutput
+import mlx.core as mx
+
+from mlxpa.config import SamplingParams, show
+from mlxpa.core.scheduler import SchedulerOutput
+from mlxpa.request import Request, RequestOutput, RequestStatus, TokenLogprob
+from mlxpa.structured.labels import LabelJoiner, source_name
 from mlxpa.worker.outputs import StepResult
+from mlxpa.worker.sampling import sample_one
 
 
 @dataclass(slots=True)
-class _Pending:
-    choices: tuple[str, ...]
-    by_choice: list[dict[int, float]]
-    left: int
-    held: list[RequestOutput] = field(default_factory=list)
+class _Row:
+    row: Request  # as the engine made it: the whole prompt, the params, the ids
+    prefill: Request
+    labels: tuple[str, ...]
+    tokens: tuple[tuple[int, ...], ...]  # per label, from prefill.num_prompt_tokens
+    values: list[dict[int, TokenLogprob]]  # per label, prompt position to its value
+    left: int  # the row's requests (prefill, labels) not finished
 
 
-def _is_choice_row(req: Request) -> bool:
-    """Whether ``req`` is sample 0 of a ``choice`` row (its choices are scored)."""
-    so = req.sampling_params.structured
-    return so is not None and so.kind == "choice" and req.sample_index == 0
+def is_choice(params: SamplingParams) -> bool:
+    """Whether a request with ``params`` is a ``choice`` row (scored here)."""
+    return params.structured is not None and params.structured.kind == "choice"
+
+
+def choose_label(scores: Sequence[float], params: SamplingParams, seed: int) -> int:
+    """The index of the label a sample of a choice row takes.
+
+    Args:
+        scores: ``[L]`` each label's log-probability.
+        params: The row's sampling parameters.
+        seed: The sample's seed.
+
+    Returns:
+        The first highest-scoring label at temperature 0; otherwise a draw from
+        ``softmax(scores / temperature)`` after ``top_p`` / ``min_p`` / ``top_k`` over the
+        labels (:func:`mlxpa.worker.sampling.sample_one`: mlx-lm's filters, keyed by
+        ``seed`` and output position 0).
+    """
+    if params.greedy:
+        return max(range(len(scores)), key=scores.__getitem__)
+    drawn = sample_one(mx.array([list(scores)], dtype=mx.float32), params, seed, 0)
+    return int(drawn.item())
+
+
+def label_probs(scores: Sequence[float], tokens: Sequence[Sequence[int]]
+                ) -> tuple[list[float], float]:
+    """``(choice_probs, choice_outside_prob)`` of a row's label scores (float64).
+
+    Args:
+        scores: ``[L]`` each label's log-probability.
+        tokens: Each label's tokens (a label whose tokens extend another label's tokens is
+            inside that label's event and is not counted again in the outside mass).
+
+    Returns:
+        ``softmax(scores)``, and ``1 - sum(exp(score))`` over the labels that extend no
+        other label, clipped at 0.
+    """
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    probs = [w / total for w in weights]
+    inside = sum(math.exp(s) for s, ids in zip(scores, tokens)
+                 if not any(len(o) < len(ids) and tuple(ids[:len(o)]) == tuple(o)
+                            for o in tokens))
+    return probs, max(0.0, 1.0 - inside)
 
 
 class ChoiceScores:
-    """Engine-side bookkeeping of the scoring requests of choice rows.
+    """Engine-side bookkeeping of choice rows: their requests, scores and outputs.
 
     Args:
-        tokenizer: The model's tokenizer (``encode``).
-
-    Attributes:
-        num_cached_tokens: Prompt tokens of finished scoring requests served from the
-            prefix cache (the choice rows' own blocks).
+        tokenizer: The model's tokenizer (the labels' tokens, a cut label's text).
+        max_model_len: Longest prompt + label the scheduler accepts, plus one.
+        seed_for: A sample's seed (:meth:`mlxpa.worker.model_runner.ModelRunner.seed_for`).
+        output: The engine's :class:`RequestOutput` of a finished request and its text.
     """
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, max_model_len: int, seed_for: Callable[[Request], int],
+                 output: Callable[[Request, str], RequestOutput]) -> None:
         self._tok = tokenizer
-        self._pending: dict[Request, _Pending] = {}
-        self._scorer: dict[Request, tuple[Request, int]] = {}
-        self._family: dict[Request, Request] = {}
-        self._tokens: dict[object, list[list[int]]] = {}
-        self.num_cached_tokens = 0
+        self._joiner = LabelJoiner(tokenizer)
+        self._max_model_len = max_model_len
+        self._seed_for = seed_for
+        self._output = output
+        self._rows: dict[Request, _Row] = {}  # each request of a row (prefill, labels)
+        self._label: dict[Request, int] = {}  # a label request's label
 
-    def on_add(self, req: Request) -> bool:
-        """A new request: a choice row (sample 0) gets each choice's first token as its
-        ``target_token_ids``.
-
-        Returns:
-            Whether its scoring requests start once its prefill has run
-            (:meth:`on_prefilled`).
-        """
-        if not _is_choice_row(req):
-            return False
-        so = req.sampling_params.structured
-        req.target_token_ids = tuple(ids[0] for ids in self._choice_tokens(so))
-        return True
-
-    def _choice_tokens(self, so) -> list[list[int]]:
-        if so not in self._tokens:
-            self._tokens[so] = [list(self._tok.encode(c, add_special_tokens=False))
-                                for c in so.choices]
-        return self._tokens[so]
-
-    def on_prefilled(self, parent: Request, children: list[Request]) -> list[Request]:
-        """``parent``'s prefill has run; ``children`` are its other samples (their outputs
-        wait for the same scores).
+    def add(self, row: Request, schedule: Callable[[Request], None]) -> Request:
+        """A new choice row (all its ``n`` samples): its labels joined to its prompt, and
+        its prefill request (the prompt up to where the labels start, ``score_only``, each
+        label's first token a target) passed to ``schedule``.
 
         Returns:
-            The scoring requests to queue (one per choice of two or more tokens); none
-            unless :meth:`on_add` returned True for ``parent``.
+            The prefill request; it waits for :meth:`on_prefilled` when some label has two
+            or more tokens (:meth:`waits_for_prefill`).
+
+        Raises:
+            ValueError: The labels cannot be scored after this prompt (two are the same
+                tokens, one has no token of its own), a label does not fit the context
+                (the messages name the field), or ``schedule`` refused the prefill.
         """
-        if not _is_choice_row(parent):
-            return []
-        so = parent.sampling_params.structured
-        for child in children:
-            self._family[child] = parent
-        pend = _Pending(so.choices, [{} for _ in so.choices], 0)
-        self._pending[parent] = pend
-        scorers = []
-        for k, ids in enumerate(self._choice_tokens(so)):
+        so = row.sampling_params.structured
+        try:
+            joined = self._joiner.join(row.prompt_token_ids, so.choices)
+        except ValueError as e:
+            raise ValueError(f"{source_name(so)}: {e}") from None
+        for label, ids in zip(so.choices, joined.tokens):  # a longer label's request fits
+            if len(ids) > 1 and joined.start + len(ids) >= self._max_model_len:
+                raise ValueError(
+                    f"{source_name(so)}: the prompt and label {show(label)} have "
+                    f"{joined.start + len(ids)} tokens; the limit is {self._max_model_len - 1}")
+        params = row.sampling_params
+        prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
+                          arrival_time=row.arrival_time, seed_key=row.seed_key,
+                          score_only=True, target_token_ids=tuple(t[0] for t in joined.tokens),
+                          scored_top_logprobs=params.top_logprobs if params.logprobs else 0)
+        schedule(prefill)
+        self._rows[prefill] = _Row(row, prefill, so.choices, joined.tokens,
+                                   [{} for _ in so.choices],
+                                   1 + sum(len(t) > 1 for t in joined.tokens))
+        return prefill
+
+    def waits_for_prefill(self, prefill: Request) -> bool:
+        """Whether ``prefill`` (from :meth:`add`) starts label requests once it has run."""
+        state = self._rows.get(prefill)
+        return state is not None and state.left > 1
+
+    def on_prefilled(self, prefill: Request) -> list[Request]:
+        """``prefill``'s prompt is computed: the label requests to start, forking its blocks
+        (one per label of two or more tokens, in label order)."""
+        state = self._rows[prefill]
+        starts = []
+        for k, ids in enumerate(state.tokens):
             if len(ids) < 2:
                 continue
-            req = Request(parent.request_id, parent.prompt_token_ids + ids,
-                          SamplingParams(max_tokens=1), arrival_time=parent.arrival_time,
-                          num_scored_tokens=len(ids) - 1)
-            self._scorer[req] = (parent, k)
-            scorers.append(req)
-        pend.left = len(scorers)
-        return scorers
+            req = Request(prefill.request_id, prefill.prompt_token_ids + list(ids),
+                          SamplingParams(max_tokens=1), arrival_time=prefill.arrival_time,
+                          num_scored_tokens=len(ids) - 1, score_only=True,
+                          scored_top_logprobs=prefill.scored_top_logprobs)
+            self._rows[req], self._label[req] = state, k
+            starts.append(req)
+        return starts
 
-    def on_step(self, result: StepResult,
-                updated: list[Request]) -> tuple[list[Request], list[RequestOutput]]:
-        """Record a step's scores: each choice's first token (the rows' ``targets``) and the
-        scoring requests' tokens (``scored``).
-
-        Args:
-            result: The step's result.
-            updated: The requests that received a token in the step.
+    def on_step(self, out: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        """Record a step's scores (after ``update_from_output``): each label's first token
+        (the prefills' ``targets``) and the label requests' tokens (``scored``).
 
         Returns:
-            ``(updated without the scoring requests, outputs the finished scoring requests
-            completed)``.
+            The outputs (one per sample) of the rows whose scores are now complete.
         """
-        for parent, values in result.targets.items():
-            pend = self._pending.get(parent)
-            if pend is not None:
-                for by_pos, v in zip(pend.by_choice, values):
-                    by_pos[parent.num_prompt_tokens] = v
-        for scorer, by_pos in result.scored.items():
-            if scorer in self._scorer:
-                parent, k = self._scorer[scorer]
-                self._pending[parent].by_choice[k].update(
-                    (p, lp.logprob) for p, lp in by_pos.items())
-        own, released = [], []
-        for req in updated:
-            if req not in self._scorer:
-                own.append(req)
-            elif req.is_finished:
-                released.extend(self.finished(req))
-        return own, released
+        for req, values in result.targets.items():
+            state = self._rows.get(req)
+            if state is not None:
+                for by_pos, value in zip(state.values, values):
+                    by_pos[req.num_prompt_tokens] = value
+        for req, by_pos in result.scored.items():
+            k = self._label.get(req)
+            if k is not None:
+                self._rows[req].values[k].update(by_pos)
+        released = []
+        for req in out.requests:
+            state = self._rows.get(req) if req.is_finished else None
+            if state is None:
+                continue
+            del self._rows[req]
+            self._label.pop(req, None)
+            state.left -= 1
+            if state.left == 0:
+                released.extend(self._release(state))
+        return released
 
-    def finished(self, scorer: Request) -> list[RequestOutput]:
-        """``scorer`` is done (or could not run); returns outputs that became complete."""
-        parent, k = self._scorer.pop(scorer)
-        self.num_cached_tokens += max(scorer.num_cached_tokens, 0)
-        pend = self._pending[parent]
-        if (scorer.finish_reason == "abort"
-                or len(pend.by_choice[k]) != scorer.num_scored_tokens + 1):
-            pend.by_choice[k] = {}  # not scored: reported as null
-            pend.by_choice[k][-1] = float("nan")
-        pend.left -= 1
-        return self._release(parent)
+    def _release(self, state: _Row) -> list[RequestOutput]:
+        """The outputs of a row whose requests all finished."""
+        row, params, start = state.row, state.row.sampling_params, state.prefill.num_prompt_tokens
+        samples = [Request(row.request_id, row.prompt_token_ids, params,
+                           arrival_time=row.arrival_time, sample_index=i, seed_key=row.seed_key,
+                           num_cached_tokens=state.prefill.num_cached_tokens)
+                   for i in range(params.n)]
+        missing = [label for label, ids, by_pos in zip(state.labels, state.tokens, state.values)
+                   if len(by_pos) != len(ids)]
+        if missing:  # never seen: every request of the row ran to its end
+            for sample in samples:
+                sample.status = RequestStatus.FINISHED_ABORTED
+                sample.stop_reason = f"label {show(missing[0])} could not be scored"
+            return [self._output(sample, "") for sample in samples]
+        scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
+        probs, outside = label_probs(scores, state.tokens)
+        by_label = dict(zip(state.labels, scores)), dict(zip(state.labels, probs))
+        outs, now = [], time.perf_counter()
+        for sample in samples:
+            k = choose_label(scores, params, self._seed_for(sample))
+            ids = state.tokens[k]
+            m = min(len(ids), params.max_tokens)
+            sample.output_token_ids = list(ids[:m])
+            sample.logprobs = [state.values[k][start + j] for j in range(m)]
+            sample.token_times = [now]
+            sample.status = (RequestStatus.FINISHED_STOPPED if m == len(ids)
+                             else RequestStatus.FINISHED_LENGTH_CAPPED)
+            text = state.labels[k] if m == len(ids) else self._cut(ids, m, state.labels[k])
+            out = self._output(sample, text)
+            out.choice_logprobs, out.choice_probs = by_label  # shared by the row's samples
+            out.choice_outside_prob = outside
+            outs.append(out)
+        return outs
 
-    def hold(self, req: Request, out: RequestOutput) -> list[RequestOutput]:
-        """Outputs to emit now for ``req``'s finished ``out`` (held until its scores exist)."""
-        parent = self._family.pop(req, req)
-        pend = self._pending.get(parent)
-        if pend is None:
-            return [out]
-        pend.held.append(out)
-        return self._release(parent)
-
-    def _release(self, parent: Request) -> list[RequestOutput]:
-        pend = self._pending[parent]
-        n = parent.sampling_params.n
-        if pend.left or len(pend.held) < n:
-            return []
-        del self._pending[parent]
-        scores = {}
-        for c, by_pos in zip(pend.choices, pend.by_choice):
-            total = sum(by_pos.values())
-            scores[c] = None if total != total or not by_pos else total  # NaN: not scored
-        for out in pend.held:
-            out.choice_logprobs = scores
-        return pend.held
+    def _cut(self, ids: Sequence[int], m: int, label: str) -> str:
+        """The text of a label's first ``m`` tokens, without the characters the label took
+        over from the prompt's end (an incomplete last character dropped)."""
+        if m == 0:
+            return ""
+        full = self._tok.decode(list(ids))
+        joined = len(full) - len(label) if full.endswith(label) else 0
+        return self._tok.decode(list(ids[:m])).rstrip("\ufffd")[joined:]

@@ -17,7 +17,7 @@ from mlxpa.config import EngineConfig, SamplingParams, token_id_problem
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
-from mlxpa.engine.choice_scores import ChoiceScores
+from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestOutput, RequestStatus, TokenLogprob
@@ -58,7 +58,6 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
                                   tokenizer._tokenizer)
-        self.choice_scores = ChoiceScores(tokenizer)
         # A recurrent state exists only at the position its request reached: no prefix
         # cache hits (and no forked samples, see _fork_samples) for such models.
         recurrent = self.runner.states is not None
@@ -67,6 +66,8 @@ class LLMEngine:
             config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
+        self.choice_scores = ChoiceScores(tokenizer, self.scheduler.max_model_len,
+                                          self.runner.seed_for, self._output)
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
@@ -95,13 +96,15 @@ class LLMEngine:
                     ) -> list[RequestOutput] | None:
         """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
         when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
-        the rest wait, reading the prompt from the prefix cache when admitted).
+        the rest wait, reading the prompt from the prefix cache when admitted). A
+        ``choice`` row is scored, not decoded (:mod:`mlxpa.engine.choice_scores`): one
+        prefill, its labels' tokens, ``n`` labels drawn from the scores.
 
         Returns:
             Finished :class:`RequestOutput` s (one per sample) right away when the request
-            needs no model work (``max_tokens`` 0) or cannot run (empty prompt, longer than
-            the context or the pool: ``finish_reason`` ``abort`` with ``error`` set);
-            otherwise None.
+            needs no model work (``max_tokens`` 0, not a choice row) or cannot run (empty
+            prompt, longer than the context or the pool, labels that cannot be scored:
+            ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
         """
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter(),
@@ -109,17 +112,25 @@ class LLMEngine:
         if params.prompt_logprobs is not None:  # every prompt token after the first
             req.num_scored_tokens = len(req.prompt_token_ids) - 1
             req.scored_top_logprobs = params.prompt_logprobs
+        choice = is_choice(params)
         try:
             self._check_token_ids(req)
-            self.scheduler.add_request(req)
+            if choice:
+                prefill = self.choice_scores.add(req, self.scheduler.add_request)
+            else:
+                self.scheduler.add_request(req)
         except ValueError as e:
             return [self._error(req, str(e), i) for i in range(params.n)]
         self.counters.prompt_tokens += req.num_prompt_tokens
+        if choice:
+            if self.choice_scores.waits_for_prefill(prefill):
+                self._pending_forks.append(prefill)
+            return None
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._detok[req] = self._detokenizer(params)
-        if self.choice_scores.on_add(req) or params.n > 1:
+        if params.n > 1:
             self._pending_forks.append(req)
         return None
 
@@ -149,29 +160,26 @@ class LLMEngine:
         return out
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
-        """Start samples 1..n-1 and the choice scoring requests of every request whose
-        prefill ran in step ``out`` (before ``update_from_output``, which may finish and free
-        the parent)."""
-        done = {id(r) for r, last in zip(out.requests, out.sampling) if last}
+        """Start samples 1..n-1 of every request whose prefill ran in step ``out``, and the
+        label requests of every choice row's prefill that ran (before
+        ``update_from_output``, which finishes and frees a choice row's prefill)."""
+        done = {id(r) for r, last in zip(out.requests, out.last_chunk) if last}
         still = []
         for parent in self._pending_forks:
             if id(parent) not in done:
                 still.append(parent)
                 continue
-            children = [Request(parent.request_id, parent.prompt_token_ids,
-                                parent.sampling_params, arrival_time=parent.arrival_time,
-                                sample_index=i, seed_key=parent.seed_key,
-                                prompt_logprobs=parent.prompt_logprobs)  # computed once
-                        for i in range(1, parent.sampling_params.n)]
-            for child in children:
-                self._detok[child] = self._detokenizer(parent.sampling_params)
-            for scorer in self.choice_scores.on_prefilled(parent, children):
-                try:
-                    self.scheduler.add_request(scorer)
-                except ValueError:
-                    scorer.status = RequestStatus.FINISHED_ABORTED
-                    self._released.extend(self.choice_scores.finished(scorer))
-            # A recurrent state cannot be forked: such samples compute their prompt.
+            if parent.score_only:  # a choice row's prefill
+                children = self.choice_scores.on_prefilled(parent)
+            else:
+                children = [Request(parent.request_id, parent.prompt_token_ids,
+                                    parent.sampling_params, arrival_time=parent.arrival_time,
+                                    sample_index=i, seed_key=parent.seed_key,
+                                    prompt_logprobs=parent.prompt_logprobs)  # computed once
+                            for i in range(1, parent.sampling_params.n)]
+                for child in children:
+                    self._detok[child] = self._detokenizer(parent.sampling_params)
+            # A recurrent state cannot be forked: such requests compute their prompt.
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
@@ -191,8 +199,8 @@ class LLMEngine:
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> list[Request]:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
-        advance the scheduler, count; return the requests (not the choice scoring ones) that
-        received a token."""
+        advance the scheduler, release the choice rows whose scores are complete, count;
+        return the requests that received a token."""
         for req, by_position in result.scored.items():
             if req.sampling_params.prompt_logprobs is not None:
                 req.prompt_logprobs.update(by_position)
@@ -202,8 +210,10 @@ class LLMEngine:
             req.logprobs.append(lp)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
+        self._count_kv(out)
         updated = self.scheduler.update_from_output(out, result.sampled)
-        updated, released = self.choice_scores.on_step(result, updated)
+        released = self.choice_scores.on_step(out, result)
+        self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
         self._released.extend(released)
         self._count(out, result, len(updated))
         return updated
@@ -216,8 +226,7 @@ class LLMEngine:
         for req in updated:
             self._check_stop(req, grammar_ended)
             if req.is_finished:
-                finished.extend(self.choice_scores.hold(
-                    req, self._output(req, self._detok.pop(req).finalize())))
+                finished.append(self._output(req, self._detok.pop(req).finalize()))
         return finished
 
     def _check_stop(self, req: Request, grammar_ended: dict[Request, str | None]) -> None:
@@ -249,17 +258,22 @@ class LLMEngine:
             sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
             req.stop_reason = f"structured output failed: {grammar_ended[req]}"
 
+    def _count_kv(self, out: SchedulerOutput) -> None:
+        """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
+        in it: a choice row's requests hold their blocks for one step or a few)."""
+        c, kv = self.counters, self.kv_cache_manager
+        running = self.scheduler.running
+        c.peak_kv_blocks = max(c.peak_kv_blocks, kv.num_active_blocks)
+        c.kv_tokens_held += (sum(r.num_computed_tokens for r in running)
+                             + out.total_num_scheduled_tokens)
+        c.kv_slots_in_use += sum(len(r.block_table) for r in running) * kv.block_size
+
     def _count(self, out: SchedulerOutput, result: StepResult, num_sampled: int) -> None:
-        sched, c = self.scheduler, self.counters
+        c = self.counters
         c.num_steps += 1
         c.generation_tokens += num_sampled
         c.num_preemptions += len(out.preempted)
         c.evicted_blocks = self.kv_cache_manager.evicted_blocks
-        used = self.kv_cache_manager.num_active_blocks
-        c.peak_kv_blocks = max(c.peak_kv_blocks, used)
-        c.kv_tokens_held += sum(r.num_computed_tokens for r in sched.running)
-        c.kv_slots_in_use += (sum(len(r.block_table) for r in sched.running)
-                              * self.kv_cache_manager.block_size)
         if result.mask_time_s is not None:
             c.mask_time_s += result.mask_time_s
             c.mask_steps += 1
@@ -267,7 +281,8 @@ class LLMEngine:
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
         c = self.counters
         c.requests += 1
-        if sample_index in (None, 0):
+        index = req.sample_index if sample_index is None else sample_index
+        if index == 0:  # the prompt is counted once per row, as prompt_tokens is
             c.cached_prompt_tokens += max(req.num_cached_tokens, 0)
         times = req.token_times
         ttft = times[0] - req.arrival_time if times else None
@@ -278,7 +293,7 @@ class LLMEngine:
         tokens = list(req.output_token_ids)
         return RequestOutput(
             request_id=req.request_id,
-            sample_index=req.sample_index if sample_index is None else sample_index,
+            sample_index=index,
             text=text, token_ids=tokens,
             finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,

@@ -38,7 +38,7 @@ class Counters:
             runner's ``StepResult.mask_time_s``).
         mask_steps: Steps that filled at least one grammar bitmask.
         scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
-            ids (``choice_logprobs``' choice tokens).
+            ids (a choice row's label tokens).
     """
 
     start_time: float = field(default_factory=time.perf_counter)

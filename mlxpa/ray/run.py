@@ -26,7 +26,6 @@ from mlxpa.batch.model_files import ModelFiles
 from mlxpa.batch.options import RunOptions, check_targets
 from mlxpa.batch.prepare import Prepared, prepare
 from mlxpa.batch.progress import RunProgress
-from mlxpa.batch.prompts import messages_checker
 from mlxpa.batch.report import final_report
 from mlxpa.batch.requests import feed, windows
 from mlxpa.batch.source import Source
@@ -72,7 +71,7 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
              "num_shards": 0}
     with Source.open(source, inputs) as src:
         p = prepare(src, output, defaults, options, console, vocab_size=model.vocab_size(),
-                    check_prompt=messages_checker(model.tokenizer_or_none))
+                    tokenizer=model.tokenizer_or_none)
         with ResultWriter(output, ordered=options.ordered, append=options.resume,
                           positions=p.validation.done) as writer:
             if p.num_to_run:

@@ -48,7 +48,7 @@ def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str
         if value is None:
             continue
         try:
-            so = _constraint(name, value)
+            so = _constraint(name, value, prefix + name)
         except ValueError as e:
             problems.append(bad(prefix + name, str(e), value))
             continue
@@ -65,28 +65,28 @@ def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str
     return params
 
 
-def _constraint(name: str, value: Any) -> StructuredOutput | None:
+def _constraint(name: str, value: Any, source: str) -> StructuredOutput | None:
     if name in GUIDED:
-        return StructuredOutput.make(GUIDED[name], value)
+        return StructuredOutput.make(GUIDED[name], value, source)
     if name == "structured_outputs":
         if not isinstance(value, dict):
             raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
         if value.get("json_object") is True:
-            return StructuredOutput("json", JSON_OBJECT)
+            return StructuredOutput("json", JSON_OBJECT, source)
         given = [k for k in ("choice", "regex", "json", "grammar") if value.get(k) is not None]
         if len(given) != 1:
             raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
-        return StructuredOutput.make(given[0], value[given[0]])
+        return StructuredOutput.make(given[0], value[given[0]], source)
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredOutput("json", JSON_OBJECT)
+        return StructuredOutput("json", JSON_OBJECT, source)
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or spec.get("schema") is None:
             raise ValueError('{"type": "json_schema", "json_schema": {"name", "schema"}}')
-        return StructuredOutput.make("json", spec["schema"])
+        return StructuredOutput.make("json", spec["schema"], source)
     raise ValueError('{"type": "text" | "json_object" | "json_schema", ...}')
 
 
@@ -156,7 +156,7 @@ def cli_constraint(choice: str | None, json_schema: str | None, regex: str | Non
     kind = {"--choice": "choice", "--json-schema": "json", "--regex": "regex",
             "--grammar": "grammar"}[option]
     try:
-        so = StructuredOutput.make(kind, value)
+        so = StructuredOutput.make(kind, value, option)
     except ValueError as e:
         raise ValueError(f"{where}: must be {e}, got {show(value)}") from None
     error = check(so)

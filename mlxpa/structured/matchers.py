@@ -20,13 +20,8 @@ Matchers are keyed by the :class:`Request` object and synced to ``output_token_i
 what is missing, roll back what is extra), so preemption by recompute (output tokens kept),
 chunked prefill (no sampling until the last chunk), prefix-cache hits and ``n > 1`` forks (a
 child is another request with its own matcher) need no special case. Compiled grammars are
-cached by the constraint's canonical text.
-
-A ``choice`` constraint is compiled over tokens, not text (:func:`choice_grammar`): each choice
-can be written only through its canonical tokenization (the tokenizer's own encoding of the
-choice, the tokens ``choice_logprobs`` scores), so the label is never spelt through an
-unlikely split such as ``' '`` then ``'green'`` (the token healing problem that outlines and
-SGLang discuss for choice decoding).
+cached by the constraint's canonical text. A ``choice`` row has no matcher: its labels are
+scored, not decoded (:mod:`mlxpa.engine.choice_scores`).
 """
 
 from __future__ import annotations
@@ -150,28 +145,6 @@ class _Vocabulary:
         return self._hf.encode(text, add_special_tokens=False)
 
 
-def choice_grammar(choices: tuple[str, ...], hf_tokenizer) -> str:
-    """An llguidance grammar whose only outputs are the choices' canonical token sequences.
-
-    Each choice is encoded on its own (``encode(choice, add_special_tokens=False)``, as
-    :mod:`mlxpa.engine.choice_scores` scores it) and becomes one alternative of a Lark rule
-    over token ids (llguidance's ``<[id]>`` token syntax). A choice whose tokens are a prefix
-    of another's is accepted there (EOS or the longer choice's next token may follow).
-
-    Args:
-        choices: The choices (non-empty strings).
-        hf_tokenizer: The model's Hugging Face tokenizer.
-
-    Returns:
-        The grammar in llguidance's JSON grammar format.
-    """
-    from llguidance import grammar_from
-
-    alternatives = (" ".join(f"<[{t}]>" for t in hf_tokenizer.encode(c, add_special_tokens=False))
-                    for c in choices)
-    return grammar_from("lark", "start: " + " | ".join(alternatives))
-
-
 class Bitmask(NamedTuple):
     """One step's token bitmask (llguidance's layout).
 
@@ -235,28 +208,8 @@ class Grammars:
 
         self.prepare()
         if so not in self._compiled:
-            self._compiled[so] = self._compile(so)
+            self._compiled[so] = grammar_text(so)
         return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
-
-    def _compile(self, so: StructuredOutput) -> str:
-        """The grammar of ``so``: a choice over canonical token sequences when llguidance's
-        matcher accepts every choice's own tokens through it, else the text grammar (some
-        token grammars reject a canonical sequence, e.g. a choice whose tokens include a
-        ``,`` or ``.`` after a word: llguidance lexes the token there as another lexeme)."""
-        import llguidance
-
-        if so.kind != "choice":
-            return grammar_text(so)
-        grammar = choice_grammar(so.choices, self._hf)
-        for choice in so.choices:
-            m = llguidance.LLMatcher(self._ll, grammar, log_level=0)
-            for token in self._hf.encode(choice, add_special_tokens=False):
-                m.compute_bitmask()  # as each step does: the forced-token path runs here
-                if not m.consume_token(token) or m.is_error():
-                    return grammar_text(so)
-            if not m.is_accepting():
-                return grammar_text(so)
-        return grammar
 
     def _state(self, req: Request) -> _State:
         st = self._states.get(req)

@@ -75,11 +75,18 @@ class PagedKVCache:
         self.value_caches[layer][slot_blocks, :, slot_offsets] = v
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole blocks ``src -> dst`` in every pool (copy-on-write after a fork)."""
+        """Copy whole blocks ``src -> dst`` in every pool (copy-on-write after a fork).
+
+        The source blocks are read (evaluated) before the scatter: a scatter whose values
+        still read the pool lazily cannot take over the pool's buffer, and MLX would copy
+        the whole pool (about a second for a 1 GiB pool on the CPU) instead of the blocks.
+        """
         if not pairs:
             return
         src = mx.array([s for s, _ in pairs], dtype=mx.int32)
         dst = mx.array([d for _, d in pairs], dtype=mx.int32)
-        for pools in (self.key_caches, self.value_caches):
-            for pool in pools:
-                pool[dst] = pool[src]
+        pools = [*self.key_caches, *self.value_caches]
+        blocks = [pool[src] for pool in pools]
+        mx.eval(blocks)
+        for pool, values in zip(pools, blocks):
+            pool[dst] = values

@@ -5,11 +5,12 @@ Values are the model's own ``log_softmax`` of the raw logits, before the grammar
 ``raw_logprobs`` mode. A log-softmax over Gemma 3's 262,144-token vocabulary is the costliest op
 of a CPU step, so requests that do not ask never pay for it.
 
-Three uses share :func:`token_logprobs`: each sampled token of a request with ``logprobs``; each
-scored prompt token (:attr:`~mlxpa.request.Request.num_scored_tokens`: the logits at position
-``p - 1`` score the prompt token at ``p``, as vLLM's ``prompt_logprobs``), with its
-``scored_top_logprobs`` alternatives and its rank (:func:`scored_logprobs`); and
-:func:`gather_logprobs` reads the ``target_token_ids`` at a request's first sampled position.
+Three uses share :class:`LogprobGather`: each sampled token of a request with ``logprobs``
+(:func:`token_logprobs`); each scored prompt token
+(:attr:`~mlxpa.request.Request.num_scored_tokens`: the logits at position ``p - 1`` score the
+prompt token at ``p``, as vLLM's ``prompt_logprobs``), with its ``scored_top_logprobs``
+alternatives and its rank (:func:`scored_logprobs`); and the ``target_token_ids`` read from
+the logits of a request's last prompt token, with the same alternatives.
 
 Scored positions can be a whole prefill chunk: 2,048 positions of Gemma 3's 262,144-token
 vocabulary are 2 GiB of float32 logits, and the log-softmax and top-k need as much again.
@@ -38,6 +39,59 @@ def log_softmax(logits: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
+class LogprobGather:
+    """Log-probabilities of ``(row, token id)`` pairs of ``[R, V]`` raw logits, each with
+    its row's most likely tokens, built lazily: evaluate :attr:`arrays` (with the step's
+    other arrays, in its one ``mx.eval``), then read :meth:`values`.
+
+    Args:
+        logits: ``[R, V]`` raw logits (any float dtype).
+        rows: ``[P]`` the row of each pair.
+        token_ids: ``[P]`` the token id of each pair (a list or an int array).
+        num_top: ``[P]`` how many most likely ``(token_id, logprob)`` pairs of its row each
+            pair carries.
+        ranks: Also give each pair's rank: how many tokens of the vocabulary are at least as
+            likely, itself included (vLLM's ``Logprob.rank``, 1 = most likely).
+    """
+
+    def __init__(self, logits: mx.array, rows: list[int], token_ids: list[int] | mx.array,
+                 num_top: list[int], ranks: bool = False) -> None:
+        self._rows, self._num_top = rows, num_top
+        lp = log_softmax(logits)
+        ids = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
+        self._ids = ids.astype(mx.int32)
+        self._chosen = lp[mx.array(rows), self._ids] if rows else None
+        self._rank = None
+        if ranks and rows:
+            self._rank = (lp[mx.array(rows)] >= self._chosen[:, None]).sum(axis=-1)
+        self._top_ids = self._top_lp = None
+        k = max(num_top, default=0)
+        if k > 0:
+            top_ids = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
+            top_lp = mx.take_along_axis(lp, top_ids, axis=-1)
+            order = mx.argsort(-top_lp, axis=-1)
+            self._top_ids = mx.take_along_axis(top_ids, order, axis=-1)
+            self._top_lp = mx.take_along_axis(top_lp, order, axis=-1)
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """The lazy arrays to evaluate."""
+        return [a for a in (self._chosen, self._ids, self._rank, self._top_ids, self._top_lp)
+                if a is not None]
+
+    def values(self) -> list[TokenLogprob]:
+        """Per pair, its :class:`TokenLogprob` (``top``: most likely first)."""
+        if self._chosen is None:
+            return []
+        chosen, ids = self._chosen.tolist(), self._ids.tolist()
+        top_ids = self._top_ids.tolist() if self._top_ids is not None else None
+        top_lp = self._top_lp.tolist() if self._top_lp is not None else None
+        rank = self._rank.tolist() if self._rank is not None else [None] * len(chosen)
+        return [TokenLogprob(int(ids[p]), float(chosen[p]),
+                             tuple(zip(top_ids[r][:n], top_lp[r][:n])) if n else (), rank[p])
+                for p, (r, n) in enumerate(zip(self._rows, self._num_top))]
+
+
 def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
                    num_top: list[int], ranks: bool = False) -> list[TokenLogprob]:
     """The log-probability of one token per row, with the row's most likely tokens.
@@ -54,26 +108,9 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
     """
     if not num_top:
         return []
-    lp = log_softmax(logits)
-    ids = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
-    chosen = mx.take_along_axis(lp, ids[:, None].astype(mx.int32), axis=-1)[:, 0]
-    rank = (lp >= chosen[:, None]).sum(axis=-1) if ranks else None
-    k = max(num_top)
-    top_ids = top_lp = None
-    if k > 0:
-        top_ids = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
-        top_lp = mx.take_along_axis(lp, top_ids, axis=-1)
-        order = mx.argsort(-top_lp, axis=-1)
-        top_ids = mx.take_along_axis(top_ids, order, axis=-1)
-        top_lp = mx.take_along_axis(top_lp, order, axis=-1)
-    mx.eval(*(a for a in (chosen, rank, top_ids, top_lp) if a is not None))
-    chosen_l, tok_l = chosen.tolist(), ids.tolist()
-    rank_l = rank.tolist() if rank is not None else [None] * len(num_top)
-    ids_l = top_ids.tolist() if top_ids is not None else None
-    lps_l = top_lp.tolist() if top_lp is not None else None
-    return [TokenLogprob(int(tok_l[r]), float(chosen_l[r]),
-                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else (), rank_l[r])
-            for r, n in enumerate(num_top)]
+    gather = LogprobGather(logits, list(range(len(num_top))), token_ids, num_top, ranks)
+    mx.eval(*gather.arrays)
+    return gather.values()
 
 
 def scored_logprobs(features: mx.array, head: Callable[[mx.array], mx.array], width: int,
@@ -96,12 +133,6 @@ def scored_logprobs(features: mx.array, head: Callable[[mx.array], mx.array], wi
         values += token_logprobs(head(features[start:end]), token_ids[start:end],
                                  num_top[start:end], ranks=True)
     return values
-
-
-def gather_logprobs(logits: mx.array, token_ids: list[int]) -> list[float]:
-    """``log_softmax(logits)[token_ids]`` of one ``[V]`` row of logits."""
-    lp = log_softmax(logits[None])[0]
-    return lp[mx.array(token_ids)].tolist()
 
 
 def score_columns(req: Request, start: int, num_tokens: int) -> list[tuple[int, int, int]]:

@@ -15,15 +15,19 @@ scheduler tells it (``finished`` and ``preempted``, vLLM's ``finished_req_ids``)
    of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
    over 262,144 tokens costs more than the rest of the 270M model);
 5. samples and evaluates everything (tokens, every written pool, the hidden states of scored
-   positions) in one ``mx.eval`` (:mod:`mlxpa.worker.sample_step`), and reads the
-   log-probabilities of the scored tokens, the head applied to them in bounded slices
-   (:func:`mlxpa.worker.logprobs.scored_logprobs`).
+   positions, the log-probabilities of the targets) in one ``mx.eval``
+   (:mod:`mlxpa.worker.sample_step`; a step of several groups first evaluates each group but
+   the last, so that the next group's pool writes can take over the pools' buffers instead of
+   copying them), then reads the log-probabilities of the scored tokens, the head applied to
+   them in bounded slices (:func:`mlxpa.worker.logprobs.scored_logprobs`). A ``score_only``
+   request never samples: its last chunk's logits are read for its targets only.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -35,7 +39,7 @@ from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
 from mlxpa.worker.load_check import check_paged_path
-from mlxpa.worker.logprobs import score_columns, scored_logprobs
+from mlxpa.worker.logprobs import LogprobGather, score_columns, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
 from mlxpa.worker.paged_forward import build_metadata, forward, lm_head, paged_context
@@ -111,7 +115,7 @@ def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> li
     return groups
 
 
-_NOTHING_SAMPLED = Sampled([], {}, {}, {}, None)
+_NOTHING_SAMPLED = Sampled([], {}, {}, None)
 
 
 class ModelRunner:
@@ -243,26 +247,31 @@ class ModelRunner:
         """Run one scheduled step.
 
         Returns:
-            The sampled tokens (one per request whose chunk reaches its last token,
-            ``out.sampling``, in ``out.requests`` order), their log-probabilities where asked,
-            the scored and target tokens' log-probabilities, and the grammar endings;
-            :data:`EMPTY_STEP_RESULT` when no token is scheduled.
+            The sampled tokens (one per request whose chunk reaches its last token and that
+            samples, ``out.sampling``, in ``out.requests`` order), their log-probabilities
+            where asked, the scored and target tokens' log-probabilities, and the grammar
+            endings; :data:`EMPTY_STEP_RESULT` when no token is scheduled.
         """
         self._free(out.finished, out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
-        order, logits, scored, score_features = self._forward(out)
-        features = (score_features[0] if len(score_features) == 1
-                    else mx.concatenate(score_features) if score_features else None)
-        del score_features
+        order, logits, reads = self._forward(out)
+        features = _joined(reads.score_features)
+        targets = None
+        if reads.target_features:
+            targets = LogprobGather(
+                self._head(_joined(reads.target_features)),
+                [k for k, r in enumerate(reads.targets) for _ in r.target_token_ids],
+                [t for r in reads.targets for t in r.target_token_ids],
+                [r.scored_top_logprobs for r in reads.targets for _ in r.target_token_ids])
+        reads.score_features.clear()
         # evaluated with the tokens: the written pools and states, the scored positions'
-        # hidden states
-        pending = [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
-                   *(self.states.arrays() if self.states is not None else []),
-                   *([features] if features is not None else [])]
+        # hidden states, the targets' log-probabilities
+        pending = [*self._pools(), *([features] if features is not None else []),
+                   *(targets.arrays if targets is not None else [])]
         reqs = [out.requests[i] for i in order]
-        if reqs:
+        if reqs:  # one evaluation: tokens, pools and the reads
             res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
                               self.eos_token_ids, self.grammars, pending, self.penalties)
         else:
@@ -273,8 +282,8 @@ class ModelRunner:
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
             logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
-            scored=self._scored(scored, features),
-            targets={reqs[j]: v for j, v in res.targets.items()},
+            scored=self._scored(reads.scored, features),
+            targets=_by_request(reads.targets, targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
 
     def _scored(self, scored: list[tuple[Request, int, int]],
@@ -291,21 +300,21 @@ class ModelRunner:
             by_request.setdefault(req, {})[position] = value
         return by_request
 
-    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array],
-                                                      list[tuple[Request, int, int]],
-                                                      list[mx.array]]:
+    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array], _Reads]:
         """Run the step's groups (lazily).
 
         Returns:
-            ``(order, logits, scored, score_features)``: the indices in ``out.requests`` of
-            the requests that sample, their ``[S_k, V]`` logits per group, the ``(request,
-            position, token id)`` of each scored prompt token and the LM head's ``[N_k, H]``
-            inputs there per group (logits without a body/head split).
+            ``(order, logits, reads)``: the indices in ``out.requests`` of the requests that
+            sample, their ``[S_k, V]`` logits per group, and the LM head's inputs at the
+            scored prompt positions and at the targets' positions (:class:`_Reads`; logits
+            for a model without a body/head split).
         """
-        order, logits, scored, score_features = [], [], [], []
+        order, logits = [], []
+        reads = _Reads([], [], [], [])
         pad = _MAX_PAD_TOKENS if self.states is None else 0
+        groups = group_by_length(out.num_scheduled_tokens, pad)
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
-            for group in group_by_length(out.num_scheduled_tokens, pad):
+            for g, group in enumerate(groups):
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 starts = [r.num_computed_tokens for r in reqs]
@@ -313,19 +322,60 @@ class ModelRunner:
                 rows = [k for k, i in enumerate(group) if out.sampling[i]]
                 extra = [(k, *c) for k, r in enumerate(reqs)
                          for c in score_columns(r, starts[k], counts[k])]
+                # targets: read where the chunk ends the prompt (the last prompt token)
+                tgt = [k for k, r in enumerate(reqs)
+                       if r.target_token_ids and starts[k] + counts[k] == r.num_prompt_tokens]
                 states = (self.states.caches(reqs, starts, counts)
                           if self.states is not None else None)
                 result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
-                                 meta, rows + [e[0] for e in extra],
-                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra],
+                                 meta, rows + [e[0] for e in extra] + tgt,
+                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra]
+                                 + [counts[k] - 1 for k in tgt],
                                  self.geometry.gathered, states, self.geometry.layout)
                 if self.states is not None:
                     self.states.save(reqs, starts, counts, states)
                 if rows:
                     order.extend(group[k] for k in rows)
-                    logits.append(self._head(result[:len(rows)] if extra else result))
+                    logits.append(self._head(result[:len(rows)] if extra or tgt else result))
                 if extra:
-                    score_features.append(result[len(rows):])
-                    scored.extend((reqs[k], p, t) for k, _, t, p in extra)
+                    reads.score_features.append(result[len(rows):len(rows) + len(extra)])
+                    reads.scored.extend((reqs[k], p, t) for k, _, t, p in extra)
+                if tgt:
+                    reads.target_features.append(result[len(rows) + len(extra):])
+                    reads.targets.extend(reqs[k] for k in tgt)
+                if g + 1 < len(groups):
+                    # The next group writes the pools. Its writes can take over a pool's
+                    # buffer only if nothing else references it, but this group's lazy
+                    # reads (attention gathers, up to its hidden states) still would: MLX
+                    # would copy every whole pool once per further group. Evaluate this one.
+                    mx.eval(*([] if result is None else [result]), *self._pools())
                 del result  # sample_step alone holds the logits (the mask may reuse them)
-        return order, logits, scored, score_features
+        return order, logits, reads
+
+    def _pools(self) -> list[mx.array]:
+        """Every array a forward pass writes in place: the K/V pools and recurrent states."""
+        return [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+                *(self.states.arrays() if self.states is not None else [])]
+
+
+class _Reads(NamedTuple):
+    """A step's log-probability reads beside sampling (lists filled group by group)."""
+
+    scored: list[tuple[Request, int, int]]  # (request, position, token id) per scored token
+    score_features: list[mx.array]  # [N_k, H] per group: the head's inputs there
+    targets: list[Request]  # requests whose targets are read
+    target_features: list[mx.array]  # [T_k, H] per group: at their last prompt token
+
+
+def _joined(parts: list[mx.array]) -> mx.array | None:
+    """The groups' arrays concatenated (None when there is none)."""
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+
+
+def _by_request(targets: list[Request],
+                gather: LogprobGather | None) -> dict[Request, list[TokenLogprob]]:
+    """Per request, the :class:`TokenLogprob` of each of its ``target_token_ids``."""
+    values = iter(gather.values() if gather else ())
+    return {req: [next(values) for _ in req.target_token_ids] for req in targets}

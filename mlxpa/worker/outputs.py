@@ -12,15 +12,16 @@ class StepResult(NamedTuple):
     """What one step produced; read by the engine, never mutated.
 
     Attributes:
-        sampled: One token id per request whose chunk reached its last token
-            (``SchedulerOutput.sampling``), in ``SchedulerOutput.requests`` order.
+        sampled: One token id per request whose chunk reached its last token and that
+            samples (``SchedulerOutput.sampling``), in ``SchedulerOutput.requests`` order.
         logprobs: Per request that asks (``logprobs``), its sampled token's
             :class:`TokenLogprob`.
         scored: Per request with scored tokens in this step's chunk
             (``num_scored_tokens``), position to the :class:`TokenLogprob` of the prompt
             token there, given the tokens before it (``scored_top_logprobs`` alternatives).
-        targets: Per request sampling its first token with ``target_token_ids``, the
-            log-probability of each target id there.
+        targets: Per request with ``target_token_ids`` whose chunk ended its prompt, the
+            :class:`TokenLogprob` of each target id at its last prompt token (its
+            ``scored_top_logprobs`` alternatives in ``top``).
         grammar_ended: The constrained requests whose grammar ended with their sampled
             token: None when it is complete (only EOS may follow), else the matcher's error.
         mask_time_s: Seconds spent filling the grammar bitmask; None when no request of the
@@ -30,7 +31,7 @@ class StepResult(NamedTuple):
     sampled: list[int]
     logprobs: dict[Request, TokenLogprob]
     scored: dict[Request, dict[int, TokenLogprob]]
-    targets: dict[Request, list[float]]
+    targets: dict[Request, list[TokenLogprob]]
     grammar_ended: dict[Request, str | None]
     mask_time_s: float | None
 

@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.mask import apply_bitmask, ban_in_bitmask
 from mlxpa.structured.matchers import Grammars
-from mlxpa.worker.logprobs import gather_logprobs, token_logprobs
+from mlxpa.worker.logprobs import token_logprobs
 from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
 from mlxpa.worker.sampling import sample
 
@@ -35,8 +35,6 @@ class Sampled(NamedTuple):
     Attributes:
         tokens: One token id per request.
         logprobs: Row to the sampled token's :class:`TokenLogprob`, for requests that ask.
-        targets: Row to the log-probability of each ``target_token_ids`` entry, for
-            requests sampling their first token.
         grammar_ended: The constrained requests whose grammar ended with their token: None
             when complete, else the error (:meth:`Grammars.advance`).
         mask_time_s: Seconds spent filling the grammar bitmask, None when none was filled.
@@ -44,7 +42,6 @@ class Sampled(NamedTuple):
 
     tokens: list[int]
     logprobs: dict[int, TokenLogprob]
-    targets: dict[int, list[float]]
     grammar_ended: dict[Request, str | None]
     mask_time_s: float | None
 
@@ -105,7 +102,8 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
         eos_token_ids: The model's EOS ids.
         grammars: The constrained requests' matchers (None: no constraints possible); the
             bitmask is ``grammars.vocab_size`` wide.
-        pending: Other arrays to evaluate with the tokens (the KV pools).
+        pending: Other arrays to evaluate with the tokens (the KV pools, the step's other
+            log-probability reads).
         penalties: The runner's ``logit_bias`` and penalty entries (None: no request of the
             step can set them).
 
@@ -115,7 +113,6 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     raw = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     parts.clear()
     lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
-    first = [i for i, r in enumerate(reqs) if r.target_token_ids and not r.output_token_ids]
     bitmask = entries = None
     constrained = grammars is not None and any(
         r.sampling_params.structured is not None for r in reqs)
@@ -129,8 +126,8 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
         ban_in_bitmask(bitmask.words, early_stop_bans(reqs, eos_token_ids, grammars.vocab_size))
         logits = apply_bitmask(raw, bitmask.words)
     else:  # the scatter writes into a copy when the raw logits are read below
-        logits = mask_early_stops(raw + 0 if lp_rows or first else raw, reqs, eos_token_ids)
-    if not (lp_rows or first):
+        logits = mask_early_stops(raw + 0 if lp_rows else raw, reqs, eos_token_ids)
+    if not lp_rows:
         raw = None  # the mask's output may take over the raw logits' buffer
     if entries is not None:
         values = gather_entries(logits, entries)
@@ -148,6 +145,5 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
         values = token_logprobs(raw[idx], toks[idx],
                                 [reqs[i].sampling_params.top_logprobs for i in lp_rows])
         logprobs = dict(zip(lp_rows, values))
-    targets = {i: gather_logprobs(raw[i], list(reqs[i].target_token_ids)) for i in first}
-    return Sampled(tokens, logprobs, targets, ended,
+    return Sampled(tokens, logprobs, ended,
                    None if bitmask is None else bitmask.fill_s)

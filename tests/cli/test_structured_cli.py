@@ -41,7 +41,13 @@ def test_row_fields_every_spelling(tmp_path, tiny):  # noqa: F811
     assert re.fullmatch("[0-9]{4}", rows[1]["text"])
     assert rows[2]["text"] in ("left", "right")
     assert set(rows[2]["choice_logprobs"]) == {"left", "right"}
-    assert sum(math.exp(v) for v in rows[2]["choice_logprobs"].values()) <= 1
+    mass = {c: math.exp(v) for c, v in rows[2]["choice_logprobs"].items()}
+    assert sum(mass.values()) <= 1
+    for c, p in rows[2]["choice_probs"].items():  # normalised over the labels
+        assert abs(p - mass[c] / sum(mass.values())) < 1e-9
+    assert abs(rows[2]["choice_outside_prob"] - (1 - sum(mass.values()))) < 1e-9
+    assert list(rows[2])[6:] == ["logprobs", "choice_logprobs", "choice_probs",
+                                 "choice_outside_prob"]
     lps = rows[2]["logprobs"]
     assert len(lps) == rows[2]["completion_tokens"] and len(lps[0]["top_logprobs"]) == 2
     assert "".join(e["token"] for e in lps) == rows[2]["text"]
@@ -57,6 +63,11 @@ def test_row_fields_every_spelling(tmp_path, tiny):  # noqa: F811
     assert [t["text"] for t in table] == [r["text"] for r in rows[:5]] + [
         table[5]["text"], rows[6]["text"]]
     assert table[2]["logprobs"][0]["logprob"] == rows[2]["logprobs"][0]["logprob"]
+    for column in ("choice_logprobs", "choice_probs", "choice_outside_prob"):
+        assert table[2][column] == rows[2][column] and table[0][column] is None
+    schema = pq.read_schema(tmp_path / "out.parquet")
+    assert str(schema.field("choice_probs").type) == "struct<left: double, right: double>"
+    assert str(schema.field("choice_outside_prob").type) == "double"
 
 
 def test_cli_default_choice_gets_label_probabilities(tmp_path, tiny):  # noqa: F811
@@ -101,6 +112,9 @@ def test_openai_batch_body_fields_and_output(tmp_path, tiny):  # noqa: F811
         assert isinstance(json.loads(choice["text"]), dict)
     bc = b["response"]["body"]["choices"][0]
     assert bc["text"] in ("up", "down") and set(bc["choice_logprobs"]) == {"up", "down"}
+    assert abs(sum(bc["choice_probs"].values()) - 1) < 1e-9
+    assert 0 <= bc["choice_outside_prob"] <= 1
+    assert b["response"]["body"]["usage"]["completion_tokens"] == len(bc["text"])
 
 
 def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F811
@@ -130,6 +144,28 @@ def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F
     assert r.exit_code != 0 and "--json-schema" in text and "invalid JSON schema" in text
     r = invoke([src, "--model", str(tmp_path / "none"), "--regex", "(", "--choice", "a,b"])
     assert r.exit_code != 0 and "give one of --choice, --regex" in " ".join(r.output.split())
+
+
+def test_labels_that_tokenize_the_same_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F811
+    """Two labels that are the same tokens after the row's prompt (the tiny tokenizer maps
+    every character outside its vocabulary to one id) or the same string are refused in the
+    validation pass, named by file, line and field (the CLI default by its option)."""
+    folder, _, _ = tiny
+    src = write_jsonl(tmp_path / "in.jsonl", [
+        {"prompt": "a", "guided_choice": ["ok", "€", "™"]},
+        {"prompt": "b", "structured_outputs": {"choice": ["x", "y", "x"]}},
+        {"prompt": "c"},
+        {"prompt": "d", "guided_choice": ["yes", "no"]},
+    ])
+    r = invoke([src, "-o", str(tmp_path / "o.jsonl"), "--model", folder, "--choice", "€,™"])
+    assert r.exit_code == 2
+    text = " ".join(r.output.split())
+    assert ('in.jsonl line 1: field "guided_choice": labels "€" and "™" are the same tokens '
+            "after the prompt ([0])") in text
+    assert ('line 2: field "structured_outputs" must be a non-empty list of distinct '
+            'non-empty strings (label "x" is given twice)') in text
+    assert 'line 3: --choice: labels "€" and "™" are the same tokens' in text
+    assert "line 4" not in text and "3 invalid row(s) of 4" in text
 
 
 def test_grammar_tokenizer_builds_while_the_weights_load(tmp_path, tiny, monkeypatch):  # noqa: F811

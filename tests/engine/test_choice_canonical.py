@@ -1,7 +1,7 @@
-"""Choice rows decode only the choices' canonical tokenizations (tiny random model and a
+"""Choice rows are written in the labels' canonical tokenizations (tiny random model and a
 tokenizer with merged tokens, so " red" can be spelt as one token or as " " + "r" + ...):
 the output tokens are exactly the tokenizer's encoding of the chosen label, and a greedy
-row with single-token labels writes the argmax of its ``choice_logprobs``."""
+row writes the argmax of its ``choice_logprobs``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Structured outputs on the real default model (Gemma 3 270M, float32): llguidance's
 tokenizer built from the Hugging Face tokenizer, every constraint kind valid, the greedy
 label equal to the unconstrained greedy label, choice_logprobs and logprobs equal to mlx-lm's
-own forward pass."""
+own forward pass; where Gemma's tokenizer ends a label after a prompt (the join rule equals
+encoding the prompt's text and the label together), and labels that share first tokens
+scored against mlx-lm in float64, the greedy label their argmax."""
 
 from __future__ import annotations
 
@@ -80,8 +82,9 @@ def test_constraints_labels_and_probabilities(default_model):
 
 def test_choice_label_is_a_canonical_tokenization(default_model):
     """The tester's row: the string grammar let greedy decoding spell " green" as " " then
-    "green" (log-probability -19.7) although " red" was the most likely label; the choice
-    grammar over canonical tokens writes " red", the argmax of ``choice_logprobs``."""
+    "green" (log-probability -19.7) although " red" was the most likely label; scored in
+    their canonical tokenizations, the row's text is " red", the argmax of
+    ``choice_logprobs``."""
     model, tok, _ = default_model
     # (" blue.dark" in the tester's row: its "." token sends the whole choice list to the
     # text grammar, see test_choice_labels_with_punctuation_tokens_finish)
@@ -98,9 +101,9 @@ def test_choice_label_is_a_canonical_tokenization(default_model):
 
 def test_choice_labels_with_punctuation_tokens_finish(default_model):
     """Labels whose canonical tokens put ``,`` or ``.`` after a word (" Paris, France",
-    " Paris."): llguidance's token grammar rejects such a sequence when its token is forced, so
-    these choices fall back to the text grammar; every row ends with ``stop`` and its text is
-    one of the choices, never an error row."""
+    " Paris.", which llguidance's token grammar could not force when choices were decoded)
+    are scored like any others: every row ends with ``stop`` and its text is one of the
+    choices, never an error row."""
     model, tok, _ = default_model
     prompt = tok.encode("The capital of France is")
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
@@ -112,3 +115,76 @@ def test_choice_labels_with_punctuation_tokens_finish(default_model):
         assert out.finish_reason == "stop", (out.request_id, out.error)
         assert out.text in cases[out.request_id]
     assert {o.request_id: o.text for o in outs}["period"] == " Paris."
+
+
+def test_labels_join_the_prompt_as_gemmas_tokenizer_writes_them(default_model):
+    """The rule of :mod:`mlxpa.structured.labels` on Gemma's SentencePiece BPE: for text
+    prompts (BOS added, a prompt ending in one or two spaces, in a newline, in a word) and a
+    chat prompt (after ``<start_of_turn>model\\n``), the prompt's tokens up to where the
+    labels start, then each label's tokens, are exactly the tokenizer's encoding of the
+    prompt's text followed by the label's."""
+    from mlxpa.prompts import prompt_token_ids
+
+    from mlxpa.data.rows import Row
+    from mlxpa.structured.labels import LabelJoiner
+
+    _, tok, _ = default_model
+    hf = tok._tokenizer
+    joiner = LabelJoiner(tok)
+    labels = ["positive", " positive", "Paris", " Paris, France", "123", "\n", "é", "日本"]
+    texts = {p: p for p in ["Sentiment:", "Answer: ", "Answer:  ", "x", "Q: 2+2=\nA:",
+                            "ends with a newline\n", "The capital of France is"]}
+    chat = [{"role": "user", "content": "Review: works great. Label it."}]
+    texts["chat"] = hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    healed = 0
+    for name, text in texts.items():
+        row = Row(0, 0, None, chat, {}) if name == "chat" else Row(0, 0, text, None, {})
+        ids = prompt_token_ids(row, tok)
+        joined = joiner.join(ids, labels)
+        healed += joined.start < len(ids)
+        for label, tokens in zip(labels, joined.tokens):
+            whole = hf.encode(text + label, add_special_tokens=name != "chat")
+            assert ids[:joined.start] + list(tokens) == whole, (name, label)
+    assert healed >= 3  # "Answer: ", "Answer:  " and the newline take the labels' join
+
+
+def test_labels_sharing_first_tokens_scored_against_mlx_lm(default_model):
+    """Five sentiment labels, two pairs sharing a first token ("very positive" / "very
+    negative", and Gemma's own splits), after few-shot chat prompts: every label's score
+    equals the float64 teacher-forced sum of mlx-lm's own forward pass, choice_probs is its
+    softmax, and the greedy text is the argmax in every row."""
+    import numpy as np
+
+    from mlxpa.engine.choice_scores import label_probs
+
+    model, tok, _ = default_model
+    labels = ["very positive", "positive", "neutral", "negative", "very negative"]
+    firsts = [tok.encode(c, add_special_tokens=False)[0] for c in labels]
+    assert firsts[0] == firsts[4]
+    so = StructuredOutput.make("choice", labels)
+    reviews = ["It broke after a week and support never answered.", "Best kettle ever!",
+               "It is a tent.", "Works, I guess."]
+    prompts = [chat(tok, "Label the review as very positive, positive, neutral, negative or "
+                         "very negative.\n\nReview: " + r) for r in reviews]
+    eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
+    outs = {o.request_id: o for o in eng.generate(
+        PromptInput(i, p, SamplingParams(max_tokens=8, structured=so, logprobs=True))
+        for i, p in enumerate(prompts))}
+    for i, ids in enumerate(prompts):
+        out = outs[i]
+        tokens = [tok.encode(c, add_special_tokens=False) for c in labels]
+        scores = []
+        for cid in tokens:
+            logits = np.array(model(mx.array(ids + cid)[None])[0].astype(mx.float32),
+                              dtype=np.float64)
+            top = logits.max(axis=-1, keepdims=True)
+            lp = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+            scores.append(sum(lp[len(ids) - 1 + j, t] for j, t in enumerate(cid)))
+        probs, outside = label_probs(scores, tokens)
+        for c, want, p in zip(labels, scores, probs):
+            assert abs(out.choice_logprobs[c] - want) < 2e-3, (i, c)
+            assert abs(out.choice_probs[c] - p) < 1e-3, (i, c)
+        assert abs(out.choice_outside_prob - outside) < 1e-3
+        assert out.text == labels[int(np.argmax(scores))], (i, out.choice_logprobs)
+        assert out.token_ids == tokens[labels.index(out.text)]
+        assert len(out.logprobs) == len(out.token_ids)
