@@ -362,8 +362,7 @@ def test_labels_that_tokenize_the_same_are_refused(model):
     with pytest.raises(ValueError, match='label "a" is given twice'):
         StructuredOutput.make("choice", ["a", "b", "a"])
 
-    from mlxpa.prompts import prompt_token_ids
-
+    from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.structured.labels import choice_label_checker
 
     rows = [Row(0, 0, "hi", None, {"structured": so}, line=1),

@@ -123,8 +123,7 @@ def test_labels_join_the_prompt_as_gemmas_tokenizer_writes_them(default_model):
     chat prompt (after ``<start_of_turn>model\\n``), the prompt's tokens up to where the
     labels start, then each label's tokens, are exactly the tokenizer's encoding of the
     prompt's text followed by the label's."""
-    from mlxpa.prompts import prompt_token_ids
-
+    from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.data.rows import Row
     from mlxpa.structured.labels import LabelJoiner
 
