@@ -13,6 +13,11 @@ from mlxpa.structured_spec import StructuredOutput
 
 # Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
 KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
+# KV cache storage (vLLM's ``--kv-cache-dtype`` name): the model's compute dtype, or mlx-lm's
+# affine group quantization (``mx.quantize``) at 8 bits, 4 bits, or 8-bit keys with 4-bit values.
+KV_CACHE_DTYPES = ("auto", "int8", "int4", "k8v4")
+# Group sizes ``mx.quantize`` supports (elements along head_dim sharing a scale and bias).
+KV_GROUP_SIZES = (32, 64, 128)
 # Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
 # overflow float32 and turn the logits into infinities.
 SAMPLING_EPS = 1e-5
@@ -147,6 +152,11 @@ class EngineConfig:
         fused_cpu_ops: On MLX's CPU back end, run the model's tanh-GELU / SiLU and RoPE
             through mlxpa's fused kernels (``mlxpa.kernels.cpu_fused``) during the forward
             pass; no effect on Metal or CUDA.
+        kv_cache_dtype: KV pool storage: ``auto`` (the compute dtype), ``int8``, ``int4`` or
+            ``k8v4`` (8-bit keys, 4-bit values): mlx-lm's affine group quantization along
+            head_dim, per token (:mod:`mlxpa.worker.kv_storage`).
+        kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
+            64 or 128).
     """
 
     model: str | None = None
@@ -162,6 +172,8 @@ class EngineConfig:
     dtype: str | None = None
     seed: int = 0
     fused_cpu_ops: bool = True
+    kv_cache_dtype: str = "auto"
+    kv_group_size: int = 64
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
@@ -184,3 +196,8 @@ class EngineConfig:
         _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", self.kv_cache_dtype,
+               f"one of {', '.join(KV_CACHE_DTYPES)}")
+        _check(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
+               "kv_group_size", self.kv_group_size,
+               f"one of {', '.join(map(str, KV_GROUP_SIZES))}")

@@ -49,7 +49,7 @@ def load_kernel_modules(force_stub: bool = False):
     except ImportError:
         mx = types.ModuleType("mlx.core")
         mx.Dtype = type("Dtype", (), {"__repr__": lambda self: f"mlx.core.{self.name}"})
-        for name in ("float32", "float16", "bfloat16", "int32", "uint16"):
+        for name in ("float32", "float16", "bfloat16", "int32", "uint16", "uint32"):
             setattr(mx, name, mx.Dtype())
             getattr(mx, name).name = name
         mx.metal = mx.cuda = types.SimpleNamespace(is_available=lambda: False)

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import _common, cuda_paged_attention
+from mlxpa.kernels import _cases, _common, cuda_paged_attention
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 SHAPES = [(256, 16, 512, 8, 1), (64, 8, 0, 4, 2)]   # head_dim, block_size, window, hq, hkv
@@ -108,10 +108,10 @@ def test_cuda_kernel_is_built_lazily():
                                                 (256, 32, 8, 1, None), (256, 16, 4, 1, 512)])
 def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window):
     tol = {mx.float32: 1e-4, mx.float16: 2e-3, mx.bfloat16: 2e-3}[dtype]
-    case = _common.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
+    case = _cases.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
                                window, trim=window is not None)
     out = cuda_paged_attention.paged_attention(*case.args, **case.kwargs, variant=variant)
-    why = _common.mismatch(out, _common.reference_f32(case), case.args[4], tol, tol)
+    why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], tol, tol)
     assert why is None, why
 
 

@@ -21,7 +21,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_HERE, "kernels_data"))
 import emu_harness as H  # noqa: E402
 
-from mlxpa.kernels import _common  # noqa: E402
+from mlxpa.kernels import _cases  # noqa: E402
 
 PINNED_DIR = os.path.join(_HERE, "kernels_data", "pinned")
 
@@ -46,7 +46,7 @@ def _name(inst) -> str:
 def generated(inst) -> str:
     """v1, v2 and reduce sources of one instance, as one text."""
     dtype, d, bs, w, hq, hkv = inst
-    case = _common.random_case(0, dtype, d, bs, hq, hkv, [1, 9, 600, 0, 33, 17, 2, 70],
+    case = _cases.random_case(0, dtype, d, bs, hq, hkv, [1, 9, 600, 0, 33, 17, 2, 70],
                                window=w or None)
     parts = []
     for variant in ("v1", "v2"):
