@@ -16,6 +16,9 @@ from mlxpa.cli.options import (
     BlockSizeOpt,
     Kernel,
     KernelOpt,
+    KVCacheDtype,
+    KVCacheDtypeOpt,
+    KVGroupSizeOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
@@ -65,6 +68,8 @@ def bench(
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = Kernel.auto,
+    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
+    kv_group_size: KVGroupSizeOpt = 64,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -83,7 +88,8 @@ def bench(
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
-                               max_num_batched_tokens, kernel)
+                               max_num_batched_tokens, kernel,
+                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size)
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
                 workload.value, peek_tokenizer(model) or load_model(model)[1], input=input,

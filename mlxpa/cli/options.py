@@ -13,7 +13,7 @@ from typing import Annotated, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mlxpa.config import KERNELS, EngineConfig
+from mlxpa.config import KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
 from mlxpa.data.inputs import FORMATS, InputOptions
 from mlxpa.data.records import OUTPUT_FORMATS
@@ -25,6 +25,7 @@ def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
 
 
 Kernel = choices("Kernel", KERNELS)
+KVCacheDtype = choices("KVCacheDtype", KV_CACHE_DTYPES)
 Order = choices("Order", ORDERS)
 InputFormat = choices("InputFormat", ("auto", *FORMATS))
 OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
@@ -45,6 +46,13 @@ MaxBatchedOpt = Annotated[int, typer.Option(
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
 KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
+KVCacheDtypeOpt = Annotated[KVCacheDtype, typer.Option(
+    help="KV cache storage: auto (the model's compute dtype), or mlx-lm's affine group "
+    "quantization per token: int8, int4, k8v4 (8-bit keys, 4-bit values); the same "
+    "--kv-memory then holds about 2x (int8) to 3.5x (int4) the tokens of bfloat16.")]
+KVGroupSizeOpt = Annotated[int, typer.Option(
+    help="Elements of a K/V head sharing one scale and bias when --kv-cache-dtype quantizes "
+    "(32, 64 or 128).")]
 BlasOpt = Annotated[str, typer.Option(
     metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 

@@ -13,6 +13,10 @@ from mlxpa.cli.options import (
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
+    KVCacheDtype,
+    KVCacheDtypeOpt,
+    KVGroupSizeOpt,
+    KVMemoryOpt,
     MaxModelLenOpt,
     MessagesColumnOpt,
     ModelOpt,
@@ -32,6 +36,9 @@ def plan(
     max_tokens: Annotated[int, typer.Option(
         help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
     max_model_len: MaxModelLenOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
+    kv_group_size: KVGroupSizeOpt = 64,
+    kv_memory: KVMemoryOpt = None,
     top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
@@ -45,8 +52,9 @@ def plan(
     blas: BlasOpt = "auto",
 ) -> None:
     """Predict prefix sharing without running the model: prompt tokens, tokens after
-    sharing, hit rate, KV blocks with and without sharing, the longest shared prefixes.
-    Invalid rows are listed as run lists them (exit 2); rows over the context are named."""
+    sharing, hit rate, KV blocks with and without sharing and their memory in the chosen
+    --kv-cache-dtype, the longest shared prefixes. Invalid rows are listed as run lists them
+    (exit 2); rows over the context are named."""
     import json
 
     from rich.console import Console
@@ -54,6 +62,7 @@ def plan(
     from mlxpa.data import InputError
     from mlxpa.plan import plan_file
     from mlxpa.progress import plan_tables
+    from mlxpa.worker.kv_plan import plan_kv
 
     console = Console(stderr=True)
     try:
@@ -64,6 +73,7 @@ def plan(
             p = plan_file(path, tokenizer, inputs=inputs, block_size=block_size,
                           max_tokens=max_tokens, top_k=top, max_model_len=context,
                           invalid=v.row_problems, name=name)
+        kv = plan_kv(model, block_size, kv_cache_dtype.value, kv_group_size, kv_memory)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -73,12 +83,16 @@ def plan(
         console.print(f"warning: {p.over_context_rows} row(s) over the context (run writes an "
                       f"error row for each; not planned):{shown}", style="yellow",
                       markup=False, highlight=False, soft_wrap=True)
+    blocks = p.kv_blocks_without_sharing, p.kv_blocks_with_sharing
     if json_out:
-        print(json.dumps(p.to_dict(), indent=2, ensure_ascii=False))
+        print(json.dumps({**p.to_dict(), "kv_cache": kv.to_dict(*blocks)}, indent=2,
+                         ensure_ascii=False))
         return
     out = Console()
     for table in plan_tables(p, f"mlxpa plan: {input}"):
         out.print(table)
+    for line in kv.lines(*blocks):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _tokenizer_and_context(model: str | None, max_model_len: int | None):

@@ -8,6 +8,11 @@ every sampled position must match mlx-lm's own forward (``make_prompt_cache``, o
 a time) within float tolerance. Anything else is an :class:`UnsupportedModelError` naming the
 failure. The body/LM-head split (see :func:`find_head_split`) is accepted only when it passes
 the same check; otherwise the full model runs.
+
+With quantized pools (``--kv-cache-dtype``) the paged path runs on pools quantized as the
+engine's, and mlx-lm's forward on caches that store each K/V row quantized and dequantized at
+the same bits (:func:`mlxpa.worker.kv_storage.round_trip_caches`): the same attention over
+the same values, so the same float tolerance holds.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from mlxpa.loader.errors import UnsupportedModelError
 from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.kv_storage import KVStorage, kv_storage, round_trip_caches
 from mlxpa.worker.model_probe import ModelGeometry, reference_logits
 from mlxpa.worker.paged_forward import (
     HeadSplit,
@@ -41,11 +47,12 @@ def _log_softmax(x: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
-def _reference(model: nn.Module) -> list[mx.array]:
+def _reference(model: nn.Module, storage: KVStorage) -> list[mx.array]:
     """Per prompt: mlx-lm's log-probs after the prompt, then after ``DECODE_TOKEN``."""
     out = []
     for prompt in PROMPTS:
-        logits, caches = reference_logits(model, list(prompt))
+        logits, caches = reference_logits(model, list(prompt),
+                                          round_trip_caches(model, storage.specs))
         step = model(mx.array([[DECODE_TOKEN]]), cache=caches)[0, -1]
         out.append(mx.stack([_log_softmax(logits[-1]), _log_softmax(step)]))
     return out
@@ -69,12 +76,11 @@ def _steps(store: RecurrentStateStore | None) -> list[tuple[list[int], np.ndarra
 
 
 def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
-           block_size: int, kernel: str, fused: bool) -> list[mx.array]:
+           block_size: int, kernel: str, fused: bool, storage: KVStorage) -> list[mx.array]:
     """The same two steps through the paged path, both prompts batched."""
     lens = [len(p) for p in PROMPTS]
     per_row = -(-(max(lens) + 1) // block_size)
-    pool = PagedKVCache([c.shape for c in geometry.caches], 1 + per_row * len(PROMPTS),
-                        block_size, geometry.dtype)
+    pool = PagedKVCache(storage.specs, 1 + per_row * len(PROMPTS), block_size, geometry.dtype)
     tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
               for i in range(len(PROMPTS))]
     done = [0] * len(PROMPTS)
@@ -94,18 +100,18 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
                              geometry.gathered, states, geometry.layout)
             if store is not None:
                 store.save(rows, starts, counts, states)
-            mx.eval(logits, pool.key_caches, pool.value_caches,
-                    store.arrays() if store is not None else [])
+            mx.eval(logits, pool.arrays(), store.arrays() if store is not None else [])
             for k, i in enumerate(rows):
                 results[i].append(_log_softmax(logits[k]))
                 done[i] += counts[k]
     return [mx.stack(r) for r in results]
 
 
-def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str | None:
+def _difference(model, geometry, split, block_size, kernel, fused, ref,
+                storage) -> str | None:
     """Why the paged path fails the check (None when it passes)."""
     try:
-        got = _paged(model, geometry, split, block_size, kernel, fused)
+        got = _paged(model, geometry, split, block_size, kernel, fused, storage)
     except Exception as e:  # noqa: BLE001 - any failure of the paged path is the answer
         return f"the paged forward pass fails: {type(e).__name__}: {e}"
     worst = max(mx.abs(g - r).max().item() for g, r in zip(got, ref))
@@ -118,8 +124,12 @@ def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str |
 
 
 def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
-                     kernel: str = "auto", fused: bool = True) -> HeadSplit | None:
+                     kernel: str = "auto", fused: bool = True,
+                     storage: KVStorage | None = None) -> HeadSplit | None:
     """Verify the paged path against mlx-lm (see the module docstring).
+
+    Args:
+        storage: How the pools store K/V (None: the compute dtype).
 
     Returns:
         The body/LM-head split to use, or None to run the full model.
@@ -127,12 +137,13 @@ def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
     Raises:
         UnsupportedModelError: The paged path fails or differs, with and without the split.
     """
-    ref = _reference(model)
+    storage = storage or kv_storage(geometry)
+    ref = _reference(model, storage)
     split = find_head_split(model)
     if split is not None and _difference(model, geometry, split, block_size, kernel, fused,
-                                         ref) is None:
+                                         ref, storage) is None:
         return split
-    why = _difference(model, geometry, None, block_size, kernel, fused, ref)
+    why = _difference(model, geometry, None, block_size, kernel, fused, ref, storage)
     if why:
         raise UnsupportedModelError(geometry.model_type, why)
     return None
