@@ -76,7 +76,8 @@ class KVStorage:
             caches = f"cache {which[0]}" if len(which) == 1 else f"{len(which)} caches"
             text += f"; {caches} kept in {name}: {reason}"
         if self.num_states:
-            text += f"; recurrent state in {name} ({self.num_states} entries, no pool)"
+            entries = "1 entry" if self.num_states == 1 else f"{self.num_states} entries"
+            text += f"; recurrent state in {name} ({entries}, no pool)"
         return text
 
 

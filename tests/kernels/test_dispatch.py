@@ -195,3 +195,50 @@ def test_emulated_metal_kernel_with_planted_bug_falls_back(monkeypatch):
     with pytest.warns(RuntimeWarning, match="failed its check.*v1: max error"):
         out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
     assert mx.array_equal(out, _ref(case))
+
+
+def test_quantized_pools_are_their_own_self_check_class(monkeypatch):
+    """Float and quantized pools of the same shape, and pools of other bits, are checked
+    separately; the check case's pools are quantized the same way."""
+    seen = []
+
+    def impl(*args, **kwargs):
+        seen.append(_common.pool_quant(args[1], args[2]))
+        return _zero_empty_rows(*args, **kwargs)
+
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
+    for quant in (None, (8, 8, 64), (8, 4, 64), (8, 8, 64)):
+        case = _cases.random_case(0, mx.float32, 64, 8, 4, 2, [0, 1, 9, 20], quant=quant)
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        assert mx.allclose(out, _zero_empty_rows(*case.args, **case.kwargs), atol=1e-5)
+    # Two variants checked per new class, then the call itself.
+    assert seen == [None, None, None, (8, 8, 64), (8, 8, 64), (8, 8, 64),
+                    (8, 4, 64), (8, 4, 64), (8, 4, 64), (8, 8, 64)]
+
+
+@pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
+def test_emulated_quantized_kernel_passes_the_check_and_a_planted_bug_falls_back(monkeypatch):
+    """The real qv1/qv2 bodies (production sizes) in the emulator pass the dispatcher's
+    check over k8v4 pools; with the value bias dropped from qv1 the check fails, a warning
+    names the pools, and decode returns the reference's numbers."""
+    from mlxpa.kernels.paged_attention_source import SOURCES
+
+    case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40], quant=(8, 4, 64))
+    calls = []
+    monkeypatch.setattr(K, "_load_backend",
+                        lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None]
+    assert np.allclose(np.array(out), np.array(_ref(case)), atol=1e-5, rtol=1e-5)
+
+    text = " + float(vbi[i * 32 / GS]))"
+    assert SOURCES["qv1"].count(text) == 1
+    bad = {"qv1": SOURCES["qv1"].replace(text, ")")}
+    monkeypatch.setattr(K, "_verified", {})
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(
+        lambda *a, **k: H.emulate_decode(*a, **k, sources=bad), pass_variant=True))
+    with pytest.warns(RuntimeWarning, match="pools 8-bit K / 4-bit V, group 64.*v1: max error"):
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert mx.array_equal(out, _ref(case))
