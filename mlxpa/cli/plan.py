@@ -62,7 +62,6 @@ def plan(
     from mlxpa.data import InputError
     from mlxpa.plan import plan_file
     from mlxpa.progress import plan_tables
-    from mlxpa.worker.kv_plan import plan_kv
 
     console = Console(stderr=True)
     try:
@@ -73,7 +72,7 @@ def plan(
             p = plan_file(path, tokenizer, inputs=inputs, block_size=block_size,
                           max_tokens=max_tokens, top_k=top, max_model_len=context,
                           invalid=v.row_problems, name=name)
-        kv = plan_kv(model, block_size, kv_cache_dtype.value, kv_group_size, kv_memory)
+        kv, why = _kv_plan(model, block_size, kv_cache_dtype.value, kv_group_size, kv_memory)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -84,15 +83,36 @@ def plan(
                       f"error row for each; not planned):{shown}", style="yellow",
                       markup=False, highlight=False, soft_wrap=True)
     blocks = p.kv_blocks_without_sharing, p.kv_blocks_with_sharing
+    if why:
+        console.print(f"warning: no KV memory figures: {why}", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
     if json_out:
-        print(json.dumps({**p.to_dict(), "kv_cache": kv.to_dict(*blocks)}, indent=2,
-                         ensure_ascii=False))
+        kv_dict = {"kv_cache": kv.to_dict(*blocks)} if kv else {}
+        print(json.dumps({**p.to_dict(), **kv_dict}, indent=2, ensure_ascii=False))
         return
     out = Console()
     for table in plan_tables(p, f"mlxpa plan: {input}"):
         out.print(table)
-    for line in kv.lines(*blocks):
+    for line in kv.lines(*blocks) if kv else ():
         out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _kv_plan(model: str | None, block_size: int, kv_cache_dtype: str, kv_group_size: int,
+             kv_memory: float | None):
+    """``(KVPlan, None)``, or ``(None, why)`` when the model's cache geometry cannot be
+    traced (the rest of the plan needs only the tokenizer).
+
+    Raises:
+        ValueError: An option out of range (``--kv-group-size``, ``--kv-memory``).
+    """
+    from mlxpa.config import EngineConfig
+    from mlxpa.worker.kv_plan import plan_kv
+
+    EngineConfig(kv_memory_gib=kv_memory, kv_group_size=kv_group_size)  # the options' errors
+    try:
+        return plan_kv(model, block_size, kv_cache_dtype, kv_group_size, kv_memory), None
+    except Exception as e:  # noqa: BLE001 - the prefix figures stand without the KV ones
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _tokenizer_and_context(model: str | None, max_model_len: int | None):

@@ -3,7 +3,8 @@ what the planned blocks take, how many blocks the ``--kv-memory`` budget holds.
 
 The model's cache geometry comes from the same probe as the engine's
 (:func:`mlxpa.worker.model_probe.probe_model`), traced on a lazily loaded model: the forward
-pass is never run, so no weight is read.
+pass is never run, so no weight is read (a folder without weights plans too; its compute dtype
+is then float32).
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def plan_kv(spec: str | None, block_size: int = 16, kv_cache_dtype: str = "auto"
     config = EngineConfig(model=spec, block_size=block_size, kv_memory_gib=kv_memory_gib,
                           kv_cache_dtype=kv_cache_dtype, kv_group_size=kv_group_size,
                           dtype=dtype)
-    model, _ = load_model(resolve_model(spec), lazy=True)
+    # Lazy and not strict: no weight is read, and a folder without weights (a tokenizer and
+    # config only, enough for the rest of the plan) still gives the shapes.
+    model, _ = load_model(resolve_model(spec), lazy=True, strict=False)
     dtype = dtype or ("float32" if on_cpu() else None)
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxpa.worker.kv_cache import PoolSpec, block_bytes
-from mlxpa.worker.model_probe import ModelGeometry, cache_entries
+from mlxpa.worker.model_probe import ModelGeometry
 
 # Bits per (key, value) element of each quantized ``--kv-cache-dtype``.
 KV_BITS = {"int8": (8, 8), "int4": (4, 4), "k8v4": (8, 4)}
@@ -49,6 +49,11 @@ class KVStorage:
     specs: tuple[PoolSpec, ...]
     kept: tuple[tuple[int, str], ...] = ()
     num_states: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any entry is stored quantized."""
+        return any(s.k_bits for s in self.specs)
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes one block takes over all entries, K and V (at least 1)."""
@@ -115,39 +120,3 @@ def kv_storage(geometry: ModelGeometry, kv_cache_dtype: str = "auto",
     return KVStorage(kv_cache_dtype, geometry.dtype, tuple(specs), tuple(kept),
                      len(geometry.recurrent))
 
-
-def _round_trip(x: mx.array, bits: int, group_size: int) -> mx.array:
-    return mx.dequantize(*mx.quantize(x, group_size=group_size, bits=bits),
-                         group_size=group_size, bits=bits)
-
-
-class _RoundTrip:
-    """Mixed into an mlx-lm cache class: new K/V pass through ``mx.quantize`` and
-    ``mx.dequantize`` at the entry's bits before the cache stores them."""
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        k_bits, v_bits, group_size = self.mlxpa_quant
-        return super().update_and_fetch(_round_trip(keys, k_bits, group_size),
-                                        _round_trip(values, v_bits, group_size))
-
-
-_ROUND_TRIP_CLASSES: dict[type, type] = {}
-
-
-def round_trip_caches(model, specs: tuple[PoolSpec, ...]) -> list:
-    """mlx-lm's caches for ``model`` (``make_prompt_cache``) in which every quantized entry
-    of ``specs`` stores its K/V quantized and dequantized, as a quantized pool returns them:
-    the dequantize-then-attend semantics of the quantized paged path in mlx-lm's own forward
-    (each cache keeps its class: a subclass mixing in the round trip)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    caches = make_prompt_cache(model)
-    for cache, spec in zip(cache_entries(caches)[0], specs):
-        if spec.k_bits:
-            base = type(cache)
-            if base not in _ROUND_TRIP_CLASSES:
-                _ROUND_TRIP_CLASSES[base] = type(f"RoundTrip{base.__name__}", (_RoundTrip, base),
-                                                 {})
-            cache.__class__ = _ROUND_TRIP_CLASSES[base]
-            cache.mlxpa_quant = (spec.k_bits, spec.v_bits, spec.group_size)
-    return caches

@@ -151,21 +151,29 @@ def test_policy_keeps_what_it_cannot_quantize_and_says_why():
         kv_storage(g, "fp8")
 
 
-def test_load_check_refuses_a_broken_quantized_path(monkeypatch):
-    """A write that drops the biases (dequantized values shifted) differs from mlx-lm's
-    round-trip quantized caches: the model is refused at load, not run wrong."""
+@pytest.mark.parametrize("bug", ["lost-bias", "next-slot"])
+def test_load_check_refuses_a_broken_quantized_path(monkeypatch, bug):
+    """A write that drops the biases, or stores each token one slot later in its block: the
+    stored rows are far from mlx-lm's own K/V, so the model is refused at load, not run
+    wrong."""
     from mlxpa.kernels import quant
 
-    real = quant.quantize
+    real_quantize, real_write = quant.quantize, PagedKVCache.write
 
     def no_bias(x, bits, group_size):
-        q = real(x, bits, group_size)
+        q = real_quantize(x, bits, group_size)
         return q._replace(biases=mx.zeros_like(q.biases))
+
+    def next_slot(self, layer, keys, values, blocks, offsets):
+        real_write(self, layer, keys, values, blocks, (offsets + 1) % self.block_size)
 
     model = tiny_llama(hidden=256)
     ModelRunner(model, EngineConfig(num_blocks=9, kv_cache_dtype="int4"))  # passes
-    monkeypatch.setattr(quant, "quantize", no_bias)
-    with pytest.raises(UnsupportedModelError, match="differs from mlx-lm"):
+    if bug == "lost-bias":
+        monkeypatch.setattr(quant, "quantize", no_bias)
+    else:
+        monkeypatch.setattr(PagedKVCache, "write", next_slot)
+    with pytest.raises(UnsupportedModelError, match="the quantized write is wrong"):
         ModelRunner(model, EngineConfig(num_blocks=9, kv_cache_dtype="int4"))
 
 
