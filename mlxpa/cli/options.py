@@ -47,12 +47,10 @@ MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
 KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
 KVCacheDtypeOpt = Annotated[KVCacheDtype, typer.Option(
-    help="KV cache storage: auto (the model's compute dtype), or mlx-lm's affine group "
-    "quantization per token: int8, int4, k8v4 (8-bit keys, 4-bit values); the same "
-    "--kv-memory then holds about 2x (int8) to 3.5x (int4) the tokens of bfloat16.")]
+    help="KV cache storage: auto (the compute dtype) or quantized per token as mlx-lm does "
+    "(k8v4: 8-bit K, 4-bit V).")]
 KVGroupSizeOpt = Annotated[int, typer.Option(
-    help="Elements of a K/V head sharing one scale and bias when --kv-cache-dtype quantizes "
-    "(32, 64 or 128).")]
+    help="Quantized KV: elements per scale and bias (32, 64, 128).")]
 BlasOpt = Annotated[str, typer.Option(
     metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 
