@@ -142,7 +142,7 @@ def test_gpu_check_builds_without_mlx():
     r = subprocess.run([sys.executable, script, "--build-only", "--quick"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "built 5 instances" in r.stdout
+    assert "built 6 instances" in r.stdout  # 5 float, 1 over quantized pools
 
 
 def test_gpu_check_reference_matches_mlxpa_reference():
@@ -162,15 +162,17 @@ def test_gpu_check_reference_matches_mlxpa_reference():
 
 @pytest.mark.skipif(EMU is None or EMU.unavailable_reason() is not None,
                     reason="msl_emu or g++ unavailable")
-def test_gpu_check_launch_path_in_emulator():
-    """gpu_check's case, launch chain (argument order, grids, meta) and float64 check, with
-    numpy for CuPy and the emulated Metal body for each cubin kernel."""
+@pytest.mark.parametrize("quant", [None, (8, 4, 32)], ids=["float", "k8v4"])
+def test_gpu_check_launch_path_in_emulator(quant):
+    """gpu_check's case (its own quantizer for quantized pools), launch chain (argument order,
+    grids, meta) and float64 check, with numpy for CuPy and the emulated Metal body for each
+    cubin kernel."""
     g = _gpu_check()
     inst = ("bfloat16", 64, 8, 2, 1, None)
     dt = mx.bfloat16
 
     def launcher(kind):
-        shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt)
+        shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt, *(quant or (0, 0, 0)))
         launch = {ln.kind: ln for ln in _common.plan(shape, "v1") + _common.plan(shape, "v2")}[kind]
         n_out = len(launch.output_shapes)
 
@@ -185,6 +187,7 @@ def test_gpu_check_launch_path_in_emulator():
 
         return fn
 
-    fns = {k: launcher(k) for k in ("v1", "v2", "reduce")}
+    kinds = ("qv1", "qv2", "reduce") if quant else ("v1", "v2", "reduce")
+    fns = {k: launcher(k) for k in kinds}
     for variant in ("v1", "v2"):
-        assert g.check_case(np, fns, inst, 0, variant) is None
+        assert g.check_case(np, fns, inst, 0, variant, quant=quant) is None
