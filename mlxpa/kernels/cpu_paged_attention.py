@@ -26,12 +26,12 @@ of ``exp``.
 Quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`): decode reads them in place
 with ``mx.gather_qmm``, ``gather_mm``'s quantized twin (same index pairs; the scores product
 with ``transpose=True``, the values product with ``transpose=False``, as mlx-lm's
-``quantized_scaled_dot_product_attention`` uses ``quantized_matmul``). Measured on the
-development CPU for Gemma 3 270M's shape (D = 256, 4 query heads per KV head, 640 keys):
-about 2.7x the float32 ``gather_mm`` time at 32 rows, 1.8x at 128, against 2x and 3x for
-gathering the packed blocks and dequantizing them (:func:`mlxpa.kernels.quant.dequantize`),
-whose float32 copy grows with the batch. Prefill chunks gather the packed blocks and
-dequantize them, then attend as above.
+``quantized_scaled_dot_product_attention`` uses ``quantized_matmul``). On the development
+CPU, for Gemma 3 270M's shape (D = 256, 4 query heads per KV head), it took 2-3x the time of
+the float32 ``gather_mm`` decode, and gathering the packed blocks and dequantizing them
+(:func:`mlxpa.kernels.quant.dequantize`) took 1.5-5x the time of ``gather_qmm`` at every
+batch and context tried (8-128 rows, 640-4096 keys): its float32 copy grows with the batch.
+Prefill chunks gather the packed blocks and dequantize them, then attend as above.
 """
 
 from __future__ import annotations
