@@ -18,6 +18,11 @@ from mlxpa.structured.spec import StructuredOutput
 
 # Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
 KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
+# KV cache storage (vLLM's ``--kv-cache-dtype`` name): the model's compute dtype, or mlx-lm's
+# affine group quantization (``mx.quantize``) at 8 bits, 4 bits, or 8-bit keys with 4-bit values.
+KV_CACHE_DTYPES = ("auto", "int8", "int4", "k8v4")
+# Group sizes ``mx.quantize`` supports (elements along head_dim sharing a scale and bias).
+KV_GROUP_SIZES = (32, 64, 128)
 # Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
 # overflow float32 and turn the logits into infinities.
 SAMPLING_EPS = 1e-5
@@ -306,6 +311,11 @@ class EngineConfig:
             ``adapter_config.json``) applied at load, or None.
         keep_quantized: On MLX's CPU back end, keep quantized weights packed instead of
             dequantizing them at load (:mod:`mlxpa.loader.dequantize`).
+        kv_cache_dtype: KV pool storage: ``auto`` (the compute dtype), ``int8``, ``int4`` or
+            ``k8v4`` (8-bit keys, 4-bit values): mlx-lm's affine group quantization along
+            head_dim, per token (:mod:`mlxpa.worker.kv_storage`).
+        kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
+            64 or 128).
     """
 
     model: str | None = None
@@ -324,6 +334,8 @@ class EngineConfig:
     revision: str | None = None
     adapter_path: str | None = None
     keep_quantized: bool = False
+    kv_cache_dtype: str = "auto"
+    kv_group_size: int = 64
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
@@ -353,3 +365,8 @@ class EngineConfig:
                "adapter_path", self.adapter_path, "a folder path or None")
         _check(isinstance(self.keep_quantized, bool), "keep_quantized", self.keep_quantized,
                "true or false")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", self.kv_cache_dtype,
+               f"one of {', '.join(KV_CACHE_DTYPES)}")
+        _check(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
+               "kv_group_size", self.kv_group_size,
+               f"one of {', '.join(map(str, KV_GROUP_SIZES))}")

@@ -5,7 +5,10 @@ shared Metal bodies); ``nvcc`` compiles it and CuPy launches it with MLX's grid 
 MLX, a stand-in ``mlx.core`` (dtype names only) lets the kernel modules load.
 
 1. Correctness: random ragged cases (lengths 0, 1, block size +- 1, 700, 1500; windows with
-   trimmed tables) in float32/float16/bfloat16, both variants, against a float64 reference.
+   trimmed tables) in float32/float16/bfloat16, both variants, against a float64 reference;
+   and over quantized pools (``qv1``/``qv2``, ``--kv-cache-dtype``: int8, int4, k8v4 with
+   packed words, scales and biases made by an affine quantizer here; the reference attends
+   over their dequantized values).
 2. Timing: decode at contexts 512..32k and batch 1..256 (bfloat16), v1, v2 and the variant
    ``choose_variant`` picks, against gather + SDPA (PyTorch), with bandwidth (K/V bytes read)
    as a fraction of a measured device-to-device copy (bytes read + written).
@@ -33,9 +36,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK_INSTANCES = [(dt, *s) for dt in ("float32", "float16", "bfloat16") for s in
                    ((64, 8, 4, 4, None), (128, 16, 8, 2, 20), (256, 32, 8, 1, None),
                     (256, 16, 4, 1, 512))]
+# Quantized pools (kbits, vbits, group_size) checked on these instances.
+QUANT_CHECKS = [(("bfloat16", 128, 16, 8, 2, 20), (8, 4, 64)),
+                (("float16", 256, 16, 4, 1, 512), (4, 4, 64)),
+                (("float32", 64, 8, 4, 4, None), (8, 8, 32))]
 BENCH_INSTANCES = {"llama-8b": ("bfloat16", 128, 16, 32, 8, None),
                    "gemma3-270m": ("bfloat16", 256, 16, 4, 1, None)}
-TOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-3}
+TOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 4e-3}
 NP_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
@@ -49,7 +56,7 @@ def load_kernel_modules(force_stub: bool = False):
     except ImportError:
         mx = types.ModuleType("mlx.core")
         mx.Dtype = type("Dtype", (), {"__repr__": lambda self: f"mlx.core.{self.name}"})
-        for name in ("float32", "float16", "bfloat16", "int32", "uint16"):
+        for name in ("float32", "float16", "bfloat16", "int32", "uint16", "uint32"):
             setattr(mx, name, mx.Dtype())
             getattr(mx, name).name = name
         mx.metal = mx.cuda = types.SimpleNamespace(is_available=lambda: False)
@@ -69,13 +76,15 @@ def load_kernel_modules(force_stub: bool = False):
 mx, C, CU = load_kernel_modules(bool(os.environ.get("MLXPA_GPU_CHECK_STUB_MLX")))
 
 
-def compile_instance(inst, workdir: str, arch: str) -> tuple[str, dict[str, str]]:
-    """nvcc the v1/v2/reduce kernels of one instance into a cubin; returns its path and the
-    mangled name per kind (from ``ptxas -v``)."""
+def compile_instance(inst, workdir: str, arch: str,
+                     quant=None) -> tuple[str, dict[str, str]]:
+    """nvcc the v1/v2/reduce kernels of one instance (``quant``: the quantized-pool qv1/qv2)
+    into a cubin; returns its path and the mangled name per kind (from ``ptxas -v``)."""
     dt, d, bs, hq, hkv, window = inst
-    shape = C.DecodeShape(1, hq, hkv, d, bs, 64, window or 0, getattr(mx, dt))
+    shape = C.DecodeShape(1, hq, hkv, d, bs, 64, window or 0, getattr(mx, dt),
+                          *(quant or (0, 0, 0)))
     launches = C.plan(shape, "v1") + C.plan(shape, "v2")
-    tag = "_".join(str(x) for x in inst)
+    tag = "_".join(str(x) for x in (*inst, *(quant or ())))
     cu, cubin = os.path.join(workdir, tag + ".cu"), os.path.join(workdir, tag + ".cubin")
     with open(cu, "w") as f:
         f.write("\n".join(CU.generated_source(ln) for ln in launches))
@@ -85,13 +94,45 @@ def compile_instance(inst, workdir: str, arch: str) -> tuple[str, dict[str, str]
         raise RuntimeError(f"nvcc failed for {tag}:\n{r.stderr[-4000:]}")
     names = {}
     for m in re.finditer(r"Compiling entry function '(\w+)'", r.stderr):
-        kind = re.search(r"mlxpa_paged_(v1|v2|reduce)_", m.group(1)).group(1)
+        kind = re.search(r"mlxpa_paged_(qv1|qv2|v1|v2|reduce)_", m.group(1)).group(1)
         names[kind] = m.group(1)
     return cubin, names
 
 
-def make_case(rng, inst, lens, trim):
-    """Host arrays of a random case, values already rounded to the storage dtype."""
+def rounded(x: np.ndarray, dt: str) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` in storage ``dt`` (bfloat16 as uint16 bits, round to nearest even) and as
+    float32."""
+    x = x.astype(np.float32)
+    if dt == "bfloat16":
+        u = x.view(np.uint32).astype(np.uint64)
+        bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+    stored = x.astype(NP_STORAGE[dt])
+    return stored, stored.astype(np.float32)
+
+
+def quantize(x: np.ndarray, bits: int, group_size: int, dt: str):
+    """Affine group quantization of ``x`` (``[..., D]``) along its last axis in MLX's packed
+    layout (element ``e`` at bit ``e * bits % 32`` of word ``e * bits // 32``): ``((packed
+    uint32, scales, biases in storage dt), dequantized float32 values)``."""
+    *lead, d = x.shape
+    g = x.reshape(*lead, d // group_size, group_size).astype(np.float32)
+    lo, hi = g.min(-1), g.max(-1)
+    levels = 2**bits - 1
+    scales, s = rounded(np.where(hi > lo, (hi - lo) / levels, 1.0), dt)
+    biases, b = rounded(lo, dt)
+    q = np.clip(np.rint((g - b[..., None]) / s[..., None]), 0, levels).astype(np.uint32)
+    per = 32 // bits
+    words = q.reshape(*lead, d // per, per) << (np.arange(per, dtype=np.uint32) * bits)
+    packed = np.bitwise_or.reduce(words, axis=-1).astype(np.uint32)
+    values = (q * s[..., None] + b[..., None]).reshape(x.shape)
+    return (packed, scales, biases), values.astype(np.float32)
+
+
+def make_case(rng, inst, lens, trim, quant=None):
+    """Host arrays of a random case, values already rounded to the storage dtype (``quant``:
+    ``(kbits, vbits, group_size)``: the pools quantized, ``kc``/``vc`` holding the three
+    arrays and their dequantized values)."""
     dt, d, bs, hq, hkv, window = inst
     starts = [max(0, n - window) // bs * bs if trim and window else 0 for n in lens]
     counts = [-(-(n - s) // bs) if n > s else 0 for n, s in zip(lens, starts)]
@@ -101,18 +142,17 @@ def make_case(rng, inst, lens, trim):
     for r, c in enumerate(counts):
         table[r, :c] = [perm.pop() for _ in range(c)]
 
-    def rounded(*shape):
-        x = rng.standard_normal(shape).astype(np.float32)
-        if dt == "bfloat16":
-            u = x.view(np.uint32).astype(np.uint64)
-            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-            return bits, (bits.astype(np.uint32) << 16).view(np.float32)
-        stored = x.astype(NP_STORAGE[dt])
-        return stored, stored.astype(np.float32)
+    def normal(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
 
+    pool = (num_blocks, hkv, bs, d)
+    if quant is None:
+        kc, vc = rounded(normal(*pool), dt), rounded(normal(*pool), dt)
+    else:
+        kc, vc = (quantize(normal(*pool), bits, quant[2], dt) for bits in quant[:2])
     lens_np = np.array(lens, np.int32)
-    return {"q": rounded(len(lens), hq, d), "kc": rounded(num_blocks, hkv, bs, d),
-            "vc": rounded(num_blocks, hkv, bs, d), "table": table, "lens": lens_np,
+    return {"q": rounded(normal(len(lens), hq, d), dt), "kc": kc, "vc": vc, "table": table,
+            "lens": lens_np,
             "qstart": np.maximum(lens_np - 1, 0), "kstart": np.array(starts, np.int32),
             "scale": d ** -0.5, "window": window}
 
@@ -140,15 +180,19 @@ def reference_f64(case, inst) -> np.ndarray:
     return out
 
 
-def prepare(xp, inst, dev, variant):
+def prepare(xp, inst, dev, variant, quant=None):
     """Launches and inputs of one decode call, as ``_common.run_decode`` builds them. ``dev``
-    holds device arrays q [B, hq, D], kc, vc, table, lens, qstart, kstart and ``scale``."""
+    holds device arrays q [B, hq, D], kc, vc (quantized: a tuple of packed words, scales,
+    biases each), table, lens, qstart, kstart and ``scale``."""
     dt, d, bs, hq, hkv, window = inst
     b, mb = dev["table"].shape
-    shape = C.DecodeShape(b, hq, hkv, d, bs, mb, window or 0, getattr(mx, dt))
+    shape = C.DecodeShape(b, hq, hkv, d, bs, mb, window or 0, getattr(mx, dt),
+                          *(quant or (0, 0, 0)))
     meta = xp.asarray(np.array([mb, shape.num_partitions], np.int32))
-    inputs = [dev["q"], dev["kc"], dev["vc"], dev["table"], dev["lens"], dev["qstart"],
-              dev["kstart"], meta, xp.asarray(np.array([dev["scale"]], np.float32))]
+    pools = [a for k in ("kc", "vc")
+             for a in (dev[k] if isinstance(dev[k], tuple) else (dev[k],))]
+    inputs = [dev["q"], *pools, dev["table"], dev["lens"], dev["qstart"], dev["kstart"], meta,
+              xp.asarray(np.array([dev["scale"]], np.float32))]
     return C.plan(shape, variant or C.choose_variant(shape)), inputs
 
 
@@ -157,7 +201,7 @@ def launch(xp, fns, launches, inputs):
     ``fns[kind](grid, block, args)`` launches one kernel (a CuPy RawKernel's signature)."""
     outs = []
     for ln in launches:
-        args = inputs if ln.kind != "reduce" else outs + [inputs[7]]
+        args = inputs if ln.kind != "reduce" else outs + [inputs[-2]]  # v2's, then meta
         outs = [xp.empty(s, NP_STORAGE[str(t).split(".")[-1]])
                 for s, t in zip(ln.output_shapes, ln.output_dtypes)]
         grid = tuple(g // t for g, t in zip(ln.grid, ln.threadgroup))
@@ -171,15 +215,22 @@ def to_float(x: np.ndarray, dt: str) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def check_case(xp, fns, inst, seed: int, variant: str, to_host=np.asarray) -> str | None:
-    """Run one random case; return why it fails, or None."""
+def check_case(xp, fns, inst, seed: int, variant: str, to_host=np.asarray,
+               quant=None) -> str | None:
+    """Run one random case (``quant``: over quantized pools); return why it fails, or
+    None."""
     bs, window = inst[2], inst[5]
     case = make_case(np.random.default_rng(seed), inst, [0, 1, bs - 1, bs + 1, 700, 1500],
-                     trim=window is not None)
-    dev = {k: xp.asarray(case[k][0] if isinstance(case[k], tuple) else case[k])
-           for k in ("q", "kc", "vc", "table", "lens", "qstart", "kstart")}
+                     trim=window is not None, quant=quant)
+
+    def device(v):
+        if isinstance(v, tuple):
+            v = v[0]
+        return tuple(map(xp.asarray, v)) if isinstance(v, tuple) else xp.asarray(v)
+
+    dev = {k: device(case[k]) for k in ("q", "kc", "vc", "table", "lens", "qstart", "kstart")}
     dev["scale"] = case["scale"]
-    out = to_float(to_host(launch(xp, fns, *prepare(xp, inst, dev, variant))), inst[0])
+    out = to_float(to_host(launch(xp, fns, *prepare(xp, inst, dev, variant, quant))), inst[0])
     ref = reference_f64(case, inst)
     tol = TOL[inst[0]]
     if not np.all(np.isfinite(out)) or not np.all(out[case["lens"] == 0] == 0):
@@ -270,9 +321,12 @@ def main() -> int:
     ap.add_argument("--json", help="write all results here")
     a = ap.parse_args()
     checks = CHECK_INSTANCES[::5] if a.quick else CHECK_INSTANCES   # quick: one per dtype
-    insts = sorted(set(checks) | set(BENCH_INSTANCES.values()), key=str)
+    quant_checks = QUANT_CHECKS[:1] if a.quick else QUANT_CHECKS
+    insts = [(i, None) for i in sorted(set(checks) | set(BENCH_INSTANCES.values()), key=str)]
+    insts += quant_checks
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count()) as pool:
-        built = dict(zip(insts, pool.map(lambda i: compile_instance(i, tmp, a.arch), insts)))
+        built = dict(zip(insts, pool.map(lambda iq: compile_instance(*iq[:1], tmp, a.arch,
+                                                                     iq[1]), insts)))
         print(f"built {len(built)} instances for {a.arch}", flush=True)
         if a.build_only:
             return 0
@@ -285,13 +339,14 @@ def main() -> int:
                for i, (cubin, names) in built.items()}
     print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     failures = []
-    for n, inst in enumerate(checks):
+    for n, (inst, quant) in enumerate([(i, None) for i in checks] + quant_checks):
         for variant in ("v1", "v2"):
             try:
-                why = check_case(cp, fns[inst], inst, n, variant, cp.asnumpy)
+                why = check_case(cp, fns[(inst, quant)], inst, n, variant, cp.asnumpy, quant)
             except Exception as e:  # noqa: BLE001 - report and go on
                 why = f"{type(e).__name__}: {e}"
-            print(f"check {inst} {variant}: {why or 'ok'}", flush=True)
+            print(f"check {inst}{f' {quant}' if quant else ''} {variant}: {why or 'ok'}",
+                  flush=True)
             failures += [(inst, variant, why)] if why else []
     src = cp.ones(1 << 30, cp.float32)   # 4 GiB device-to-device copy: read + written bytes
     dst = cp.empty_like(src)
@@ -304,8 +359,8 @@ def main() -> int:
     for name, inst in BENCH_INSTANCES.items():
         print(f"bench {name} {inst}", flush=True)
         try:
-            results[name] = bench(cp, torch, fns[inst], inst, contexts, batches, copy_bw,
-                                  a.quick)
+            results[name] = bench(cp, torch, fns[(inst, None)], inst, contexts, batches,
+                                  copy_bw, a.quick)
         except Exception as e:  # noqa: BLE001 - keep the other instance's numbers
             print(f"bench {name} failed: {type(e).__name__}: {e}", flush=True)
             failures.append((name, "bench", str(e)))

@@ -22,13 +22,14 @@ def tiny_llama(seed: int = 0, vocab: int = VOCAB, tie: bool = False, hidden: int
     return model
 
 
-def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, sliding_window: int = 8):
+def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, sliding_window: int = 8,
+                head_dim: int = 32):
     mx.random.seed(seed)
     args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=3,
-                                 intermediate_size=128, num_attention_heads=4, head_dim=32,
-                                 num_key_value_heads=1, vocab_size=vocab,
+                                 intermediate_size=128, num_attention_heads=4,
+                                 head_dim=head_dim, num_key_value_heads=1, vocab_size=vocab,
                                  sliding_window=sliding_window, sliding_window_pattern=3,
-                                 query_pre_attn_scalar=32, max_position_embeddings=4096)
+                                 query_pre_attn_scalar=head_dim, max_position_embeddings=4096)
     model = gemma3_text.Model(args)
     model.sanitize({})  # tie embeddings as the real checkpoint does
     _scale_weights(model)

@@ -58,7 +58,8 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
         mib = r.block_bytes / 2**20
         console.print(f"KV pool: {r.num_blocks - 1} blocks ({(r.num_blocks - 1) * mib:,.0f} "
                       f"MiB), what these rows can use; budget {r.budget_blocks - 1} blocks "
-                      f"({(r.budget_blocks - 1) * mib / 1024:.2f} GiB, --kv-memory)",
+                      f"({(r.budget_blocks - 1) * mib / 1024:.2f} GiB, --kv-memory); "
+                      f"{r.kv_storage.describe()}",
                       markup=False, highlight=False, soft_wrap=True)
     if constrained:
         _join_grammar_tokenizer(engine, console, verbose)
@@ -82,7 +83,8 @@ def sized_config(config: EngineConfig, model, lengths: Iterable[tuple[int, int, 
 
     if config.num_blocks is not None or more:
         return config
-    budget = kv_budget_blocks(model_block_bytes(model, config.block_size), config)
+    budget = kv_budget_blocks(model_block_bytes(model, config.block_size, config.kv_cache_dtype,
+                                                config.kv_group_size), config)
     need = kv_blocks_needed(lengths, config.block_size, budget, config.max_model_len)
     return dataclasses.replace(config, kv_blocks_needed=need)
 

@@ -33,20 +33,28 @@ def _fmt(v, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def figures_table(figures: dict[str, dict], title: str) -> Table:
-    """One row per system: throughput, latency, memory, ratios to mlx-lm and static."""
+    """One row per system: throughput, latency, memory (the KV pool's bytes per token in its
+    ``--kv-cache-dtype``), ratios to mlx-lm and static."""
     t = Table(title=title)
     cols = ["system", "req/s", "total tok/s", "out tok/s", "TTFT p50 s", "ITL p50 ms",
-            "peak mem MiB", "KV MiB", "× mlx-lm (total)", "× static (total)"]
+            "peak mem MiB", "KV MiB", "KV B/token", "× mlx-lm (total)", "× static (total)"]
     for c in cols:
         t.add_column(c, justify="right" if c != "system" else "left")
     for name, f in figures.items():
         t.add_row(name, _fmt(f["requests_per_s"], digits=2), _fmt(f["total_tokens_per_s"]),
                   _fmt(f["output_tokens_per_s"]), _fmt(f["ttft_p50_s"], digits=2),
                   _fmt(f["itl_p50_s"], 1e3), _fmt(f["peak_memory_bytes"], 2**-20, 0),
-                  _fmt(f["kv_bytes"], 2**-20, 0),
+                  _fmt(f["kv_bytes"], 2**-20, 0), _kv_per_token(f),
                   _fmt(f.get("total_tokens_per_s_ratio_to_mlx-lm"), digits=2),
                   _fmt(f.get("total_tokens_per_s_ratio_to_static"), digits=2))
     return t
+
+
+def _kv_per_token(f: dict) -> str:
+    """``10,368 int8``: bytes per token of an mlxpa system's KV pool and its storage."""
+    if f.get("kv_bytes_per_token") is None:
+        return "-"
+    return f"{f['kv_bytes_per_token']:,.0f} {f.get('kv_cache_dtype') or ''}".rstrip()
 
 
 def throughput_line(f: dict) -> str:

@@ -116,7 +116,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
                "cached_prompt_tokens": c.cached_prompt_tokens,
                "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
                "num_preemptions": c.num_preemptions, "mask_ms_per_step": s.mask_ms_per_step,
-               "scored_tokens": c.scored_tokens})
+               "scored_tokens": c.scored_tokens, "kv_cache_dtype": config.kv_cache_dtype,
+               "kv_bytes_per_token": engine.runner.block_bytes / config.block_size})
 
 
 def run_mlx_lm(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> SystemResult:
@@ -248,6 +249,7 @@ def _median(runs: list[dict]) -> dict:
     out = {}
     for key in runs[0]:
         vals = [r[key] for r in runs if r[key] is not None]
-        out[key] = statistics.median(vals) if vals else None
+        numeric = all(isinstance(v, (int, float)) for v in vals)
+        out[key] = (statistics.median(vals) if numeric else vals[0]) if vals else None
     out["repeats"] = len(runs)
     return out

@@ -18,6 +18,9 @@ from mlxpa.cli.options import (
     KeepQuantizedOpt,
     Kernel,
     KernelOpt,
+    KVCacheDtype,
+    KVCacheDtypeOpt,
+    KVGroupSizeOpt,
     MaxBatchedOpt,
     MaxNumSeqsOpt,
     ModelOpt,
@@ -71,6 +74,8 @@ def bench(
     max_num_seqs: MaxNumSeqsOpt = 128,
     max_num_batched_tokens: MaxBatchedOpt = 2048,
     kernel: KernelOpt = Kernel.auto,
+    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
+    kv_group_size: KVGroupSizeOpt = 64,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -92,7 +97,8 @@ def bench(
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel, revision=revision,
-                               adapter_path=adapter_path, keep_quantized=keep_quantized)
+                               adapter_path=adapter_path, keep_quantized=keep_quantized,
+                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size)
         files = ModelFiles(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(

@@ -13,7 +13,7 @@ from typing import Annotated, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mlxpa.config import KERNELS, EngineConfig
+from mlxpa.config import KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
 from mlxpa.data.inputs import FORMATS, InputOptions
 from mlxpa.data.records import OUTPUT_FORMATS
@@ -25,6 +25,7 @@ def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
 
 
 Kernel = choices("Kernel", KERNELS)
+KVCacheDtype = choices("KVCacheDtype", KV_CACHE_DTYPES)
 Order = choices("Order", ORDERS)
 InputFormat = choices("InputFormat", ("auto", *FORMATS))
 OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
@@ -51,6 +52,11 @@ MaxBatchedOpt = Annotated[int, typer.Option(
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     help="Longest prompt + completion in tokens (default: the model's context).")]
 KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
+KVCacheDtypeOpt = Annotated[KVCacheDtype, typer.Option(
+    help="KV cache storage: auto (the compute dtype) or quantized per token as mlx-lm does "
+    "(k8v4: 8-bit K, 4-bit V).")]
+KVGroupSizeOpt = Annotated[int, typer.Option(
+    help="Quantized KV: elements per scale and bias (32, 64, 128).")]
 BlasOpt = Annotated[str, typer.Option(
     metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 

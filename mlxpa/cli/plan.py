@@ -12,6 +12,10 @@ from mlxpa.cli.options import (
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
+    KVCacheDtype,
+    KVCacheDtypeOpt,
+    KVGroupSizeOpt,
+    KVMemoryOpt,
     MaxModelLenOpt,
     MessagesColumnOpt,
     ModelOpt,
@@ -33,6 +37,9 @@ def plan(
     max_tokens: Annotated[int, typer.Option(
         help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
     max_model_len: MaxModelLenOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
+    kv_group_size: KVGroupSizeOpt = 64,
+    kv_memory: KVMemoryOpt = None,
     top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
@@ -46,8 +53,9 @@ def plan(
     blas: BlasOpt = "auto",
 ) -> None:
     """Predict prefix sharing without running the model: prompt tokens, tokens after
-    sharing, hit rate, KV blocks with and without sharing, the longest shared prefixes.
-    Invalid rows are listed as run lists them (exit 2); rows over the context are named."""
+    sharing, hit rate, KV blocks with and without sharing and their memory in the chosen
+    --kv-cache-dtype, the longest shared prefixes. Invalid rows are listed as run lists them
+    (exit 2); rows over the context are named."""
     import json
 
     from rich.console import Console
@@ -69,6 +77,8 @@ def plan(
                         refusal="nothing was planned (--skip-invalid plans the rest)").validation
             p = plan_file(src, v, tokenizer, defaults, block_size=block_size, top_k=top,
                           max_model_len=files.context_len())
+        kv, why = _kv_plan(model, revision, block_size, kv_cache_dtype.value, kv_group_size,
+                           kv_memory)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -78,12 +88,38 @@ def plan(
         console.print(f"warning: {p.over_context_rows} row(s) over the context (run writes an "
                       f"error row for each; not planned):{shown}", style="yellow",
                       markup=False, highlight=False, soft_wrap=True)
+    blocks = p.kv_blocks_without_sharing, p.kv_blocks_with_sharing
+    if why:
+        console.print(f"warning: no KV memory figures: {why}", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
     if json_out:
-        print(json.dumps(p.to_dict(), indent=2, ensure_ascii=False))
+        kv_dict = {"kv_cache": kv.to_dict(*blocks)} if kv else {}
+        print(json.dumps({**p.to_dict(), **kv_dict}, indent=2, ensure_ascii=False))
         return
     out = Console()
     for table in plan_tables(p, f"mlxpa plan: {input}"):
         out.print(table)
+    for line in kv.lines(*blocks) if kv else ():
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _kv_plan(model: str | None, revision: str | None, block_size: int, kv_cache_dtype: str,
+             kv_group_size: int, kv_memory: float | None):
+    """``(KVPlan, None)``, or ``(None, why)`` when the model's cache geometry cannot be
+    traced (the rest of the plan needs only the tokenizer).
+
+    Raises:
+        ValueError: An option out of range (``--kv-group-size``, ``--kv-memory``).
+    """
+    from mlxpa.config import EngineConfig
+    from mlxpa.worker.kv_plan import plan_kv
+
+    EngineConfig(kv_memory_gib=kv_memory, kv_group_size=kv_group_size)  # the options' errors
+    try:
+        return plan_kv(model, block_size, kv_cache_dtype, kv_group_size, kv_memory,
+                       revision=revision), None
+    except Exception as e:  # noqa: BLE001 - the prefix figures stand without the KV ones
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _plan_settings(max_tokens: int, skip_invalid: bool):

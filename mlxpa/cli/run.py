@@ -18,6 +18,9 @@ from mlxpa.cli.options import (
     KeepQuantizedOpt,
     Kernel,
     KernelOpt,
+    KVCacheDtype,
+    KVCacheDtypeOpt,
+    KVGroupSizeOpt,
     KVMemoryOpt,
     MaxBatchedOpt,
     MaxModelLenOpt,
@@ -155,6 +158,7 @@ def run(
     block_size: BlockSizeOpt = 16, kv_memory: KVMemoryOpt = None,
     max_num_seqs: MaxNumSeqsOpt = 128, max_num_batched_tokens: MaxBatchedOpt = 2048,
     max_model_len: MaxModelLenOpt = None, kernel: KernelOpt = Kernel.auto,
+    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto, kv_group_size: KVGroupSizeOpt = 64,
     order: OrderOpt = Order.prefix, prefix_caching: PrefixCachingOpt = True,
     metrics_json: MetricsJsonOpt = None, quiet: QuietOpt = False, blas: BlasOpt = "auto",
     ray: RayOpt = False, ray_address: RayAddressOpt = None, num_replicas: NumReplicasOpt = 1,
@@ -169,7 +173,8 @@ def run(
                                kernel, max_model_len=max_model_len,
                                enable_prefix_caching=prefix_caching, seed=seed,
                                revision=revision, adapter_path=adapter_path,
-                               keep_quantized=keep_quantized)
+                               keep_quantized=keep_quantized,
+                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size)
         defaults = SamplingParams(
             max_tokens, temperature, top_p, top_k, min_p, n=n,
             stop=tuple(unescape(s) for s in stop or ()),

@@ -12,12 +12,15 @@
 - ``reference``: gather + ``mx.fast.scaled_dot_product_attention`` (``reference.py``).
 
 Only decode (``L == 1``) with a supported shape goes to Metal or CUDA; prefill over a cached prefix
-stays gather + SDPA on every back end. The first time a native kernel meets a shape class
-(back end, dtype, head dim, block size, window, heads) it runs each variant on a small random
-case with rows of 0, 1, ``block_size + 1`` and 600 keys (two v2 partitions) and compares them
-with the float32 reference on the CPU; on a mismatch, or when the kernel fails to compile or
-run, it warns once and that class uses the reference from then on. So a kernel that was never
-run on real hardware cannot silently give wrong numbers.
+stays gather + SDPA on every back end. Pools may be quantized
+(:class:`~mlxpa.kernels.quant.QuantizedPool`, ``--kv-cache-dtype``): every back end then reads
+the packed values (the native kernels' ``qv1``/``qv2``). The first time a native kernel meets
+a shape class (back end, dtype, head dim, block size, window, heads, and the pools' bits and
+group size) it runs each variant on a small random case with rows of 0, 1,
+``block_size + 1`` and 600 keys (two v2 partitions) over pools quantized the same way, and
+compares them with the float32 reference on the CPU; on a mismatch, or when the kernel fails
+to compile or run, it warns once and that class uses the reference from then on. So a kernel
+that was never run on real hardware cannot silently give wrong numbers.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import warnings
 import mlx.core as mx
 
 from mlxpa.config import KERNELS
-from mlxpa.kernels import _common, reference
+from mlxpa.kernels import _cases, _common, reference
+from mlxpa.kernels.quant import QuantizedPool
 
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
             "cuda": "mlxpa.kernels.cuda_paged_attention",
@@ -75,21 +79,22 @@ def resolve_backend(kernel: str) -> str:
 
 
 def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, window: int,
-               q_heads: int, kv_heads: int) -> str | None:
+               q_heads: int, kv_heads: int,
+               quant: tuple[int, int, int] | None = None) -> str | None:
     """Run ``backend``'s variants (v1, and v2 where it may be picked) on a random case of this
-    shape class against the reference; return why one fails (mismatch or exception text), or
-    None when all match."""
+    shape class (``quant``: ``(kbits, vbits, group_size)`` of quantized pools) against the
+    reference; return why one fails (mismatch or exception text), or None when all match."""
     module = _load_backend(backend)
     lens = [0, 1, block_size + 1, 600]
-    case = _common.random_case(0, dtype, head_dim, block_size, q_heads, kv_heads, lens,
-                               window=window or None, trim=bool(window))
+    case = _cases.random_case(0, dtype, head_dim, block_size, q_heads, kv_heads, lens,
+                              window=window or None, trim=bool(window), quant=quant)
     tol = CHECK_TOLERANCE[dtype]
     try:
-        ref = _common.reference_f32(case)
+        ref = _cases.reference_f32(case)
         for variant in _common.variants(q_heads, kv_heads, head_dim):
             out = module.paged_attention(*case.args, **case.kwargs, variant=variant)
             mx.eval(out)
-            why = _common.mismatch(out, ref, case.args[4], tol, tol)
+            why = _cases.mismatch(out, ref, case.args[4], tol, tol)
             if why:
                 return f"{variant}: {why}"
     except Exception as e:  # noqa: BLE001 - a compile error must fall back, not crash
@@ -97,15 +102,15 @@ def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, wi
     return None
 
 
-def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                    block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
-                    *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None, kernel: str = "auto",
-                    sinks: mx.array | None = None) -> mx.array:
+def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                    context_lens: mx.array, query_start: mx.array, *, scale: float,
+                    sliding_window: int | None = None, key_start: mx.array | None = None,
+                    kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
     """Paged attention through the chosen back end; arguments, shapes and the result as
-    ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM). With ``sinks``
-    (per-head sink logits) the CPU kernel or the reference runs; the native kernels have no
-    sink term.
+    ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM), pools float or
+    quantized. With ``sinks`` (per-head sink logits) the CPU kernel or the reference runs;
+    the native kernels have no sink term.
 
     Args:
         kernel: ``auto``, ``reference``, ``cpu``, ``metal`` or ``cuda`` (see the module
@@ -122,17 +127,20 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     if backend != "reference" and sinks is None and _common.supported(q, key_cache,
                                                                        value_cache):
         window = sliding_window or 0
+        quant = _common.pool_quant(key_cache, value_cache)
         cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
-               key_cache.shape[1])
+               key_cache.shape[1], quant)
         if cls not in _verified:
             why = self_check(*cls)
             _verified[cls] = why is None
             if why:
+                pools = "" if quant is None else ", pools {}-bit K / {}-bit V, group {}".format(
+                    *quant)
                 _warn_once(("check",) + cls,
                            f"{backend} paged-attention kernel failed its check against the "
                            f"reference for dtype={q.dtype}, head_dim={cls[2]}, block_size="
-                           f"{cls[3]}, window={window}, heads={cls[5]}/{cls[6]} ({why}); "
-                           "using the reference")
+                           f"{cls[3]}, window={window}, heads={cls[5]}/{cls[6]}{pools} "
+                           f"({why}); using the reference")
         if _verified[cls]:
             return _load_backend(backend).paged_attention(
                 q, key_cache, value_cache, block_tables, context_lens, query_start,

@@ -1,11 +1,11 @@
 """Launch planning shared by the Metal and CUDA paged-attention kernels.
 
-Both back ends run the same three kernel bodies (``metal_paged_attention.SOURCES``) with the
-same inputs, template parameters and grids; only the kernel constructor differs. This module
+Both back ends run the same kernel bodies (``paged_attention_source.SOURCES``) with the same
+inputs, template parameters and grids; only the kernel constructor differs. This module
 decides which decode variant runs (v1 single pass or v2 partitioned, after vLLM's
 PagedAttention V1/V2, Kwon et al. 2023), computes the grids, and chains the launches.
 
-Kernel inputs (all kinds share the first nine; ``reduce`` reads v2's outputs)::
+Kernel inputs (v1 and v2 share the first nine; ``reduce`` reads v2's outputs)::
 
     q            [B, q_heads, D]                          T
     key_cache    [num_blocks, kv_heads, block_size, D]    T
@@ -14,6 +14,10 @@ Kernel inputs (all kinds share the first nine; ``reduce`` reads v2's outputs)::
     context_lens [B] int32   query_start [B] int32   key_start [B] int32
     meta         [2] int32:  (max_blocks, num_partitions)
     scale        [1] float32
+
+Over quantized pools (``qv1``/``qv2``) each of ``key_cache`` and ``value_cache`` is three
+inputs: ``k_packed [num_blocks, kv_heads, block_size, D * KBITS / 32]`` uint32, ``k_scales``
+and ``k_biases [num_blocks, kv_heads, block_size, D / GS]`` T (and ``v_*`` with ``VBITS``).
 
 Rows whose visible key range is empty (context length 0, or a window past the table) output
 zeros. The reference gives such rows an arbitrary (finite) average instead.
@@ -27,10 +31,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import mlx.core as mx
-import numpy as np
 
-from mlxpa.core.block_pool import cdiv
-from mlxpa.kernels.reference import paged_attention
+from mlxpa.kernels.quant import QuantizedPool
 
 PARTITION_SIZE = 512      # tokens per v2 partition
 V1_SIMDGROUPS = 32        # v1 threadgroup: 32 simdgroups = 1024 threads
@@ -45,19 +47,24 @@ MAX_V2_ACCUMULATORS = 64  # per-lane floats of q and acc each (G * D / 32); abov
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
+QUANT_BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
 
-INPUT_NAMES = ("q", "key_cache", "value_cache", "block_tables", "context_lens", "query_start",
-               "key_start", "meta", "scale")
-KERNEL_INPUTS = {"v1": INPUT_NAMES, "v2": INPUT_NAMES,
-                 "reduce": ("partial_out", "max_logits", "exp_sums", "meta")}
-KERNEL_OUTPUTS = {"v1": ("out",), "v2": ("partial_out", "max_logits", "exp_sums"),
+_ROW_INPUTS = ("block_tables", "context_lens", "query_start", "key_start", "meta", "scale")
+INPUT_NAMES = ("q", "key_cache", "value_cache", *_ROW_INPUTS)
+QUANT_INPUT_NAMES = ("q", "k_packed", "k_scales", "k_biases", "v_packed", "v_scales",
+                     "v_biases", *_ROW_INPUTS)
+_V2_OUTPUTS = ("partial_out", "max_logits", "exp_sums")
+KERNEL_INPUTS = {"v1": INPUT_NAMES, "v2": INPUT_NAMES, "qv1": QUANT_INPUT_NAMES,
+                 "qv2": QUANT_INPUT_NAMES, "reduce": (*_V2_OUTPUTS, "meta")}
+KERNEL_OUTPUTS = {"v1": ("out",), "v2": _V2_OUTPUTS, "qv1": ("out",), "qv2": _V2_OUTPUTS,
                   "reduce": ("out",)}
 
 
 class Launch(NamedTuple):
     """One kernel launch: grid and threadgroup in threads (MLX's dispatchThreads rule)."""
 
-    kind: str                                   # "v1" | "v2" | "reduce"
+    kind: str                                   # "v1" | "v2" | "qv1" | "qv2" | "reduce"
     template: tuple[tuple[str, object], ...]
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
@@ -76,6 +83,14 @@ class DecodeShape(NamedTuple):
     max_blocks: int
     window: int      # 0: full attention
     dtype: mx.Dtype
+    kbits: int = 0   # quantized pools: bits per key element (0: float pools)
+    vbits: int = 0   # bits per value element
+    group_size: int = 0
+
+    @property
+    def quant(self) -> tuple[int, int, int] | None:
+        """``(kbits, vbits, group_size)`` of quantized pools, None for float pools."""
+        return (self.kbits, self.vbits, self.group_size) if self.kbits else None
 
     @property
     def span(self) -> int:
@@ -95,16 +110,36 @@ def kernel_name(kind: str, source: str, header: str = "") -> str:
     return f"mlxpa_paged_{kind}_{digest}"
 
 
-def decode_shape(q: mx.array, key_cache: mx.array, block_tables: mx.array,
-                 sliding_window: int | None) -> DecodeShape:
+def pool_quant(key_cache: mx.array | QuantizedPool,
+               value_cache: mx.array | QuantizedPool) -> tuple[int, int, int] | None:
+    """``(kbits, vbits, group_size)`` of quantized pools, None for float ones."""
+    if not isinstance(key_cache, QuantizedPool):
+        return None
+    return key_cache.bits, value_cache.bits, key_cache.group_size
+
+
+def decode_shape(q: mx.array, key_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                 sliding_window: int | None,
+                 value_cache: mx.array | QuantizedPool | None = None) -> DecodeShape:
+    """The static facts of a decode call (``value_cache`` needed for quantized pools)."""
     b, hq, _, d = q.shape
     _, hkv, bs, _ = key_cache.shape
-    return DecodeShape(b, hq, hkv, d, bs, block_tables.shape[1], sliding_window or 0, q.dtype)
+    quant = pool_quant(key_cache, value_cache) or (0, 0, 0)
+    return DecodeShape(b, hq, hkv, d, bs, block_tables.shape[1], sliding_window or 0, q.dtype,
+                       *quant)
 
 
-def supported(q: mx.array, key_cache: mx.array, value_cache: mx.array) -> bool:
+def supported(q: mx.array, key_cache: mx.array | QuantizedPool,
+              value_cache: mx.array | QuantizedPool) -> bool:
     """Whether a native decode kernel handles these arrays (else the reference runs)."""
-    if q.ndim != 4 or key_cache.ndim != 4 or q.shape[2] != 1 or q.shape[0] == 0:
+    if q.ndim != 4 or len(key_cache.shape) != 4 or q.shape[2] != 1 or q.shape[0] == 0:
+        return False
+    if isinstance(key_cache, QuantizedPool) != isinstance(value_cache, QuantizedPool):
+        return False
+    if isinstance(key_cache, QuantizedPool) and not (
+            key_cache.bits in QUANT_BITS and value_cache.bits in QUANT_BITS
+            and key_cache.group_size == value_cache.group_size
+            and key_cache.group_size in GROUP_SIZES):
         return False
     _, hq, _, d = q.shape
     _, hkv, bs, dk = key_cache.shape
@@ -142,15 +177,19 @@ def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
     s = shape
     common = (("T", s.dtype), ("D", s.head_dim), ("BS", s.block_size), ("WINDOW", s.window),
               ("HQ", s.q_heads), ("HKV", s.kv_heads))
+    prefix, quant = ("q", (("KBITS", s.kbits), ("VBITS", s.vbits), ("GS", s.group_size))
+                     ) if s.kbits else ("", ())
     if variant == "v1":
         t = 32 * v1_simdgroups
-        return [Launch("v1", common + (("NSG", v1_simdgroups),), (s.q_heads * t, s.batch, 1),
-                       (t, 1, 1), ((s.batch, s.q_heads, s.head_dim),), (s.dtype,))]
+        return [Launch(prefix + "v1", common + (("NSG", v1_simdgroups),) + quant,
+                       (s.q_heads * t, s.batch, 1), (t, 1, 1),
+                       ((s.batch, s.q_heads, s.head_dim),), (s.dtype,))]
     assert variant == "v2", variant
     t, p = 32 * v2_simdgroups, s.num_partitions
     rows = (s.batch, s.q_heads, p)
     return [
-        Launch("v2", common + (("NSG", v2_simdgroups), ("PART", PARTITION_SIZE)),
+        Launch(prefix + "v2", common + (("NSG", v2_simdgroups), ("PART", PARTITION_SIZE))
+               + quant,
                (s.kv_heads * t, s.batch, p), (t, 1, 1), (rows + (s.head_dim,), rows, rows),
                (mx.float32, mx.float32, mx.float32)),
         Launch("reduce", (("T", s.dtype), ("D", s.head_dim), ("HQ", s.q_heads)),
@@ -159,22 +198,27 @@ def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
     ]
 
 
-def decode_inputs(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                  block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
-                  key_start: mx.array | None, scale: float, shape: DecodeShape) -> list[mx.array]:
-    """The nine kernel inputs, in ``INPUT_NAMES`` order."""
+def decode_inputs(q: mx.array, key_cache: mx.array | QuantizedPool,
+                  value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                  context_lens: mx.array, query_start: mx.array, key_start: mx.array | None,
+                  scale: float, shape: DecodeShape) -> list[mx.array]:
+    """The kernel inputs, in ``INPUT_NAMES`` (``QUANT_INPUT_NAMES``) order; ``meta`` is the
+    second to last."""
     i32 = mx.int32
     if key_start is None:
         key_start = mx.zeros((shape.batch,), i32)
     meta = mx.array([shape.max_blocks, shape.num_partitions], dtype=i32)
-    return [q.reshape(shape.batch, shape.q_heads, shape.head_dim), key_cache, value_cache,
+    pools = [a for c in (key_cache, value_cache)
+             for a in (c.arrays if isinstance(c, QuantizedPool) else (c,))]
+    return [q.reshape(shape.batch, shape.q_heads, shape.head_dim), *pools,
             block_tables.astype(i32), context_lens.astype(i32), query_start.astype(i32),
             key_start.astype(i32), meta, mx.array([scale], dtype=mx.float32)]
 
 
-def run_decode(get_kernel: Callable[[str], Callable], q: mx.array, key_cache: mx.array,
-               value_cache: mx.array, block_tables: mx.array, context_lens: mx.array,
-               query_start: mx.array, *, scale: float, sliding_window: int | None = None,
+def run_decode(get_kernel: Callable[[str], Callable], q: mx.array,
+               key_cache: mx.array | QuantizedPool, value_cache: mx.array | QuantizedPool,
+               block_tables: mx.array, context_lens: mx.array, query_start: mx.array, *,
+               scale: float, sliding_window: int | None = None,
                key_start: mx.array | None = None, variant: str | None = None) -> mx.array:
     """Decode attention through native kernels; arguments as ``reference.paged_attention``
     with ``L == 1``. ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable.
@@ -182,79 +226,14 @@ def run_decode(get_kernel: Callable[[str], Callable], q: mx.array, key_cache: mx
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``.
     """
-    shape = decode_shape(q, key_cache, block_tables, sliding_window)
+    shape = decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
     inputs = decode_inputs(q, key_cache, value_cache, block_tables, context_lens, query_start,
                            key_start, scale, shape)
     outs: list[mx.array] = []
     for launch in plan(shape, variant or choose_variant(shape)):
-        args = inputs if launch.kind != "reduce" else outs + [inputs[7]]
+        args = inputs if launch.kind != "reduce" else outs + [inputs[-2]]  # v2's, meta
         outs = get_kernel(launch.kind)(
             inputs=args, template=list(launch.template), grid=launch.grid,
             threadgroup=launch.threadgroup, output_shapes=list(launch.output_shapes),
             output_dtypes=list(launch.output_dtypes))
     return outs[0].reshape(shape.batch, shape.q_heads, 1, shape.head_dim)
-
-
-class Case(NamedTuple):
-    """A random decode problem: ``args`` and ``kwargs`` of ``paged_attention``."""
-
-    args: tuple[mx.array, ...]  # q, key/value cache, block_tables, context_lens, query_start
-    kwargs: dict
-
-
-def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_heads: int,
-                kv_heads: int, lens: list[int], window: int | None = None, trim: bool = False,
-                pad_blocks: int = 1) -> Case:
-    """Random pool and ragged rows of ``lens`` keys, the query at position ``len - 1``.
-
-    Blocks are shuffled, tables padded with the null block 0, and every slot of the pool
-    (block 0 included) holds random values, so reading a wrong key changes the result.
-    ``trim`` cuts the tables to the window as the engine does (``key_start`` a multiple of
-    the block size).
-    """
-    rng = np.random.default_rng(seed)
-    starts = [max(0, n - window) // block_size * block_size if trim and window else 0
-              for n in lens]
-    counts = [cdiv(n - s, block_size) if n > s else 0 for n, s in zip(lens, starts)]
-    num_blocks = 1 + sum(counts) + 2
-    perm = rng.permutation(np.arange(1, num_blocks)).tolist()
-    table = np.zeros((len(lens), max(counts + [1]) + pad_blocks), np.int32)
-    for r, c in enumerate(counts):
-        table[r, :c] = [perm.pop() for _ in range(c)]
-
-    def normal(*shape):
-        return mx.array(rng.standard_normal(shape, np.float32)).astype(dtype)
-
-    pool = (num_blocks, kv_heads, block_size, head_dim)
-    lens_np = np.array(lens, np.int32)
-    kwargs = {"scale": head_dim ** -0.5, "sliding_window": window,
-              "key_start": mx.array(np.array(starts, np.int32)) if trim else None}
-    return Case((normal(len(lens), q_heads, 1, head_dim), normal(*pool), normal(*pool),
-                 mx.array(table), mx.array(lens_np), mx.array(np.maximum(lens_np - 1, 0))),
-                kwargs)
-
-
-def reference_f32(case: Case) -> mx.array:
-    """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result)."""
-    q, kc, vc, bt, cl, qs = case.args
-    f32 = mx.float32
-    with mx.stream(mx.cpu):
-        out = paged_attention(q.astype(f32), kc.astype(f32), vc.astype(f32), bt, cl, qs,
-                              **case.kwargs)
-        mx.eval(out)
-    return out
-
-
-def mismatch(out: mx.array, ref: mx.array, context_lens: mx.array, atol: float,
-             rtol: float) -> str | None:
-    """Why ``out`` fails to match ``ref`` (``|out - ref| <= atol + rtol * |ref|`` on rows
-    with keys, exact zeros on rows without), or None when it matches."""
-    o = np.array(out.astype(mx.float32))
-    r = np.array(ref.astype(mx.float32))
-    empty = np.array(context_lens) == 0
-    if not np.all(o[empty] == 0):
-        return "rows without keys are not zero"
-    err = np.abs(o[~empty] - r[~empty]) - rtol * np.abs(r[~empty])
-    if err.size and not np.all(err <= atol):   # NaN fails too
-        return f"max error {np.nanmax(np.abs(o[~empty] - r[~empty])):.3g} (atol {atol})"
-    return None

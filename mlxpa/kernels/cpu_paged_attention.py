@@ -22,6 +22,16 @@ after the matmuls (FlashAttention's block skipping, Dao et al. 2022, at tile gra
 The softmax is ``2^(s log2 e - max) / sum`` with the scale and ``log2 e`` folded into the
 queries (FlashAttention-2's ``exp2``): on MLX's CPU back end ``power(2, x)`` costs about half
 of ``exp``.
+
+Quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`): decode reads them in place
+with ``mx.gather_qmm``, ``gather_mm``'s quantized twin (same index pairs; the scores product
+with ``transpose=True``, the values product with ``transpose=False``, as mlx-lm's
+``quantized_scaled_dot_product_attention`` uses ``quantized_matmul``). On the development
+CPU, for Gemma 3 270M's shape (D = 256, 4 query heads per KV head), it took 2-3x the time of
+the float32 ``gather_mm`` decode, and gathering the packed blocks and dequantizing them
+(:func:`mlxpa.kernels.quant.dequantize`) took 1.5-5x the time of ``gather_qmm`` at every
+batch and context tried (8-128 rows, 640-4096 keys): its float32 copy grows with the batch.
+Prefill chunks gather the packed blocks and dequantize them, then attend as above.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import mlx.core as mx
 
 from mlxpa.kernels.cpu_streams import cpu_streams
 from mlxpa.kernels.device import on_cpu
+from mlxpa.kernels.quant import QuantizedPool, dense
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
 _LOG2E = 1 / math.log(2)
@@ -129,15 +140,31 @@ def sdpa_exp2_tiled(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale
     return mx.concatenate(tiles, axis=2)
 
 
-def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                     block_tables: mx.array, mask: mx.array, scale: float,
+def _block_matmul(x: mx.array, pool: mx.array | QuantizedPool, lhs: mx.array | None,
+                  rhs: mx.array, transpose: bool) -> mx.array:
+    """``x[lhs[i]] @ block[rhs[i]]`` (its transpose when ``transpose``) for the
+    ``[block_size, width]`` blocks of ``pool`` flattened over (block, KV head)."""
+    num_blocks, kv_heads, bs, width = pool.shape
+    if isinstance(pool, QuantizedPool):
+        w = pool.map(lambda a: a.reshape(num_blocks * kv_heads, bs, -1))
+        return mx.gather_qmm(x, *w.arrays, lhs_indices=lhs, rhs_indices=rhs,
+                             transpose=transpose, group_size=w.group_size, bits=w.bits)
+    w = pool.reshape(num_blocks * kv_heads, bs, width)
+    return mx.gather_mm(x, w.swapaxes(-1, -2) if transpose else w, lhs, rhs)
+
+
+def decode_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                     value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                     mask: mx.array, scale: float,
                      sinks: mx.array | None = None) -> mx.array:
     """Attention of ``[B, q_heads, 1, D]`` float32 queries over pool blocks read in place.
 
     Args:
         q: ``[B, q_heads, 1, D]`` float32.
-        key_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pool.
-        value_cache: ``[num_blocks, kv_heads, block_size, Dv]`` float32 pool.
+        key_cache: ``[num_blocks, kv_heads, block_size, D]`` float32 pool, or a quantized one
+            with float32 scales.
+        value_cache: ``[num_blocks, kv_heads, block_size, Dv]`` float32 pool, or a quantized
+            one with float32 scales.
         block_tables: ``[B, nb]`` int32 pool block ids (padding entries any valid id).
         mask: Boolean ``[B, 1, 1, nb * block_size]``; True where the query sees the key.
         scale: Softmax scale.
@@ -148,7 +175,7 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     """
     b, heads, _, d = q.shape
     dv = value_cache.shape[3]
-    num_blocks, kv_heads, bs, _ = key_cache.shape
+    _, kv_heads, bs, _ = key_cache.shape
     g = heads // kv_heads
     nb = block_tables.shape[1]
     # Batch index of (row, kv head) for the queries, of (block, kv head) for the pools.
@@ -158,27 +185,27 @@ def decode_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     rhs = block_tables[:, None, :] * kv_heads + heads_idx[None, :, None]       # [B, kvh, nb]
     lhs = mx.broadcast_to(lhs, rhs.shape).reshape(-1)
     rhs = rhs.reshape(-1)
-    keys = key_cache.reshape(num_blocks * kv_heads, bs, d).swapaxes(-1, -2)    # [N, D, bs]
-    s = mx.gather_mm(qg, keys, lhs, rhs)                                     # [B*kvh*nb, g, bs]
+    s = _block_matmul(qg, key_cache, lhs, rhs, transpose=True)              # [B*kvh*nb, g, bs]
     s = s.reshape(b, kv_heads, nb, g, bs).transpose(0, 1, 3, 2, 4).reshape(b, kv_heads, g,
                                                                            nb * bs)
     p = softmax_exp2(s, mask, _sink(sinks, kv_heads, g, 1))                  # [B, kvh, g, S]
     p = p.reshape(b, kv_heads, g, nb, bs).transpose(0, 1, 3, 2, 4).reshape(-1, g, bs)
-    values = value_cache.reshape(num_blocks * kv_heads, bs, dv)
-    out = mx.gather_mm(p, values, None, rhs).reshape(b, kv_heads, nb, g, dv).sum(axis=2)
+    out = _block_matmul(p, value_cache, None, rhs, transpose=False)
+    out = out.reshape(b, kv_heads, nb, g, dv).sum(axis=2)
     return out.reshape(b, heads, 1, dv)
 
 
-def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                    block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
-                    *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None, sinks: mx.array | None = None,
-                    query_tile: int | None = None) -> mx.array:
+def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                    context_lens: mx.array, query_start: mx.array, *, scale: float,
+                    sliding_window: int | None = None, key_start: mx.array | None = None,
+                    sinks: mx.array | None = None, query_tile: int | None = None) -> mx.array:
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
-    place (:func:`decode_attention`) when the pool is float32; prefill chunks and
-    half-precision pools gather, then :func:`sdpa_exp2_tiled` in tiles of ``query_tile`` query
-    rows (default :data:`QUERY_TILE`). Computes in float32 whatever the pool dtype (MLX's CPU
+    place (:func:`decode_attention`) when the pool is float32 (quantized: float32 scales);
+    prefill chunks and half-precision pools gather (and dequantize), then
+    :func:`sdpa_exp2_tiled` in tiles of ``query_tile`` query rows (default
+    :data:`QUERY_TILE`). Computes in float32 whatever the pool dtype (MLX's CPU
     half-precision matmul is slower and less exact)."""
     length = q.shape[2]
     num_keys = block_tables.shape[1] * key_cache.shape[2]
@@ -190,8 +217,8 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
         out = decode_attention(f32(q), key_cache, value_cache, block_tables, mask, scale,
                                sinks)
     else:
-        k = f32(gather_kv(key_cache, block_tables))
-        v = f32(gather_kv(value_cache, block_tables))
+        k = f32(dense(gather_kv(key_cache, block_tables)))
+        v = f32(dense(gather_kv(value_cache, block_tables)))
         rel = query_start if key_start is None else query_start - key_start
         ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
                             sliding_window)

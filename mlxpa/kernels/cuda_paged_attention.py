@@ -1,7 +1,8 @@
 """Paged-attention decode kernels for NVIDIA GPUs (``mx.fast.cuda_kernel``): the Metal twin.
 
-Algorithm: PagedAttention (Kwon et al., SOSP 2023; vLLM), decode v1/v2 + reduce exactly as
-in ``metal_paged_attention`` (see its docstring): the same kernel bodies compile as CUDA
+Algorithm: PagedAttention (Kwon et al., SOSP 2023; vLLM), decode v1/v2 + reduce (and the
+quantized-pool ``qv1``/``qv2``) exactly as in ``metal_paged_attention`` (see its docstring):
+the same kernel bodies (``paged_attention_source``) compile as CUDA
 through ``CUDA_HEADER``, which maps the Metal names they use (threadgroup memory and
 barriers, simdgroup = warp, ``simd_sum`` as a butterfly of ``__shfl_xor_sync``,
 ``metal::max/min/exp``). Kernels are built lazily in ``functools.cache`` factories: on MLX
@@ -20,7 +21,8 @@ import functools
 import mlx.core as mx
 
 from mlxpa.kernels import _common
-from mlxpa.kernels.metal_paged_attention import SOURCES
+from mlxpa.kernels.paged_attention_source import SOURCES
+from mlxpa.kernels.quant import QuantizedPool
 
 CUDA_HEADER = """
 // mlxpa: the Metal names of the paged-attention bodies, in CUDA (one simdgroup = one warp).
@@ -57,6 +59,7 @@ _STANDALONE_PRELUDE = """#include <cuda_bf16.h>
 #include <cuda/std/cstdint>
 using cuda::std::int32_t;
 using cuda::std::int64_t;
+using cuda::std::uint32_t;
 #else
 #include <cstdint>
 #endif
@@ -66,7 +69,7 @@ using cuda::std::int64_t;
 """
 
 _CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16",
-               mx.int32: "int32_t"}
+               mx.int32: "int32_t", mx.uint32: "uint32_t"}
 
 
 def is_available() -> bool:
@@ -80,8 +83,8 @@ def kernel_name(kind: str) -> str:
 
 @functools.cache
 def kernel(kind: str):
-    """The cached ``cuda_kernel`` for ``kind`` (``v1``, ``v2``, ``reduce``), built on first
-    use. Raises ``RuntimeError`` on MLX builds without CUDA."""
+    """The cached ``cuda_kernel`` for ``kind`` (``v1``, ``v2``, ``reduce``, ``qv1``,
+    ``qv2``), built on first use. Raises ``RuntimeError`` on MLX builds without CUDA."""
     return mx.fast.cuda_kernel(
         name=kernel_name(kind), input_names=list(_common.KERNEL_INPUTS[kind]),
         output_names=list(_common.KERNEL_OUTPUTS[kind]), source=SOURCES[kind],
@@ -89,10 +92,12 @@ def kernel(kind: str):
 
 
 def input_dtypes(kind: str, dtype: mx.Dtype) -> tuple[mx.Dtype, ...]:
-    """Input dtypes of ``kind`` when ``q`` and the pools are ``dtype``."""
+    """Input dtypes of ``kind`` when ``q`` and the pools (quantized: their scales) are
+    ``dtype``."""
     if kind == "reduce":
         return (mx.float32, mx.float32, mx.float32, mx.int32)
-    return (dtype, dtype, dtype) + (mx.int32,) * 5 + (mx.float32,)
+    pools = (mx.uint32, dtype, dtype) * 2 if kind.startswith("q") else (dtype, dtype)
+    return (dtype, *pools) + (mx.int32,) * 5 + (mx.float32,)
 
 
 def generated_source(launch: _common.Launch, source: str | None = None) -> str:
@@ -118,10 +123,11 @@ def generated_source(launch: _common.Launch, source: str | None = None) -> str:
             + "\n}\n\n} // namespace mlx::core::cu\n")
 
 
-def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                    block_tables: mx.array, context_lens: mx.array, query_start: mx.array, *,
-                    scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None, variant: str | None = None) -> mx.array:
+def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                    context_lens: mx.array, query_start: mx.array, *, scale: float,
+                    sliding_window: int | None = None, key_start: mx.array | None = None,
+                    variant: str | None = None) -> mx.array:
     """Decode attention over a paged K/V pool on an NVIDIA GPU (PagedAttention, Kwon et al.
     2023; vLLM). Arguments, shapes and dtypes as ``metal_paged_attention.paged_attention``.
 

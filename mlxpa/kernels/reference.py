@@ -6,7 +6,9 @@ blocks of a shared pool; a block table maps the sequence's logical blocks to poo
 path gathers a sequence's blocks into a contiguous ``[B, kv_heads, S, D]`` view with one index
 op and calls ``mx.fast.scaled_dot_product_attention`` with a boolean mask built from context
 lengths, query positions and the sliding window. On the CPU it computes in float32 (MLX's CPU
-half-precision matmul is slower and less exact).
+half-precision matmul is slower and less exact). A quantized pool
+(:class:`~mlxpa.kernels.quant.QuantizedPool`) is gathered packed and dequantized after the
+gather (dequantize-then-attend, the specification of every quantized kernel).
 """
 
 from __future__ import annotations
@@ -14,23 +16,33 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxpa.kernels.device import on_cpu
+from mlxpa.kernels.quant import QuantizedPool, dense
 
 
-def gather_kv(cache: mx.array, block_tables: mx.array) -> mx.array:
-    """Gather blocks of one layer's K or V pool into contiguous per-sequence tensors.
-
-    Args:
-        cache: ``[num_blocks, kv_heads, block_size, head_dim]`` pool.
-        block_tables: ``[B, max_blocks]`` int32 pool block ids (padding entries may be 0).
-
-    Returns:
-        ``[B, kv_heads, max_blocks * block_size, head_dim]``, same dtype as ``cache``.
-    """
-    _, kv_heads, block_size, head_dim = cache.shape
+def _gather(cache: mx.array, block_tables: mx.array) -> mx.array:
+    _, kv_heads, block_size, width = cache.shape
     b, nb = block_tables.shape
     heads = mx.arange(kv_heads)
     out = cache[block_tables[:, None, :], heads[None, :, None]]
-    return out.reshape(b, kv_heads, nb * block_size, head_dim)
+    return out.reshape(b, kv_heads, nb * block_size, width)
+
+
+def gather_kv(cache: mx.array | QuantizedPool, block_tables: mx.array,
+              ) -> mx.array | QuantizedPool:
+    """Gather blocks of one layer's K or V pool into contiguous per-sequence tensors.
+
+    Args:
+        cache: ``[num_blocks, kv_heads, block_size, head_dim]`` pool, or a quantized pool of
+            that shape (each of its arrays is gathered; nothing is dequantized).
+        block_tables: ``[B, max_blocks]`` int32 pool block ids (padding entries may be 0).
+
+    Returns:
+        ``[B, kv_heads, max_blocks * block_size, head_dim]``, same dtype as ``cache`` (a
+        :class:`QuantizedPool` of that shape for a quantized pool).
+    """
+    if isinstance(cache, QuantizedPool):
+        return cache.map(lambda a: _gather(a, block_tables))
+    return _gather(cache, block_tables)
 
 
 def attention_mask(query_start: mx.array, num_queries: int, context_lens: mx.array,
@@ -88,10 +100,10 @@ def gathered_attention(q: mx.array, k: mx.array, v: mx.array, context_lens: mx.a
     return out.astype(dtype)
 
 
-def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                    block_tables: mx.array, context_lens: mx.array, query_start: mx.array,
-                    *, scale: float, sliding_window: int | None = None,
-                    key_start: mx.array | None = None,
+def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                    context_lens: mx.array, query_start: mx.array, *, scale: float,
+                    sliding_window: int | None = None, key_start: mx.array | None = None,
                     sinks: mx.array | None = None) -> mx.array:
     """Attention of new queries over K/V held in a paged pool (prefill chunks and decode).
 
@@ -100,9 +112,10 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     Args:
         q: ``[B, q_heads, L, head_dim]`` queries (RoPE applied); rows shorter than ``L`` are
             right-padded and their padded outputs are garbage but finite.
-        key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer.
+        key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer, or
+            a :class:`QuantizedPool` of that shape (gathered, then dequantized).
         value_cache: ``[num_blocks, kv_heads, block_size, v_dim]`` V pool (``v_dim`` may
-            differ from ``head_dim``).
+            differ from ``head_dim``), or a quantized one.
         block_tables: ``[B, max_blocks]`` int32; row ``b`` lists the blocks holding its keys
             from position ``key_start[b]`` on.
         context_lens: ``[B]`` int32 tokens with K/V in the pool (computed + this step's).
@@ -117,8 +130,8 @@ def paged_attention(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     Returns:
         ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
-    k = gather_kv(key_cache, block_tables)
-    v = gather_kv(value_cache, block_tables)
+    k = dense(gather_kv(key_cache, block_tables))
+    v = dense(gather_kv(value_cache, block_tables))
     mask = attention_mask(query_start, q.shape[2], context_lens, k.shape[2], key_start,
                           sliding_window)
     dtype = q.dtype

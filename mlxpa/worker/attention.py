@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxpa.kernels import paged_attention
+from mlxpa.kernels.quant import dense
 from mlxpa.kernels.reference import gather_kv, gathered_attention
 from mlxpa.worker.kv_cache import PagedKVCache
 
@@ -93,7 +94,7 @@ class PagedLayerCache:
         if not self.gathered:
             return keys, values
         pools = self.kv_cache.key_caches, self.kv_cache.value_caches
-        return tuple(gather_kv(p[self.layer_idx], m.block_tables).astype(keys.dtype)
+        return tuple(dense(gather_kv(p[self.layer_idx], m.block_tables)).astype(keys.dtype)
                      for p in pools)
 
     def make_mask(self, *args, **kwargs) -> None:
@@ -107,8 +108,8 @@ class PagedLayerCache:
 
     def attend(self, queries: mx.array, scale: float,
                sinks: mx.array | None = None) -> mx.array:
-        """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool
-        (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss)."""
+        """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool, float or
+        quantized (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss)."""
         m = self.metadata
         tables, key_start = m.block_tables, None
         if self.sliding_window is not None and self.sliding_window in m.window_tables:

@@ -6,21 +6,76 @@ advanced-index op with no transpose. Measured on the development CPU (Gemma 3 27
 1 KV head, D=256, B=32, 40 blocks): 2.5 ms for the gather against 2.3 ms for the
 token-contiguous layout plus a transpose; equal within noise, so this layout stays.
 
+A quantized entry (``--kv-cache-dtype int8|int4|k8v4``) holds each pool as a
+:class:`~mlxpa.kernels.quant.QuantizedPool`: three arrays of the same layout, the last axis
+``D * bits / 32`` packed words and ``D / group_size`` scales and biases per token (mlx-lm's
+``QuantizedKVCache`` format). A write quantizes each new token's K/V (``mx.quantize``) and
+scatters the three arrays at its slot; a token is quantized once, when the step that computes
+it writes it, so a block is never re-quantized, and a block copy (copy-on-write) copies its
+scales and biases with its values.
+
 Writes are MLX scatters (``pool[blocks, :, offsets] = kv``) applied in place to the array
-object the pool holds, so no other live array references the old buffer and MLX can donate
-it instead of copying the pool each step.
+objects the pool holds, so no other live array references the old buffers and MLX can donate
+them instead of copying the pool each step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 import mlx.core as mx
 
+from mlxpa.kernels import quant
+from mlxpa.kernels.quant import QuantizedPool
 
-def block_bytes(shapes: list[tuple[int, int, int]], block_size: int, dtype: mx.Dtype) -> int:
-    """Bytes one block takes across all caches, K and V:
-    ``sum(block_size * kv_heads * (k_dim + v_dim)) * itemsize`` over ``shapes``
-    (``(kv_heads, k_dim, v_dim)`` per cache)."""
-    return sum(block_size * h * (dk + dv) for h, dk, dv in shapes) * dtype.size
+
+class PoolSpec(NamedTuple):
+    """One cache entry's pools.
+
+    Attributes:
+        kv_heads: K/V heads (0: the entry is never written; no pool).
+        k_dim: Width of one key head.
+        v_dim: Width of one value head.
+        k_bits: Bits per stored key element (0: the pool's dtype, unquantized).
+        v_bits: Bits per stored value element (0: unquantized).
+        group_size: Elements sharing one scale and bias (quantized pools).
+    """
+
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+    k_bits: int = 0
+    v_bits: int = 0
+    group_size: int = 64
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.kv_heads, self.k_dim, self.v_dim
+
+    def token_bytes(self, dtype: mx.Dtype) -> int:
+        """Bytes one token takes in this entry's K and V pools (all heads)."""
+        def row(dim: int, bits: int) -> int:
+            return (quant.row_bytes(dim, bits, self.group_size, dtype) if bits
+                    else dim * dtype.size)
+        return self.kv_heads * (row(self.k_dim, self.k_bits) + row(self.v_dim, self.v_bits))
+
+
+def block_bytes(specs: Iterable[PoolSpec], block_size: int, dtype: mx.Dtype) -> int:
+    """Bytes one block takes across all entries, K and V, counted from the stored layout:
+    ``block_size * sum(spec.token_bytes(dtype))`` (``dim * itemsize`` per unquantized head row,
+    ``dim * bits / 8`` plus two scales per group for a quantized one)."""
+    return block_size * sum(s.token_bytes(dtype) for s in specs)
+
+
+def _pool(num_blocks: int, heads: int, block_size: int, dim: int, bits: int, group_size: int,
+          dtype: mx.Dtype) -> mx.array | QuantizedPool:
+    shape = (num_blocks, heads, block_size, dim)
+    return quant.zeros(shape, bits, group_size, dtype) if bits else mx.zeros(shape, dtype)
+
+
+def _arrays(pool: mx.array | QuantizedPool) -> tuple[mx.array, ...]:
+    return pool.arrays if isinstance(pool, QuantizedPool) else (pool,)
 
 
 class PagedKVCache:
@@ -28,31 +83,50 @@ class PagedKVCache:
 
     Each entry (an attention layer, or one loop of a looped layer) has its own geometry, so
     layers with other head counts or head sizes (Gemma 4's global layers) and K/V of
-    different widths (MLA's non-absorbed form) each get pools of their own shape.
+    different widths (MLA's non-absorbed form) each get pools of their own shape; each entry
+    is stored in ``dtype`` or quantized (:class:`PoolSpec`).
 
     Args:
-        shapes: ``(kv_heads, k_dim, v_dim)`` per entry; ``kv_heads == 0`` for an entry the
-            model never writes (no pool).
+        specs: One :class:`PoolSpec` per entry (a ``(kv_heads, k_dim, v_dim)`` tuple: an
+            unquantized entry); ``kv_heads == 0`` for an entry the model never writes.
         num_blocks: Blocks per pool, the null block 0 included.
         block_size: Tokens per block.
-        dtype: Storage dtype.
+        dtype: Storage dtype of unquantized pools, and of quantized pools' scales and biases.
+
+    Attributes:
+        key_caches, value_caches: Per entry, the pool: an ``mx.array`` or a
+            :class:`QuantizedPool` (``mx.eval`` evaluates either).
     """
 
-    def __init__(self, shapes: list[tuple[int, int, int]], num_blocks: int, block_size: int,
-                 dtype: mx.Dtype) -> None:
+    def __init__(self, specs: Iterable[PoolSpec | tuple[int, int, int]], num_blocks: int,
+                 block_size: int, dtype: mx.Dtype) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        self.shapes = list(shapes)
-        self.key_caches = [mx.zeros((num_blocks, h, block_size, dk), dtype)
-                           for h, dk, _ in shapes]
-        self.value_caches = [mx.zeros((num_blocks, h, block_size, dv), dtype)
-                             for h, _, dv in shapes]
+        self.specs = [PoolSpec(*s) for s in specs]
+        self.key_caches = [_pool(num_blocks, s.kv_heads, block_size, s.k_dim, s.k_bits,
+                                 s.group_size, dtype) for s in self.specs]
+        self.value_caches = [_pool(num_blocks, s.kv_heads, block_size, s.v_dim, s.v_bits,
+                                   s.group_size, dtype) for s in self.specs]
         mx.eval(self.key_caches, self.value_caches)
+
+    @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """``(kv_heads, k_dim, v_dim)`` per entry."""
+        return [s.shape for s in self.specs]
+
+    def arrays(self) -> list[mx.array]:
+        """Every array of every pool (what a step evaluates after its writes)."""
+        return [a for p in (*self.key_caches, *self.value_caches) for a in _arrays(p)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all pools, null block included."""
+        return sum(a.nbytes for a in self.arrays())
 
     def write(self, layer: int, keys: mx.array, values: mx.array, slot_blocks: mx.array,
               slot_offsets: mx.array) -> None:
-        """Scatter new K/V into ``layer``'s pools.
+        """Scatter new K/V into ``layer``'s pools (quantizing them for a quantized entry).
 
         Args:
             layer: Cache entry index.
@@ -66,16 +140,20 @@ class PagedKVCache:
         """
         b, h, n, dk = keys.shape
         dv = values.shape[3]
-        if (h, dk, dv) != self.shapes[layer] or values.shape[:3] != keys.shape[:3]:
+        spec = self.specs[layer]
+        if (h, dk, dv) != spec.shape or values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"cache {layer}: K/V of shape {keys.shape} / {values.shape} do "
-                             f"not match the probed geometry {self.shapes[layer]}")
-        k = keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk).astype(self.dtype)
-        v = values.transpose(0, 2, 1, 3).reshape(b * n, h, dv).astype(self.dtype)
-        self.key_caches[layer][slot_blocks, :, slot_offsets] = k
-        self.value_caches[layer][slot_blocks, :, slot_offsets] = v
+                             f"not match the probed geometry {spec.shape}")
+        for pool, new, bits in ((self.key_caches[layer], keys, spec.k_bits),
+                                (self.value_caches[layer], values, spec.v_bits)):
+            rows = new.transpose(0, 2, 1, 3).reshape(b * n, h, -1).astype(self.dtype)
+            stored = quant.quantize(rows, bits, spec.group_size) if bits else rows
+            for array, part in zip(_arrays(pool), _arrays(stored)):
+                array[slot_blocks, :, slot_offsets] = part
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole blocks ``src -> dst`` in every pool (copy-on-write after a fork).
+        """Copy whole blocks ``src -> dst`` in every pool, scales and biases included
+        (copy-on-write after a fork).
 
         The source blocks are read (evaluated) before the scatter: a scatter whose values
         still read the pool lazily cannot take over the pool's buffer, and MLX would copy
@@ -85,8 +163,8 @@ class PagedKVCache:
             return
         src = mx.array([s for s, _ in pairs], dtype=mx.int32)
         dst = mx.array([d for _, d in pairs], dtype=mx.int32)
-        pools = [*self.key_caches, *self.value_caches]
-        blocks = [pool[src] for pool in pools]
+        arrays = self.arrays()
+        blocks = [array[src] for array in arrays]
         mx.eval(blocks)
-        for pool, values in zip(pools, blocks):
-            pool[dst] = values
+        for array, values in zip(arrays, blocks):
+            array[dst] = values

@@ -8,6 +8,18 @@ every sampled position must match mlx-lm's own forward (``make_prompt_cache``, o
 a time) within float tolerance. Anything else is an :class:`UnsupportedModelError` naming the
 failure. The body/LM-head split (see :func:`find_head_split`) is accepted only when it passes
 the same check; otherwise the full model runs.
+
+With quantized pools (``--kv-cache-dtype``) the paged path runs on pools quantized as the
+engine's. Comparing it with mlx-lm quantizing its own K/V would not work: the paged forward's
+K/V differ from mlx-lm's in the last float bits (other batch shapes, fused ops), which moves
+some elements across a rounding boundary, and one such element in a large channel moves the
+next layers' log-probabilities by tenths of a nat (measured on Gemma 3 270M at 8 bits: a
+1e-7 relative change of the K/V shifts mlx-lm's own quantized-cache log-probabilities by up to
+0.8 nats on these prompts). So mlx-lm's forward runs on the values the pools stored instead:
+each quantized entry's cache replaces every new K/V row by the pool's dequantized row for that
+position, after checking that it lies within 1.5 quantization steps (plus float slack) of
+mlx-lm's own row (a write at the wrong slot, lost biases or scales fail this); the attention
+over identical values then agrees within the same float tolerance.
 """
 
 from __future__ import annotations
@@ -17,9 +29,12 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxpa.core.block_pool import cdiv
+from mlxpa.kernels.quant import dequantize
+from mlxpa.kernels.reference import gather_kv
 from mlxpa.loader.errors import UnsupportedModelError
 from mlxpa.worker.kv_cache import PagedKVCache
-from mlxpa.worker.model_probe import ModelGeometry, reference_logits
+from mlxpa.worker.kv_storage import KVStorage, kv_storage
+from mlxpa.worker.model_probe import ModelGeometry, cache_entries, reference_logits
 from mlxpa.worker.paged_forward import (
     HeadSplit,
     build_metadata,
@@ -43,14 +58,80 @@ def _log_softmax(x: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
-def _reference(model: nn.Module) -> list[mx.array]:
-    """Per prompt: mlx-lm's log-probs after the prompt, then after ``DECODE_TOKEN``."""
+def _reference(model: nn.Module, make_caches=None) -> list[mx.array]:
+    """Per prompt: mlx-lm's log-probs after the prompt, then after ``DECODE_TOKEN``
+    (``make_caches(i)``: the caches of prompt ``i``; default mlx-lm's own)."""
     out = []
-    for prompt in PROMPTS:
-        logits, caches = reference_logits(model, list(prompt))
+    for i, prompt in enumerate(PROMPTS):
+        caches = make_caches(i) if make_caches is not None else None
+        logits, caches = reference_logits(model, list(prompt), caches)
         step = model(mx.array([[DECODE_TOKEN]]), cache=caches)[0, -1]
         out.append(mx.stack([_log_softmax(logits[-1]), _log_softmax(step)]))
     return out
+
+
+class _Stored:
+    """Mixed into an mlx-lm cache class: each new K/V row is replaced by the row the paged
+    pool stored for its position (``mlxpa_stored``: per K and V, the dequantized rows and the
+    deviation each element may have from mlx-lm's own), the worst ratio appended to
+    ``mlxpa_worst``."""
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        start, n = self.offset, keys.shape[2]
+        rows = []
+        for new, (stored, allowed) in zip((keys, values), self.mlxpa_stored):
+            row = stored[:, :, start:start + n]
+            gap = mx.abs(new.astype(mx.float32) - row) / allowed[:, :, start:start + n]
+            self.mlxpa_worst.append(gap.max())
+            rows.append(row.astype(new.dtype))
+        return super().update_and_fetch(*rows)
+
+
+_STORED_CLASSES: dict[type, type] = {}
+
+
+def _stored_rows(pool: PagedKVCache, entry: int, table: np.ndarray) -> list[tuple]:
+    """Per K and V of a quantized entry, one row's ``[1, h, S, D]`` float32 values as the
+    pool stores them and the deviation allowed from the row they quantize: 1.5 quantization
+    steps (MLX's affine rounding makes the larger-magnitude edge of a group exact and fits the
+    step to it, so an element may sit up to one step from its value: 0.9999 measured on
+    random groups; half a step of margin), plus float slack for the two forward passes'
+    rounding (relative 1e-4 in float32, 2e-2 in half precision, of the group's largest
+    magnitude). A lost bias is off by the group's edge, many steps."""
+    slack = 1e-4 if pool.dtype == mx.float32 else 2e-2
+    out = []
+    for cache in (pool.key_caches[entry], pool.value_caches[entry]):
+        g = gather_kv(cache, mx.array(table[None]))
+        scales, biases = (mx.repeat(mx.abs(a.astype(mx.float32)), g.group_size, axis=-1)
+                          for a in (g.scales, g.biases))
+        allowed = 1.5 * scales + slack * (biases + scales * (2**g.bits - 1)) + 1e-30
+        out.append((dequantize(g).astype(mx.float32), allowed))
+    return out
+
+
+def _stored_reference(model: nn.Module, storage: KVStorage, pool: PagedKVCache,
+                      tables: list[np.ndarray]) -> tuple[list[mx.array], float]:
+    """:func:`_reference` with each quantized entry's K/V rows replaced by the pool's (see
+    the module docstring); and the worst deviation of a stored row from mlx-lm's own, in
+    allowed deviations (at most 1 when the writes are right)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    worst: list[mx.array] = []
+
+    def make_caches(i: int) -> list:
+        caches = make_prompt_cache(model)
+        for e, (cache, spec) in enumerate(zip(cache_entries(caches)[0], storage.specs)):
+            if spec.k_bits:
+                base = type(cache)
+                if base not in _STORED_CLASSES:
+                    _STORED_CLASSES[base] = type(f"Stored{base.__name__}", (_Stored, base), {})
+                cache.__class__ = _STORED_CLASSES[base]
+                cache.mlxpa_stored = _stored_rows(pool, e, tables[i])
+                cache.mlxpa_worst = worst
+        return caches
+
+    ref = _reference(model, make_caches)
+    return ref, max((w.item() for w in worst), default=0.0)
 
 
 def _steps(store: RecurrentStateStore | None) -> list[tuple[list[int], np.ndarray]]:
@@ -71,12 +152,13 @@ def _steps(store: RecurrentStateStore | None) -> list[tuple[list[int], np.ndarra
 
 
 def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
-           block_size: int, kernel: str, fused: bool) -> list[mx.array]:
-    """The same two steps through the paged path, both prompts batched."""
+           block_size: int, kernel: str, fused: bool, storage: KVStorage,
+           ) -> tuple[list[mx.array], PagedKVCache, list[np.ndarray]]:
+    """The same two steps through the paged path, both prompts batched; with the pool and
+    each prompt's block table."""
     lens = [len(p) for p in PROMPTS]
     per_row = cdiv(max(lens) + 1, block_size)
-    pool = PagedKVCache([c.shape for c in geometry.caches], 1 + per_row * len(PROMPTS),
-                        block_size, geometry.dtype)
+    pool = PagedKVCache(storage.specs, 1 + per_row * len(PROMPTS), block_size, geometry.dtype)
     tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
               for i in range(len(PROMPTS))]
     done = [0] * len(PROMPTS)
@@ -96,20 +178,25 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
                 [n - 1 for n in counts], geometry.gathered, states, geometry.layout))
             if store is not None:
                 store.save(rows, starts, counts, states)
-            mx.eval(logits, pool.key_caches, pool.value_caches,
-                    store.arrays() if store is not None else [])
+            mx.eval(logits, pool.arrays(), store.arrays() if store is not None else [])
             for k, i in enumerate(rows):
                 results[i].append(_log_softmax(logits[k]))
                 done[i] += counts[k]
-    return [mx.stack(r) for r in results]
+    return [mx.stack(r) for r in results], pool, tables
 
 
-def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str | None:
+def _difference(model, geometry, split, block_size, kernel, fused, ref,
+                storage) -> str | None:
     """Why the paged path fails the check (None when it passes)."""
     try:
-        got = _paged(model, geometry, split, block_size, kernel, fused)
+        got, pool, tables = _paged(model, geometry, split, block_size, kernel, fused, storage)
     except Exception as e:  # noqa: BLE001 - any failure of the paged path is the answer
         return f"the paged forward pass fails: {type(e).__name__}: {e}"
+    if storage.quantized:
+        ref, gap = _stored_reference(model, storage, pool, tables)
+        if not gap <= 1:
+            return (f"a K/V row the quantized pool stored is {gap:.3g} times the rounding "
+                    "error away from mlx-lm's own row (the quantized write is wrong)")
     worst = max(mx.abs(g - r).max().item() for g, r in zip(got, ref))
     if not worst <= TOLERANCE.get(geometry.dtype, 0.25):
         extra = (" (the model passes its own mask or score terms to the attention, e.g. "
@@ -120,8 +207,12 @@ def _difference(model, geometry, split, block_size, kernel, fused, ref) -> str |
 
 
 def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
-                     kernel: str = "auto", fused: bool = True) -> HeadSplit | None:
+                     kernel: str = "auto", fused: bool = True,
+                     storage: KVStorage | None = None) -> HeadSplit | None:
     """Verify the paged path against mlx-lm (see the module docstring).
+
+    Args:
+        storage: How the pools store K/V (None: the compute dtype).
 
     Returns:
         The body/LM-head split to use, or None to run the full model.
@@ -129,12 +220,13 @@ def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
     Raises:
         UnsupportedModelError: The paged path fails or differs, with and without the split.
     """
-    ref = _reference(model)
+    storage = storage or kv_storage(geometry)
+    ref = None if storage.quantized else _reference(model)
     split = find_head_split(model)
     if split is not None and _difference(model, geometry, split, block_size, kernel, fused,
-                                         ref) is None:
+                                         ref, storage) is None:
         return split
-    why = _difference(model, geometry, None, block_size, kernel, fused, ref)
+    why = _difference(model, geometry, None, block_size, kernel, fused, ref, storage)
     if why:
         raise UnsupportedModelError(geometry.model_type, why)
     return None

@@ -155,7 +155,7 @@ def _cache_kind(cache, index: int) -> int | None:
                      "RotatingKVCache")
 
 
-def _flatten(caches: list) -> tuple[list, list[int | tuple[int, ...]] | None]:
+def cache_entries(caches: list) -> tuple[list, list[int | tuple[int, ...]] | None]:
     """mlx-lm's caches as entries (each ``CacheList`` opened one level) and the layout that
     rebuilds the list from entry indices (None when there is no ``CacheList``)."""
     from mlx_lm.models.cache import CacheList
@@ -172,19 +172,23 @@ def _flatten(caches: list) -> tuple[list, list[int | tuple[int, ...]] | None]:
         isinstance(e, tuple) for e in layout) else None)
 
 
-def reference_logits(model, tokens: list[int]) -> tuple[mx.array, list]:
-    """mlx-lm's own forward of one prompt with fresh caches: ``[len(tokens), vocab]``
-    float32 logits and the caches (for a following decode step)."""
+def reference_logits(model, tokens: list[int], caches: list | None = None,
+                     ) -> tuple[mx.array, list]:
+    """mlx-lm's own forward of one prompt with fresh caches (``caches``: mlx-lm's caches to
+    use, default ``make_prompt_cache(model)``): ``[len(tokens), vocab]`` float32 logits and
+    the caches (for a following decode step)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    caches = make_prompt_cache(model)
+    caches = make_prompt_cache(model) if caches is None else caches
     out = model(mx.array([tokens]), cache=caches)
     return out[0].astype(mx.float32), caches
 
 
-def probe_model(model) -> ModelGeometry:
+def probe_model(model, evaluate: bool = True) -> ModelGeometry:
     """Learn the model's cache geometry and compute dtype from one forward pass of
-    :data:`PROBE_TOKENS` through mlx-lm's own caches.
+    :data:`PROBE_TOKENS` through mlx-lm's own caches (``evaluate`` False: the pass is only
+    traced, never run; shapes and dtypes are known from the graph, so a lazily loaded
+    model's weights are never read, for ``mlxpa plan``).
 
     Raises:
         UnsupportedModelError: A cache kind other than ``KVCache`` / ``RotatingKVCache``,
@@ -197,7 +201,7 @@ def probe_model(model) -> ModelGeometry:
     name = model_type_of(model)
     try:
         caches = make_prompt_cache(model)
-        leaves, layout = _flatten(caches)
+        leaves, layout = cache_entries(caches)
         windows = [_cache_kind(c, i) for i, c in enumerate(leaves)]
     except (ValueError, AttributeError, TypeError) as e:
         raise UnsupportedModelError(name, str(e)) from None
@@ -209,7 +213,8 @@ def probe_model(model) -> ModelGeometry:
                                         "scaled_dot_product_attention")
         try:
             logits = model(mx.array([PROBE_TOKENS]), cache=caches)
-            mx.eval(logits)
+            if evaluate:
+                mx.eval(logits)
         except Exception as e:  # noqa: BLE001 - any failure of the probe is a refusal
             raise UnsupportedModelError(
                 name, f"mlx-lm's own forward pass fails: {type(e).__name__}: {e}") from None

@@ -37,7 +37,8 @@ from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
-from mlxpa.worker.kv_cache import PagedKVCache, block_bytes
+from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.kv_storage import kv_storage
 from mlxpa.worker.load_check import check_paged_path
 from mlxpa.worker.logprobs import LogprobGather, score_columns, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
@@ -72,10 +73,11 @@ def kv_budget_blocks(one_block_bytes: int, config: EngineConfig) -> int:
     return max(2, kv_budget_bytes(config) // one_block_bytes + 1)
 
 
-def model_block_bytes(model, block_size: int) -> int:
-    """Bytes one KV block of ``model`` takes (all layers, K and V), from a probe forward."""
-    g = probe_model(model)
-    return max(1, block_bytes([c.shape for c in g.caches], block_size, g.dtype))
+def model_block_bytes(model, block_size: int, kv_cache_dtype: str = "auto",
+                      kv_group_size: int = 64) -> int:
+    """Bytes one KV block of ``model`` takes (all layers, K and V) stored as
+    ``kv_cache_dtype``, from a probe forward."""
+    return kv_storage(probe_model(model), kv_cache_dtype, kv_group_size).block_bytes(block_size)
 
 
 def vocab_size(model, logits_width: int) -> int:
@@ -145,7 +147,10 @@ class ModelRunner:
         penalties: The ``logit_bias`` and penalty entries of the requests that set them
             (:class:`PenaltyState`).
         geometry: What the probe learned (:class:`ModelGeometry`).
-        dtype: The compute dtype, which the pools store.
+        dtype: The compute dtype, which unquantized pools store.
+        kv_storage: How each cache entry stores K/V (``config.kv_cache_dtype``;
+            :class:`~mlxpa.worker.kv_storage.KVStorage`).
+        block_bytes: Bytes of one block over all pools, from the stored layout.
         states: The per-request recurrent-state store of a hybrid or state-space model
             (:class:`RecurrentStateStore`), or None.
 
@@ -163,14 +168,15 @@ class ModelRunner:
         self.geometry = probe_model(model)
         self.dtype = self.geometry.dtype
         self.windows = self.geometry.windows
+        self.kv_storage = kv_storage(self.geometry, config.kv_cache_dtype, config.kv_group_size)
         self._split = check_paged_path(model, self.geometry, self.block_size, config.kernel,
-                                       config.fused_cpu_ops)
-        shapes = [c.shape for c in self.geometry.caches]
-        self.block_bytes = max(1, block_bytes(shapes, self.block_size, self.dtype))
+                                       config.fused_cpu_ops, self.kv_storage)
+        self.block_bytes = self.kv_storage.block_bytes(self.block_size)
         self.budget_blocks = kv_budget_blocks(self.block_bytes, config)
         self.num_blocks = max(2, min(self.budget_blocks,
                                      config.kv_blocks_needed or self.budget_blocks))
-        self.kv_cache = PagedKVCache(shapes, self.num_blocks, self.block_size, self.dtype)
+        self.kv_cache = PagedKVCache(self.kv_storage.specs, self.num_blocks, self.block_size,
+                                     self.dtype)
         args = getattr(model, "args", None)
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
@@ -354,7 +360,7 @@ class ModelRunner:
 
     def _pools(self) -> list[mx.array]:
         """Every array a forward pass writes in place: the K/V pools and recurrent states."""
-        return [*self.kv_cache.key_caches, *self.kv_cache.value_caches,
+        return [*self.kv_cache.arrays(),
                 *(self.states.arrays() if self.states is not None else [])]
 
 

@@ -4,7 +4,8 @@
   ``cuda_paged_attention.generated_source``) compiles for sm_90a in all three dtypes with no
   register spills, no stack frame, registers that fit the launch's block size, and static
   shared memory under 48 KB. Instances: head_dim 256 with an 8-way GQA group (the most
-  accumulators per lane v2 accepts) and head_dim 64.
+  accumulators per lane v2 accepts) and head_dim 64, over float pools and over quantized
+  ones (``qv1``/``qv2``: k8v4 with groups of 64, int4 with groups of 32).
 - On a CUDA GPU (MLX's CUDA build): both variants match the reference.
 - Without CUDA: constructing a ``cuda_kernel`` raises, and importing the module does not.
 """
@@ -24,10 +25,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import _common, cuda_paged_attention
+from mlxpa.kernels import _cases, _common, cuda_paged_attention
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-SHAPES = [(256, 16, 512, 8, 1), (64, 8, 0, 4, 2)]   # head_dim, block_size, window, hq, hkv
+# head_dim, block_size, window, hq, hkv, quantized pools (kbits, vbits, group_size) or None
+SHAPES = [(256, 16, 512, 8, 1, None), (64, 8, 0, 4, 2, None), (256, 16, 512, 8, 1, (8, 4, 64)),
+          (64, 8, 0, 4, 2, (4, 4, 32))]
 NVCC = shutil.which("nvcc")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 try:
@@ -36,19 +39,19 @@ except ImportError:  # pragma: no cover
     EMU = None
 
 
-def _launches(dtype, d, bs, window, hq, hkv):
-    shape = _common.DecodeShape(8, hq, hkv, d, bs, 64, window, dtype)
+def _launches(dtype, d, bs, window, hq, hkv, quant=None):
+    shape = _common.DecodeShape(8, hq, hkv, d, bs, 64, window, dtype, *(quant or (0, 0, 0)))
     return _common.plan(shape, "v1") + _common.plan(shape, "v2")
 
 
 def ptxas_report(stderr: str) -> dict[str, dict[str, int]]:
-    """Per kernel (demangled-name substring match on ``mlxpa_paged_<kind>``): registers,
+    """Per kernel kind (name substring ``mlxpa_paged_<kind>_``): registers,
     spill stores/loads, stack frame and static shared memory bytes from ``ptxas -v``."""
     report: dict[str, dict[str, int]] = {}
     current = None
     for line in stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
-            kind = re.search(r"mlxpa_paged_(v1|v2|reduce)_", m.group(1))
+            kind = re.search(r"mlxpa_paged_(qv1|qv2|v1|v2|reduce)_", m.group(1))
             current = report.setdefault(kind.group(1), {})
         elif current is not None and (m := re.search(
                 r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
@@ -81,13 +84,14 @@ def nvcc_results():
 
 @pytest.mark.slow  # nvcc builds
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-g{s[3] // s[4]}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-g{s[3] // s[4]}" + (
+    "-k{}v{}g{}".format(*s[5]) if s[5] else ""))
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_nvcc_sm90a_no_spills(nvcc_results, dtype_name, shape):
     error, report = nvcc_results[(dtype_name, shape)]
     assert not error, error[-3000:]
     threads = {ln.kind: ln.threadgroup[0] for ln in _launches(DTYPES[dtype_name], *shape)}
-    assert set(report) == {"v1", "v2", "reduce"}
+    assert set(report) == ({"qv1", "qv2", "reduce"} if shape[5] else {"v1", "v2", "reduce"})
     for kind, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (kind, r)
         assert r["stack"] == 0, (kind, r)                  # no local-memory arrays
@@ -105,14 +109,16 @@ def test_cuda_kernel_is_built_lazily():
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX with a CUDA GPU")
 @pytest.mark.parametrize("variant", ["v1", "v2"])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("d,bs,hq,hkv,window", [(64, 8, 4, 4, None), (128, 16, 8, 2, 20),
-                                                (256, 32, 8, 1, None), (256, 16, 4, 1, 512)])
-def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window):
-    tol = {mx.float32: 1e-4, mx.float16: 2e-3, mx.bfloat16: 2e-3}[dtype]
-    case = _common.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
-                               window, trim=window is not None)
+@pytest.mark.parametrize("d,bs,hq,hkv,window,quant", [
+    (64, 8, 4, 4, None, None), (128, 16, 8, 2, 20, None), (256, 32, 8, 1, None, None),
+    (256, 16, 4, 1, 512, None), (256, 16, 4, 1, 512, (8, 8, 64)), (128, 16, 8, 2, 20, (4, 4, 32)),
+    (64, 8, 4, 4, None, (8, 4, 64))])
+def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window, quant):
+    tol = {mx.float32: 1e-4, mx.float16: 2e-3, mx.bfloat16: 4e-3}[dtype]
+    case = _cases.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
+                              window, trim=window is not None, quant=quant)
     out = cuda_paged_attention.paged_attention(*case.args, **case.kwargs, variant=variant)
-    why = _common.mismatch(out, _common.reference_f32(case), case.args[4], tol, tol)
+    why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], tol, tol)
     assert why is None, why
 
 
@@ -138,7 +144,7 @@ def test_gpu_check_builds_without_mlx():
     r = subprocess.run([sys.executable, script, "--build-only", "--quick"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "built 5 instances" in r.stdout
+    assert "built 6 instances" in r.stdout  # 5 float, 1 over quantized pools
 
 
 def test_gpu_check_reference_matches_mlxpa_reference():
@@ -159,15 +165,17 @@ def test_gpu_check_reference_matches_mlxpa_reference():
 @pytest.mark.slow  # an emulator build
 @pytest.mark.skipif(EMU is None or EMU.unavailable_reason() is not None,
                     reason="msl_emu or g++ unavailable")
-def test_gpu_check_launch_path_in_emulator():
-    """gpu_check's case, launch chain (argument order, grids, meta) and float64 check, with
-    numpy for CuPy and the emulated Metal body for each cubin kernel."""
+@pytest.mark.parametrize("quant", [None, (8, 4, 32)], ids=["float", "k8v4"])
+def test_gpu_check_launch_path_in_emulator(quant):
+    """gpu_check's case (its own quantizer for quantized pools), launch chain (argument order,
+    grids, meta) and float64 check, with numpy for CuPy and the emulated Metal body for each
+    cubin kernel."""
     g = _gpu_check()
     inst = ("bfloat16", 64, 8, 2, 1, None)
     dt = mx.bfloat16
 
     def launcher(kind):
-        shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt)
+        shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt, *(quant or (0, 0, 0)))
         launch = {ln.kind: ln for ln in _common.plan(shape, "v1") + _common.plan(shape, "v2")}[kind]
         n_out = len(launch.output_shapes)
 
@@ -182,6 +190,7 @@ def test_gpu_check_launch_path_in_emulator():
 
         return fn
 
-    fns = {k: launcher(k) for k in ("v1", "v2", "reduce")}
+    kinds = ("qv1", "qv2", "reduce") if quant else ("v1", "v2", "reduce")
+    fns = {k: launcher(k) for k in kinds}
     for variant in ("v1", "v2"):
-        assert g.check_case(np, fns, inst, 0, variant) is None
+        assert g.check_case(np, fns, inst, 0, variant, quant=quant) is None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mlxpa.kernels as K
-from mlxpa.kernels import _common, cpu_paged_attention, reference
+from mlxpa.kernels import _cases, _common, cpu_paged_attention, reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 import emu_harness as H  # noqa: E402
@@ -29,7 +29,7 @@ def _fresh_state(monkeypatch):
 
 
 def _decode_case(dtype=mx.float32):
-    return _common.random_case(0, dtype, 64, 8, 4, 2, [0, 1, 9, 20])
+    return _cases.random_case(0, dtype, 64, 8, 4, 2, [0, 1, 9, 20])
 
 
 def _ref(case):
@@ -120,13 +120,13 @@ def test_bad_native_kernel_warns_once_and_falls_back(monkeypatch, bug):
 def test_prefill_and_unsupported_shapes_stay_on_reference(monkeypatch):
     calls = []
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
-    prefill = _common.random_case(0, mx.float32, 64, 8, 4, 2, [5, 9])
+    prefill = _cases.random_case(0, mx.float32, 64, 8, 4, 2, [5, 9])
     q = mx.concatenate([prefill.args[0]] * 3, axis=2)           # L = 3
     qs = prefill.args[5] - 2
     args = (q,) + prefill.args[1:5] + (qs,)
     out = K.paged_attention(*args, **prefill.kwargs, kernel="metal")
     assert mx.array_equal(out, reference.paged_attention(*args, **prefill.kwargs))
-    odd = _common.random_case(0, mx.float32, 96, 8, 4, 2, [5, 9])  # head_dim 96
+    odd = _cases.random_case(0, mx.float32, 96, 8, 4, 2, [5, 9])  # head_dim 96
     K.paged_attention(*odd.args, **odd.kwargs, kernel="metal")
     assert calls == []
 
@@ -144,7 +144,7 @@ def test_self_check_classes_are_separate(monkeypatch):
 def test_self_check_skips_v2_where_it_is_never_picked(monkeypatch):
     calls = []
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
-    case = _common.random_case(0, mx.float32, 256, 16, 32, 2, [3, 20])   # G=16, D=256
+    case = _cases.random_case(0, mx.float32, 256, 16, 32, 2, [3, 20])   # G=16, D=256
     K.paged_attention(*case.args, **case.kwargs, kernel="metal")
     assert calls == ["v1", None]
 
@@ -169,7 +169,7 @@ def test_emulated_metal_kernel_passes_the_dispatcher_check(monkeypatch):
     calls = []
     monkeypatch.setattr(K, "_load_backend",
                         lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
-    case = _common.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
+    case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
@@ -191,7 +191,54 @@ def test_emulated_metal_kernel_with_planted_bug_falls_back(monkeypatch):
         return H.emulate_decode(*args, **kwargs, sources=bad)
 
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(emulate, pass_variant=True))
-    case = _common.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
+    case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
     with pytest.warns(RuntimeWarning, match="failed its check.*v1: max error"):
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert mx.array_equal(out, _ref(case))
+
+
+def test_quantized_pools_are_their_own_self_check_class(monkeypatch):
+    """Float and quantized pools of the same shape, and pools of other bits, are checked
+    separately; the check case's pools are quantized the same way."""
+    seen = []
+
+    def impl(*args, **kwargs):
+        seen.append(_common.pool_quant(args[1], args[2]))
+        return _zero_empty_rows(*args, **kwargs)
+
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
+    for quant in (None, (8, 8, 64), (8, 4, 64), (8, 8, 64)):
+        case = _cases.random_case(0, mx.float32, 64, 8, 4, 2, [0, 1, 9, 20], quant=quant)
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        assert mx.allclose(out, _zero_empty_rows(*case.args, **case.kwargs), atol=1e-5)
+    # Two variants checked per new class, then the call itself.
+    assert seen == [None, None, None, (8, 8, 64), (8, 8, 64), (8, 8, 64),
+                    (8, 4, 64), (8, 4, 64), (8, 4, 64), (8, 8, 64)]
+
+
+@pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
+def test_emulated_quantized_kernel_passes_the_check_and_a_planted_bug_falls_back(monkeypatch):
+    """The real qv1/qv2 bodies (production sizes) in the emulator pass the dispatcher's
+    check over k8v4 pools; with the value bias dropped from qv1 the check fails, a warning
+    names the pools, and decode returns the reference's numbers."""
+    from mlxpa.kernels.paged_attention_source import SOURCES
+
+    case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40], quant=(8, 4, 64))
+    calls = []
+    monkeypatch.setattr(K, "_load_backend",
+                        lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None]
+    assert np.allclose(np.array(out), np.array(_ref(case)), atol=1e-5, rtol=1e-5)
+
+    text = " + float(vbi[i * 32 / GS]))"
+    assert SOURCES["qv1"].count(text) == 1
+    bad = {"qv1": SOURCES["qv1"].replace(text, ")")}
+    monkeypatch.setattr(K, "_verified", {})
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(
+        lambda *a, **k: H.emulate_decode(*a, **k, sources=bad), pass_variant=True))
+    with pytest.warns(RuntimeWarning, match="pools 8-bit K / 4-bit V, group 64.*v1: max error"):
         out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
     assert mx.array_equal(out, _ref(case))

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 import emu_harness as H  # noqa: E402
 
-from mlxpa.kernels import _common  # noqa: E402
+from mlxpa.kernels import _cases, _common  # noqa: E402
 
 pytestmark = [pytest.mark.slow,  # the emulator's C++ builds
               pytest.mark.skipif(H.unavailable_reason() is not None,
@@ -51,13 +51,13 @@ def lens_for(block_size: int) -> list[int]:
     return [0, 1, block_size - 1, block_size + 1, 3 * block_size + 5]
 
 
-def check(case: _common.Case, out: mx.array, dtype: mx.Dtype) -> None:
+def check(case: _cases.Case, out: mx.array, dtype: mx.Dtype) -> None:
     ref = H.reference_f32(case)
-    why = _common.mismatch(out, ref, case.args[4], TOL[dtype], TOL[dtype])
+    why = _cases.mismatch(out, ref, case.args[4], TOL[dtype], TOL[dtype])
     assert why is None, why
 
 
-def _param_case(inst) -> _common.Case:
+def _param_case(inst) -> _cases.Case:
     dtype, d, bs, hq, hkv, window, trim = inst
     return H.make_case(1, dtype, d, bs, hq, hkv, lens_for(bs), window, trim)
 
@@ -90,11 +90,11 @@ def test_decode_matches_reference(inst, variant, monkeypatch):
     check(case, out, inst[0])
 
 
-def _prod_v1_case() -> _common.Case:
+def _prod_v1_case() -> _cases.Case:
     return H.make_case(2, mx.bfloat16, 64, 16, 2, 1, [0, 17, 40])
 
 
-def _prod_v2_case() -> _common.Case:
+def _prod_v2_case() -> _cases.Case:
     return H.make_case(3, mx.float16, 64, 32, 4, 2, [1, 1100, 530])
 
 

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 import emu_harness as H  # noqa: E402
 
-from mlxpa.kernels import _common  # noqa: E402
+from mlxpa.kernels import _cases, _common  # noqa: E402
 from mlxpa.kernels.metal_paged_attention import SOURCES  # noqa: E402
 
 pytestmark = [pytest.mark.slow,  # the emulator's C++ builds
@@ -49,7 +49,7 @@ def mutant_sources(name: str) -> dict[str, str]:
     return {kind: SOURCES[kind].replace(text, replacement)}
 
 
-def _case() -> _common.Case:
+def _case() -> _cases.Case:
     return H.make_case(5, mx.float32, 64, 8, 8, 2, [0, 1, 7, 9, 70])
 
 
@@ -63,7 +63,7 @@ def _run(variant: str, sources=None, capture_only=False):
 
 
 def _mismatch(case, out):
-    return _common.mismatch(out, H.reference_f32(case), case.args[4], 1e-5, 1e-5)
+    return _cases.mismatch(out, H.reference_f32(case), case.args[4], 1e-5, 1e-5)
 
 
 @pytest.fixture(scope="module", autouse=True)

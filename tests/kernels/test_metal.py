@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 
 import mlxpa.kernels as K
-from mlxpa.kernels import _common, metal_paged_attention
+from mlxpa.kernels import _cases, metal_paged_attention
 
 pytestmark = pytest.mark.skipif(not mx.metal.is_available(), reason="needs a Metal GPU")
 
@@ -24,19 +24,19 @@ SHAPES = [(64, 8, 4, 4, None), (128, 16, 8, 2, 20), (256, 32, 8, 1, None),
 def test_metal_matches_reference(dtype, variant, d, bs, hq, hkv, window):
     lens = [0, 1, bs - 1, bs + 1, 700, 1500]
     for trim in (False, True) if window else (False,):
-        case = _common.random_case(0, dtype, d, bs, hq, hkv, lens, window, trim)
+        case = _cases.random_case(0, dtype, d, bs, hq, hkv, lens, window, trim)
         out = metal_paged_attention.paged_attention(*case.args, **case.kwargs,
                                                     variant=variant)
-        why = _common.mismatch(out, _common.reference_f32(case), case.args[4], TOL[dtype],
+        why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], TOL[dtype],
                                TOL[dtype])
         assert why is None, why
 
 
 def test_dispatcher_uses_metal_without_warning(monkeypatch):
     monkeypatch.setattr(K, "_verified", {})
-    case = _common.random_case(1, mx.bfloat16, 256, 16, 4, 1, [1, 33, 600])
+    case = _cases.random_case(1, mx.bfloat16, 256, 16, 4, 1, [1, 33, 600])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = K.paged_attention(*case.args, **case.kwargs, kernel="auto")
     assert all(K._verified.values()) and K._verified
-    assert _common.mismatch(out, _common.reference_f32(case), case.args[4], 2e-3, 2e-3) is None
+    assert _cases.mismatch(out, _cases.reference_f32(case), case.args[4], 2e-3, 2e-3) is None

@@ -21,7 +21,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_HERE, "kernels_data"))
 import emu_harness as H  # noqa: E402
 
-from mlxpa.kernels import _common  # noqa: E402
+from mlxpa.kernels import _cases  # noqa: E402
 
 PINNED_DIR = os.path.join(_HERE, "kernels_data", "pinned")
 
@@ -29,25 +29,29 @@ pytestmark = pytest.mark.skipif(
     not os.path.isfile(os.path.join(H.EMU_DIR, "msl_run.py")),
     reason=f"msl_emu (source capture) not found at {H.EMU_DIR}")
 
-# (dtype, head_dim, block_size, window, q_heads, kv_heads); the last two are Gemma 3 270M's
-# global and local layers.
+# (dtype, head_dim, block_size, window, q_heads, kv_heads, quantized pools as (kbits, vbits,
+# group_size) or None); Gemma 3 270M's global and local layers in bfloat16, float and int8 /
+# int4, and k8v4.
 INSTANCES = [
-    (dtype, d, bs, w, 8, 2)
+    (dtype, d, bs, w, 8, 2, None)
     for dtype in (mx.float32, mx.float16, mx.bfloat16)
     for d, bs, w in ((64, 8, 0), (128, 16, 512), (256, 32, 0))
-] + [(mx.bfloat16, 256, 16, 0, 4, 1), (mx.bfloat16, 256, 16, 512, 4, 1)]
+] + [(mx.bfloat16, 256, 16, 0, 4, 1, None), (mx.bfloat16, 256, 16, 512, 4, 1, None),
+     (mx.bfloat16, 256, 16, 0, 4, 1, (8, 8, 64)), (mx.bfloat16, 256, 16, 512, 4, 1, (4, 4, 64)),
+     (mx.float16, 128, 16, 0, 8, 2, (8, 4, 64)), (mx.float32, 64, 8, 0, 8, 2, (8, 8, 32))]
 
 
 def _name(inst) -> str:
-    dtype, d, bs, w, hq, hkv = inst
-    return f"{str(dtype).split('.')[-1]}_d{d}_bs{bs}_w{w}_h{hq}x{hkv}"
+    dtype, d, bs, w, hq, hkv, quant = inst
+    pools = "" if quant is None else "_k{}v{}g{}".format(*quant)
+    return f"{str(dtype).split('.')[-1]}_d{d}_bs{bs}_w{w}_h{hq}x{hkv}{pools}"
 
 
 def generated(inst) -> str:
     """v1, v2 and reduce sources of one instance, as one text."""
-    dtype, d, bs, w, hq, hkv = inst
-    case = _common.random_case(0, dtype, d, bs, hq, hkv, [1, 9, 600, 0, 33, 17, 2, 70],
-                               window=w or None)
+    dtype, d, bs, w, hq, hkv, quant = inst
+    case = _cases.random_case(0, dtype, d, bs, hq, hkv, [1, 9, 600, 0, 33, 17, 2, 70],
+                              window=w or None, quant=quant)
     parts = []
     for variant in ("v1", "v2"):
         srcs = H.emulate_decode(*case.args, **case.kwargs, variant=variant, capture_only=True)

@@ -182,15 +182,16 @@ def config(name: str) -> dict:
     return cfg
 
 
-def build(name: str, seed: int = 0):
-    """A tiny random model of ``name`` (float32, weights scaled so greedy tokens vary).
+def build(name: str, seed: int = 0, **overrides):
+    """A tiny random model of ``name`` (float32, weights scaled so greedy tokens vary);
+    ``overrides``: configuration fields to change (e.g. ``head_dim``).
 
     Raises:
         Exception: Whatever mlx-lm raises when the configuration does not fit.
     """
     module = importlib.import_module(f"mlx_lm.models.{name}")
     mx.random.seed(seed)
-    args = module.ModelArgs.from_dict(config(name))
+    args = module.ModelArgs.from_dict({**config(name), **overrides})
     model = module.Model(args)
     if hasattr(model, "sanitize"):
         from mlx.utils import tree_flatten

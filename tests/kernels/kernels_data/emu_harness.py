@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.kernels import _common, metal_paged_attention
+from mlxpa.kernels import _cases, _common, metal_paged_attention
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
@@ -141,7 +141,7 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     """``metal_paged_attention.paged_attention`` run in the emulator; ``sources`` overrides
     kernel bodies by kind. Returns ``[B, q_heads, 1, head_dim]`` in ``q.dtype``, or with
     ``capture_only`` the generated sources of the launches without running them."""
-    shape = _common.decode_shape(q, key_cache, block_tables, sliding_window)
+    shape = _common.decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
     inputs = _common.decode_inputs(q, key_cache, value_cache, block_tables, context_lens,
                                    query_start, key_start, scale, shape)
     launches = _common.plan(shape, variant or _common.choose_variant(shape), v1_simdgroups,
@@ -152,7 +152,7 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
             args = inputs
             if launch.kind == "reduce":   # v2's outputs, then meta
                 args = [mx.zeros(s, d) for s, d in zip(prev.output_shapes, prev.output_dtypes)]
-                args.append(inputs[7])
+                args.append(inputs[-2])
             srcs.append(capture(launch.kind, launch, args, (sources or {}).get(launch.kind)))
             prev = launch
         return srcs
@@ -162,7 +162,7 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     for launch in launches:
         args, np_args = inputs, np_inputs
         if launch.kind == "reduce":
-            args, np_args = outs + [inputs[7]], np_outs + [np_inputs[7]]
+            args, np_args = outs + [inputs[-2]], np_outs + [np_inputs[-2]]
         src = capture(launch.kind, launch, args, (sources or {}).get(launch.kind))
         np_outs = run_launch(src, launch, np_args)
         outs = [from_numpy(o, d) for o, d in zip(np_outs, launch.output_dtypes)]
@@ -175,5 +175,5 @@ def prebuild(sources: list[str]) -> None:
         list(pool.map(compile_source, set(sources)))
 
 
-make_case = _common.random_case
-reference_f32 = _common.reference_f32
+make_case = _cases.random_case
+reference_f32 = _cases.reference_f32
