@@ -9,6 +9,5 @@ from mlxpa._blas import preload as _preload_blas
 _preload_blas()
 
 from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
-from mlxpa.request import RequestOutput  # noqa: E402
 
-__all__ = ["EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["EngineConfig", "SamplingParams"]

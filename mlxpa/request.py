@@ -132,8 +132,9 @@ class Request:
 
 
 @dataclass(slots=True)
-class RequestOutput:
-    """What the engine returns for a finished request.
+class SampleOutput:
+    """What the engine returns for one finished sample of a request (the public API groups
+    the ``n`` samples of a prompt into :class:`mlxpa.entrypoints.outputs.RequestOutput`).
 
     Attributes:
         request_id: The request's id.

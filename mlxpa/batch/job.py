@@ -20,7 +20,7 @@ from mlxpa.data import STDIN, ResultWriter, Row
 from mlxpa.data.records import error_records, result_records
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import RequestOutput
+from mlxpa.request import SampleOutput
 
 
 @dataclasses.dataclass(slots=True)
@@ -35,7 +35,7 @@ class Job:
     progress: RunProgress
     in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     # finished samples of rows whose other samples still run (a row is written whole)
-    pending: dict[int, list[RequestOutput]] = dataclasses.field(default_factory=dict)
+    pending: dict[int, list[SampleOutput]] = dataclasses.field(default_factory=dict)
     unshown: int = 0  # rows done since the progress bar was last advanced
     shown_at: float = 0.0
 
@@ -114,7 +114,7 @@ def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, st
 
 def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
                    verbose: bool, console: Console,
-                   pending: Iterable[list[RequestOutput]] = ()) -> None:
+                   pending: Iterable[list[SampleOutput]] = ()) -> None:
     """Say where the rows went; after an interrupt, take the requests in flight and the
     finished samples of rows not written (``pending``; a resume runs both) out of the
     counters, so the report counts what was written, and say what was dropped."""

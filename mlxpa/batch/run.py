@@ -10,7 +10,7 @@ Data flow (one way)::
     build_engine(first window)          the model loads; the KV pool is sized to the first
                                         window's requests (the budget when more rows follow)
     Job: each window in prefix order -> LLMEngine.generate (stops between steps when asked)
-        -> RequestOutputs -> result_records -> ResultWriter (reorder buffer; flushed as rows
+        -> SampleOutputs -> result_records -> ResultWriter (reorder buffer; flushed as rows
         finish)
     final_report
 

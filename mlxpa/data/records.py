@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxpa.data.rows import Row
-from mlxpa.request import RequestOutput, TokenLogprob
+from mlxpa.request import SampleOutput, TokenLogprob
 
 OUTPUT_FORMATS = ("auto", "mlxpa", "openai")
 ERROR_CODE = "invalid_request"
@@ -83,9 +83,9 @@ def error_records(row: Row, message: str, fmt: str,
                         "cached_tokens": 0, "error": message})]
 
 
-def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
+def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
                    place: str, tokenizer: Any = None) -> list[dict]:
-    """The output of a finished row: every sample's :class:`RequestOutput`, in sample order.
+    """The output of a finished row: every sample's :class:`SampleOutput`, in sample order.
 
     Args:
         row: The input row.
@@ -176,7 +176,7 @@ def completions_logprobs(logprobs: list[TokenLogprob],
             "top_logprobs": tops, "text_offset": offsets}
 
 
-def _openai_body(row: Row, outs: list[RequestOutput], model: str,
+def _openai_body(row: Row, outs: list[SampleOutput], model: str,
                  token_text: Callable[[int], str]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
     choices = []

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxpa.config import SamplingParams
-from mlxpa.request import Request, RequestOutput
+from mlxpa.request import Request, SampleOutput
 from mlxpa.worker.outputs import StepResult
 
 
@@ -38,7 +38,7 @@ class _Pending:
     choices: tuple[str, ...]
     by_choice: list[dict[int, float]]
     left: int
-    held: list[RequestOutput] = field(default_factory=list)
+    held: list[SampleOutput] = field(default_factory=list)
 
 
 def _is_choice_row(req: Request) -> bool:
@@ -114,7 +114,7 @@ class ChoiceScores:
         return scorers
 
     def on_step(self, result: StepResult,
-                updated: list[Request]) -> tuple[list[Request], list[RequestOutput]]:
+                updated: list[Request]) -> tuple[list[Request], list[SampleOutput]]:
         """Record a step's scores: each choice's first token (the rows' ``targets``) and the
         scoring requests' tokens (``scored``).
 
@@ -144,7 +144,7 @@ class ChoiceScores:
                 released.extend(self.finished(req))
         return own, released
 
-    def finished(self, scorer: Request) -> list[RequestOutput]:
+    def finished(self, scorer: Request) -> list[SampleOutput]:
         """``scorer`` is done (or could not run); returns outputs that became complete."""
         parent, k = self._scorer.pop(scorer)
         self.num_cached_tokens += max(scorer.num_cached_tokens, 0)
@@ -156,7 +156,7 @@ class ChoiceScores:
         pend.left -= 1
         return self._release(parent)
 
-    def hold(self, req: Request, out: RequestOutput) -> list[RequestOutput]:
+    def hold(self, req: Request, out: SampleOutput) -> list[SampleOutput]:
         """Outputs to emit now for ``req``'s finished ``out`` (held until its scores exist)."""
         parent = self._family.pop(req, req)
         pend = self._pending.get(parent)
@@ -165,7 +165,7 @@ class ChoiceScores:
         pend.held.append(out)
         return self._release(parent)
 
-    def _release(self, parent: Request) -> list[RequestOutput]:
+    def _release(self, parent: Request) -> list[SampleOutput]:
         pend = self._pending[parent]
         n = parent.sampling_params.n
         if pend.left or len(pend.held) < n:

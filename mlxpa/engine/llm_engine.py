@@ -20,7 +20,7 @@ from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import Request, RequestOutput, RequestStatus
+from mlxpa.request import Request, RequestStatus, SampleOutput
 from mlxpa.worker.model_runner import ModelRunner, kv_budget_bytes
 from mlxpa.worker.outputs import StepResult
 
@@ -70,7 +70,7 @@ class LLMEngine:
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
-        self._released: list[RequestOutput] = []
+        self._released: list[SampleOutput] = []
 
     @property
     def max_model_len(self) -> int:
@@ -92,13 +92,13 @@ class LLMEngine:
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
                     params: SamplingParams, seed_key: object = None,
-                    ) -> list[RequestOutput] | None:
+                    ) -> list[SampleOutput] | None:
         """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
         when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
         the rest wait, reading the prompt from the prefix cache when admitted).
 
         Returns:
-            Finished :class:`RequestOutput` s (one per sample) right away when the request
+            Finished :class:`SampleOutput` s (one per sample) right away when the request
             needs no model work (``max_tokens`` 0) or cannot run (empty prompt, longer than
             the context or the pool: ``finish_reason`` ``abort`` with ``error`` set);
             otherwise None.
@@ -138,7 +138,7 @@ class LLMEngine:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
                                       params.include_stop_str_in_output, params.min_tokens)
 
-    def _error(self, req: Request, message: str, sample_index: int = 0) -> RequestOutput:
+    def _error(self, req: Request, message: str, sample_index: int = 0) -> SampleOutput:
         req.status = RequestStatus.FINISHED_ABORTED
         out = self._output(req, "", sample_index)
         out.error = message
@@ -177,7 +177,7 @@ class LLMEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[SampleOutput]:
         """Run one scheduling step; return the requests that finished in it."""
         out = self.scheduler.schedule()
         result = self.runner.execute(out)
@@ -201,7 +201,7 @@ class LLMEngine:
         return updated
 
     def _check_stops(self, updated: list[Request],
-                     grammar_ended: dict[Request, str | None]) -> list[RequestOutput]:
+                     grammar_ended: dict[Request, str | None]) -> list[SampleOutput]:
         """Stop strings and grammar endings of each request's new token; return the outputs
         of the requests that finished (and of those released since the last step)."""
         finished, self._released = self._released, []
@@ -256,7 +256,7 @@ class LLMEngine:
             c.mask_time_s += result.mask_time_s
             c.mask_steps += 1
 
-    def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
+    def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         c = self.counters
         c.requests += 1
         if sample_index in (None, 0):
@@ -268,7 +268,7 @@ class LLMEngine:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
         tokens = list(req.output_token_ids)
-        return RequestOutput(
+        return SampleOutput(
             request_id=req.request_id,
             sample_index=req.sample_index if sample_index is None else sample_index,
             text=text, token_ids=tokens,
@@ -279,7 +279,7 @@ class LLMEngine:
             logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None)
 
     def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:
         """Run every prompt to completion, yielding outputs as requests finish.
 
         Args:

@@ -20,7 +20,7 @@ from mlxpa.data.inputs import where
 from mlxpa.data.records import result_records
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.ray.stats import delta, snapshot
-from mlxpa.request import RequestOutput
+from mlxpa.request import SampleOutput
 
 
 class ReplicaEngine:
@@ -38,7 +38,7 @@ class ReplicaEngine:
         self.process = f"{socket.gethostname()}:{os.getpid()}"
 
     def run(self, requests: list[PromptInput],
-            ) -> tuple[dict[object, list[RequestOutput]], dict[str, Any]]:
+            ) -> tuple[dict[object, list[SampleOutput]], dict[str, Any]]:
         """Run ``requests`` to completion, admitted in prefix order.
 
         Returns:
@@ -50,7 +50,7 @@ class ReplicaEngine:
         before = snapshot(c)
         order = prefix_order([r.prompt_token_ids for r in requests],
                              self.engine.config.block_size)
-        outs: dict[object, list[RequestOutput]] = {}
+        outs: dict[object, list[SampleOutput]] = {}
         for out in self.engine.generate(requests[i] for i in order):
             outs.setdefault(out.request_id, []).append(out)
         for group in outs.values():
