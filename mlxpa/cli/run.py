@@ -167,7 +167,7 @@ def run(
             stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
-            structured=cli_constraint(choice, json_schema, regex, grammar))
+            structured_outputs=cli_constraint(choice, json_schema, regex, grammar))
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
                                keep_columns, split_special_tokens)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,

@@ -136,7 +136,8 @@ def _record(v: Validation, row: Row, problem: str | None,
     will run."""
     if problem is not None:
         _add_problem(v, problem)
-    elif row.params.get("structured", getattr(defaults, "structured", None)) is not None:
+    elif row.params.get("structured_outputs",
+                        getattr(defaults, "structured_outputs", None)) is not None:
         v.constrained = True
 
 

@@ -43,7 +43,7 @@ class _Pending:
 
 def _is_choice_row(req: Request) -> bool:
     """Whether ``req`` is sample 0 of a ``choice`` row (its choices are scored)."""
-    so = req.sampling_params.structured
+    so = req.sampling_params.structured_outputs
     return so is not None and so.kind == "choice" and req.sample_index == 0
 
 
@@ -76,7 +76,7 @@ class ChoiceScores:
         """
         if not _is_choice_row(req):
             return False
-        so = req.sampling_params.structured
+        so = req.sampling_params.structured_outputs
         req.target_token_ids = tuple(ids[0] for ids in self._choice_tokens(so))
         return True
 
@@ -96,7 +96,7 @@ class ChoiceScores:
         """
         if not _is_choice_row(parent):
             return []
-        so = parent.sampling_params.structured
+        so = parent.sampling_params.structured_outputs
         for child in children:
             self._family[child] = parent
         pend = _Pending(so.choices, [{} for _ in so.choices], 0)

@@ -276,7 +276,8 @@ class LLMEngine:
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
             error=req.stop_reason if req.finish_reason == "abort" and isinstance(
                 req.stop_reason, str) else None,
-            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None)
+            logprobs=(req.logprobs[:len(tokens)] if req.sampling_params.logprobs is not None
+                      else None))
 
     def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:

@@ -108,10 +108,11 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     """
     raw = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     parts.clear()
-    lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
+    lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
     first = [i for i, r in enumerate(reqs) if r.target_token_ids and not r.output_token_ids]
     bitmask = None
-    if grammars is not None and any(r.sampling_params.structured is not None for r in reqs):
+    if grammars is not None and any(r.sampling_params.structured_outputs is not None
+                                    for r in reqs):
         mx.async_eval(raw, *pending)  # the forward pass runs while the masks fill
         bitmask = grammars.fill(reqs)
         mx.synchronize()  # the finished async evaluation lets go of the raw logits
@@ -132,7 +133,7 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     if lp_rows:
         idx = mx.array(lp_rows)
         values = token_logprobs(raw[idx], toks[idx],
-                                [reqs[i].sampling_params.top_logprobs for i in lp_rows])
+                                [reqs[i].sampling_params.logprobs for i in lp_rows])
         logprobs = dict(zip(lp_rows, values))
     targets = {i: gather_logprobs(raw[i], list(reqs[i].target_token_ids)) for i in first}
     return Sampled(tokens, logprobs, targets, ended,
