@@ -44,11 +44,14 @@ class TokenLogprob(NamedTuple):
         token_id: The generated token.
         logprob: Its log-probability (natural log).
         top: The ``top_logprobs`` most likely ``(token_id, logprob)`` pairs, most likely first.
+        rank: The token's rank in the vocabulary (vLLM's: how many tokens are at least as
+            likely, so 1 for the most likely); None when not computed.
     """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -150,6 +153,8 @@ class SampleOutput:
         logprobs: Per token of ``token_ids``, its :class:`TokenLogprob` (rows that ask).
         choice_logprobs: For a ``choice`` row, each choice's total log-probability given
             the prompt (see :mod:`mlxpa.engine.choice_scores`).
+        stop_reason: The stop string or stop token id that ended the sample; None when EOS,
+            the length cap or an error did (vLLM's ``CompletionOutput.stop_reason``).
     """
 
     request_id: object
@@ -164,3 +169,4 @@ class SampleOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None
     choice_logprobs: dict[str, float] | None = None
+    stop_reason: int | str | None = None

@@ -36,6 +36,14 @@ class PromptInput(NamedTuple):
     seed_key: object = None
 
 
+class Passthrough(NamedTuple):
+    """An item :meth:`LLMEngine.generate` yields back untouched, in its place among the
+    outputs: what a caller streams along with its requests (an input row that cannot run
+    reaches the consumer when it is pulled, so nothing is read ahead to hold it)."""
+
+    item: object
+
+
 class LLMEngine:
     """Continuous-batching engine over a paged KV cache.
 
@@ -268,6 +276,9 @@ class LLMEngine:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
         tokens = list(req.output_token_ids)
+        reason = req.stop_reason if req.status == RequestStatus.FINISHED_STOPPED else None
+        if reason in self.scheduler.eos_token_ids and not req.sampling_params.ignore_eos:
+            reason = None  # EOS is no stop reason (vLLM), even when also a stop token id
         return SampleOutput(
             request_id=req.request_id,
             sample_index=req.sample_index if sample_index is None else sample_index,
@@ -277,14 +288,16 @@ class LLMEngine:
             error=req.stop_reason if req.finish_reason == "abort" and isinstance(
                 req.stop_reason, str) else None,
             logprobs=(req.logprobs[:len(tokens)] if req.sampling_params.logprobs is not None
-                      else None))
+                      else None), stop_reason=reason)
 
-    def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:
+    def generate(self, prompts: Iterable[PromptInput | Passthrough],
+                 max_waiting: int | None = None, should_stop: Callable[[], bool] | None = None,
+                 ) -> Iterator[SampleOutput | Passthrough]:
         """Run every prompt to completion, yielding outputs as requests finish.
 
         Args:
-            prompts: Requests to run, pulled lazily.
+            prompts: Requests to run, pulled lazily; a :class:`Passthrough` is yielded as it
+                is when pulled.
             max_waiting: Pull more prompts only while fewer than this many wait
                 (default: ``2 * max_num_seqs``).
             should_stop: Polled between steps; when it returns True, generation ends and
@@ -299,6 +312,9 @@ class LLMEngine:
                 if item is None:
                     exhausted = True
                     break
+                if isinstance(item, Passthrough):
+                    yield item
+                    continue
                 done = self.add_request(*item)
                 if done is not None:
                     yield from done

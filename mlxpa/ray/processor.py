@@ -73,10 +73,11 @@ def build_processor(config: EngineConfig, preprocess: Callable[[dict], dict] | N
 
     Each row (after ``preprocess``) is an mlxpa input row: ``prompt``, ``messages`` or
     ``prompt_token_ids``, optional ``id`` and sampling fields (``max_tokens``,
-    ``temperature``, ``stop``, ``n``, ...); other columns pass through. The output has one row per sample: the row's columns
-    plus ``text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
-    ``cached_tokens``, ``sample_index`` and ``error`` (None, or why the row could not run:
-    an invalid row never stops the dataset), then ``postprocess`` maps it.
+    ``temperature``, ``stop``, ``n``, ...); other columns pass through. The output has one
+    row per sample: the row's columns plus ``text``, ``finish_reason``, ``prompt_tokens``,
+    ``completion_tokens``, ``cached_tokens``, ``sample_index`` and ``error`` (None, or why
+    the row could not run: an invalid row never stops the dataset), then ``postprocess``
+    maps it.
 
     Args:
         config: Engine configuration of every replica (each loads the model once).

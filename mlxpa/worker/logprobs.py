@@ -35,13 +35,15 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
         num_top: Per row, how many most likely ``(token_id, logprob)`` pairs to return.
 
     Returns:
-        Per row, the :class:`TokenLogprob` of its token (``top``: most likely first).
+        Per row, the :class:`TokenLogprob` of its token (``top``: most likely first; ``rank``:
+        how many tokens are at least as likely, vLLM's rank).
     """
     if not num_top:
         return []
     lp = log_softmax(logits)
     ids = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
     chosen = mx.take_along_axis(lp, ids[:, None].astype(mx.int32), axis=-1)[:, 0]
+    ranks = (lp >= chosen[:, None]).sum(axis=-1)
     k = max(num_top)
     top_ids = top_lp = None
     if k > 0:
@@ -50,12 +52,12 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
         order = mx.argsort(-top_lp, axis=-1)
         top_ids = mx.take_along_axis(top_ids, order, axis=-1)
         top_lp = mx.take_along_axis(top_lp, order, axis=-1)
-        mx.eval(chosen, top_ids, top_lp)
-    chosen_l, tok_l = chosen.tolist(), ids.tolist()
+    mx.eval(chosen, ranks, *([top_ids, top_lp] if k > 0 else []))
+    chosen_l, tok_l, rank_l = chosen.tolist(), ids.tolist(), ranks.tolist()
     ids_l = top_ids.tolist() if top_ids is not None else None
     lps_l = top_lp.tolist() if top_lp is not None else None
     return [TokenLogprob(int(tok_l[r]), float(chosen_l[r]),
-                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else ())
+                         tuple(zip(ids_l[r][:n], lps_l[r][:n])) if n else (), int(rank_l[r]))
             for r, n in enumerate(num_top)]
 
 
