@@ -285,9 +285,12 @@ class EngineConfig:
         _check(self.max_model_len is None or self.max_model_len >= 2,
                "max_model_len", self.max_model_len,
                "an integer >= 2 (a prompt token and an output token) or None")
+        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
+               self.enable_prefix_caching, "true or false")
         _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")
+        _check(_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _check(self.revision is None or (isinstance(self.revision, str) and self.revision),
                "revision", self.revision, "a non-empty string or None")
         _check(self.adapter_path is None or (isinstance(self.adapter_path, str)

@@ -7,7 +7,6 @@ done skipped."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterable
 
 from rich.console import Console
@@ -34,8 +33,6 @@ class Job:
     progress: RunProgress
     # finished samples of rows whose other samples still run (a row is written whole)
     pending: dict[int, list[SampleOutput]] = dataclasses.field(default_factory=dict)
-    unshown: int = 0  # rows done since the progress bar was last advanced
-    shown_at: float = 0.0
 
     def run(self, windows: Iterable[list[Fed]], order: str,
             should_stop: Callable[[], bool]) -> None:
@@ -44,24 +41,13 @@ class Job:
         for fed, outs in stream.run(windows, should_stop):
             if not outs:
                 settle_row(fed, self.writer, self.out_fmt, self.engine.counters)
-                if fed.error is not None:
-                    self._advance()
+                self.progress.advance(int(fed.error is not None))
                 continue
             if any(o.error for o in outs):
                 self.engine.counters.failed_rows += 1
             self.writer.add(fed.row.index, result_records(
                 fed.row, outs, self.out_fmt, model, self.place(fed.row), self.engine.tokenizer))
-            self._advance()
-        self.progress.advance(self.unshown)
-
-    def _advance(self, rows: int = 1) -> None:
-        # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
-        # it runs at most 10 times a second, not once a row.
-        self.unshown += rows
-        now = time.monotonic()
-        if now - self.shown_at >= 0.1:
-            self.progress.advance(self.unshown)
-            self.unshown, self.shown_at = 0, now
+            self.progress.advance()
 
 
 def settle(window: list[Fed], writer: ResultWriter, out_fmt: str,

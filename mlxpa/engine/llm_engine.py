@@ -178,6 +178,27 @@ class LLMEngine:
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
+    def abort_unfinished(self) -> int:
+        """Abort every request in flight and drop what the engine holds for them (a caller
+        that stopped reading :meth:`generate`: Ctrl-C in a notebook, a loop left early), so
+        the next :meth:`generate` starts clean; their blocks go back to the pool (full blocks
+        stay in the prefix cache) and the runner frees their state in one empty step.
+
+        Returns:
+            How many requests (samples and choice scoring requests included) were aborted.
+        """
+        sched = self.scheduler
+        unfinished = [*sched.running, *sched.waiting]
+        for req in unfinished:
+            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        if sched.has_finished_requests():
+            self.step()  # SchedulerOutput.finished: the runner frees their state
+        self._detok.clear()
+        self._pending_forks.clear()
+        self._released.clear()
+        self.choice_scores = ChoiceScores(self.tokenizer)
+        return len(unfinished)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._released)
 
