@@ -139,14 +139,14 @@ def overhead(model: str | None, n: int) -> dict:
 
     def timed(params: list[SamplingParams]) -> tuple[dict, dict]:
         eng = LLMEngine(EngineConfig(model=model), mdl, tok)
-        if any(p.structured for p in params):  # tokenizer built before the clock starts
+        if any(p.structured_outputs for p in params):  # tokenizer built before the clock starts
             eng.prepare()
         eng.counters.start_time = time.perf_counter()
         outs = {o.request_id: o for o in eng.generate(
             PromptInput(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params)))}
         return outs, summarize(eng.counters).to_dict()
 
-    c_outs, c_stats = timed([SamplingParams(max_tokens=128, structured=so)] * n)
+    c_outs, c_stats = timed([SamplingParams(max_tokens=128, structured_outputs=so)] * n)
     lens = [max(1, len(c_outs[i].token_ids)) for i in range(n)]
     _, u_stats = timed([SamplingParams(max_tokens=k, ignore_eos=True) for k in lens])
     return {"rows": n, "generated_tokens": sum(lens),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.structured.spec import StructuredOutput, StructuredOutputsParams
 
 # Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
 KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
@@ -29,11 +29,12 @@ SAMPLING_EPS = 1e-5
 # Most samples of one prompt: each is a request, so a row with n = 10**9 would stall the run
 # (and hold its memory) instead of failing.
 MAX_N = 1024
+# Most alternatives per token of ``logprobs`` (vLLM's default ``max_logprobs``, OpenAI's limit).
+MAX_LOGPROBS = 20
 _MAX_SHOWN = 60  # characters of an offending value quoted in a message
 # Ranges of the OpenAI / vLLM penalty fields (OpenAI's API documents both).
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # a logit_bias value lies in [-100, 100]
-MAX_LOGPROBS = 20  # most alternatives per position (top_logprobs, prompt_logprobs)
 
 
 class FieldError(ValueError):
@@ -120,7 +121,9 @@ def sampling_field_problem(name: str, value: object) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling and stopping parameters (the vLLM / OpenAI names).
+    """Per-request sampling and stopping parameters (vLLM's ``SamplingParams``: its names and
+    shapes; the defaults are mlxpa's, greedy and 256 tokens, where vLLM's are temperature 1.0
+    and 16 tokens).
 
     Attributes:
         max_tokens: Most tokens to generate (0 gives an empty completion, finish reason
@@ -140,10 +143,12 @@ class SamplingParams:
         include_stop_str_in_output: Keep the matched stop string at the end of ``text``.
         min_tokens: Tokens to generate before EOS, stop token ids or stop strings may end
             the completion (EOS and stop token ids are masked out until then, as in vLLM).
-        structured: Constraint on the completion (JSON schema, regex, choice, grammar), or
-            None for free text.
-        logprobs: Return the log-probability of every generated token.
-        top_logprobs: Also return this many most likely tokens per position (0 to 20).
+        structured_outputs: Constraint on the completion: vLLM's
+            :class:`~mlxpa.structured.spec.StructuredOutputsParams` (JSON schema, regex,
+            choice, grammar), kept as its canonical
+            :class:`~mlxpa.structured.spec.StructuredOutput`; None for free text.
+        logprobs: None: no log-probabilities; ``k``: each generated token's log-probability
+            and its ``k`` most likely alternatives (0 to :data:`MAX_LOGPROBS`), as vLLM's.
         repetition_penalty: vLLM's (CTRL's, Keskar et al. 2019) multiplicative penalty, > 0
             (1: off): every token that occurs in the prompt or the output so far has its
             logit divided by it when positive, multiplied by it when not.
@@ -177,9 +182,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     min_tokens: int = 0
-    structured: StructuredOutput | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
+    structured_outputs: StructuredOutput | StructuredOutputsParams | None = None
+    logprobs: int | None = None
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -193,6 +197,9 @@ class SamplingParams:
             ids = self.stop_token_ids
             object.__setattr__(self, "stop_token_ids", tuple(ids) if isinstance(ids, list)
                                else (ids,))
+        if isinstance(self.structured_outputs, StructuredOutputsParams):
+            object.__setattr__(self, "structured_outputs",
+                               self.structured_outputs.to_structured_output())
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
@@ -222,11 +229,13 @@ class SamplingParams:
                self.include_stop_str_in_output, "true or false")
         _check(_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
                self.min_tokens, "an integer >= 0")
-        _check(self.structured is None or isinstance(self.structured, StructuredOutput),
-               "structured", self.structured, "a StructuredOutput or None")
-        _check(isinstance(self.logprobs, bool), "logprobs", self.logprobs, "true or false")
-        _check(_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
-               "top_logprobs", self.top_logprobs, f"an integer from 0 to {MAX_LOGPROBS}")
+        _check(self.structured_outputs is None
+               or isinstance(self.structured_outputs, StructuredOutput),
+               "structured_outputs", self.structured_outputs,
+               "a StructuredOutputsParams or None")
+        _check(self.logprobs is None or (_int(self.logprobs)
+                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
+               "logprobs", self.logprobs, f"an integer from 0 to {MAX_LOGPROBS}")
         _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0,
                "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1: off)")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -355,9 +364,12 @@ class EngineConfig:
         _check(self.max_model_len is None or self.max_model_len >= 2,
                "max_model_len", self.max_model_len,
                "an integer >= 2 (a prompt token and an output token) or None")
+        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
+               self.enable_prefix_caching, "true or false")
         _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
                "one of float32, bfloat16, float16")
+        _check(_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _check(self.revision is None or (isinstance(self.revision, str) and self.revision),
                "revision", self.revision, "a non-empty string or None")
         _check(self.adapter_path is None or (isinstance(self.adapter_path, str)

@@ -44,9 +44,8 @@ class TokenLogprob(NamedTuple):
         token_id: The generated token.
         logprob: Its log-probability (natural log).
         top: The ``top_logprobs`` most likely ``(token_id, logprob)`` pairs, most likely first.
-        rank: How many tokens of the vocabulary are at least as likely, the token included
-            (vLLM's ``Logprob.rank``: 1 = most likely); given for scored prompt tokens,
-            None elsewhere.
+        rank: The token's rank in the vocabulary (vLLM's: how many tokens are at least as
+            likely, so 1 for the most likely); None when not computed.
     """
 
     token_id: int
@@ -146,8 +145,9 @@ class Request:
 
 
 @dataclass(slots=True)
-class RequestOutput:
-    """What the engine returns for a finished request.
+class SampleOutput:
+    """What the engine returns for one finished sample of a request (the public API groups
+    the ``n`` samples of a prompt into :class:`mlxpa.entrypoints.outputs.RequestOutput`).
 
     Attributes:
         request_id: The request's id.
@@ -173,6 +173,8 @@ class RequestOutput:
         choice_outside_prob: For a ``choice`` row, the model's probability of writing none
             of the labels after the prompt (``1 - sum(exp(choice_logprobs))`` over the
             labels whose tokens do not extend another label's tokens).
+        stop_reason: The stop string or stop token id that ended the sample; None when EOS,
+            the length cap or an error did (vLLM's ``CompletionOutput.stop_reason``).
     """
 
     request_id: object
@@ -190,3 +192,4 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     choice_probs: dict[str, float] | None = None
     choice_outside_prob: float | None = None
+    stop_reason: int | str | None = None

@@ -102,6 +102,21 @@ def test_import_mlxpa_first_maps_the_fast_blas_and_multiplies_faster():
 
 
 @needs_fast
+def test_the_python_api_keeps_the_fast_blas(tmp_path):
+    """``import mlxpa; from mlxpa import LLM``, a model loaded and run, in a fresh process:
+    the fast library is mapped and the matmul runs on it."""
+    from tests.tiny_models import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "tiny")
+    code = ("import mlxpa\nfrom mlxpa import LLM, SamplingParams\n"
+            f"llm = LLM({folder!r}, kv_cache_memory_bytes=2**22)\n"
+            "out = llm.generate(['hello'], SamplingParams(max_tokens=3), use_tqdm=False)\n"
+            "assert len(out[0].outputs[0].token_ids) > 0\n" + MATMUL)
+    _, mapped = _fresh(code).stdout.split()
+    assert mapped == "True"
+
+
+@needs_fast
 def test_mlx_imported_first_warns_with_the_remedy():
     r = _fresh("import mlx.core\nimport mlxpa\n")
     warnings = [line for line in r.stderr.splitlines() if "RuntimeWarning" in line]

@@ -1,104 +1,73 @@
 """Pass 2 of a file run (:func:`mlxpa.batch.run.run_file`): the windows of
-:func:`~mlxpa.batch.requests.feed` through the engine (each window in prefix order), rows that
-cannot run and rows already done straight to the writer, and the engine's outputs to result
-records in the writer."""
+:func:`~mlxpa.batch.requests.feed` through the streaming core
+(:class:`~mlxpa.batch.stream.RowStream`: each window in prefix order), each finished row's
+samples to result records in the writer, rows that cannot run to error records, rows already
+done skipped."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from rich.console import Console
 
 from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.report import model_name
 from mlxpa.batch.requests import Fed
-from mlxpa.config import SamplingParams
-from mlxpa.core.prefix_order import prefix_order
+from mlxpa.batch.stream import RowStream
 from mlxpa.data import STDIN, ResultWriter, Row
 from mlxpa.data.records import error_records, result_records
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import RequestOutput
+from mlxpa.request import SampleOutput
 
 
 @dataclasses.dataclass(slots=True)
 class Job:
-    """Pass 2: requests through the engine, their outputs and the error rows to the writer."""
+    """Pass 2: the rows through the engine, their results and error rows to the writer."""
 
     engine: LLMEngine
-    defaults: SamplingParams
     out_fmt: str
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
-    in_flight: dict[int, Row] = dataclasses.field(default_factory=dict)
     # finished samples of rows whose other samples still run (a row is written whole)
-    pending: dict[int, list[RequestOutput]] = dataclasses.field(default_factory=dict)
-    unshown: int = 0  # rows done since the progress bar was last advanced
-    shown_at: float = 0.0
+    pending: dict[int, list[SampleOutput]] = dataclasses.field(default_factory=dict)
 
     def run(self, windows: Iterable[list[Fed]], order: str,
             should_stop: Callable[[], bool]) -> None:
         model = model_name(self.engine.config.model)
-        samples = self.pending
-        requests = self._requests(windows, order)
-        for out in self.engine.generate(requests, should_stop=should_stop):
-            group = samples.setdefault(out.request_id, [])
-            group.append(out)
-            row = self.in_flight[out.request_id]
-            if len(group) == row.params.get("n", self.defaults.n):
-                del samples[row.index], self.in_flight[row.index]
-                if any(o.error for o in group):
-                    self.engine.counters.failed_rows += 1
-                group.sort(key=lambda o: o.sample_index)
-                self.writer.add(row.index, result_records(
-                    row, group, self.out_fmt, model, self.place(row), self.engine.tokenizer))
-                self._advance()
-        self.progress.advance(self.unshown)
-
-    def _advance(self, rows: int = 1) -> None:
-        # NOTE: RunProgress.advance summarizes all counters (percentiles over every TTFT), so
-        # it runs at most 10 times a second, not once a row.
-        self.unshown += rows
-        now = time.monotonic()
-        if now - self.shown_at >= 0.1:
-            self.progress.advance(self.unshown)
-            self.unshown, self.shown_at = 0, now
-
-    def _requests(self, windows: Iterable[list[Fed]], order: str) -> Iterator[PromptInput]:
-        """The requests of each window (``prefix``: in depth-first order of the window's
-        prompt prefix tree), after its error rows are written and its done rows skipped."""
-        for window in windows:
-            runs = settle(window, self.writer, self.out_fmt, self.engine.counters)
-            self._advance(sum(fed.error is not None for fed in window))
-            requests = []
-            for fed in runs:
-                self.in_flight[fed.row.index] = fed.row
-                requests.append(fed.request)
-            if order == "prefix":
-                ordered = prefix_order([r.prompt_token_ids for r in requests],
-                                       self.engine.config.block_size)
-                requests = [requests[i] for i in ordered]
-            yield from requests
+        stream = RowStream(self.engine, order, pending=self.pending)
+        for fed, outs in stream.run(windows, should_stop):
+            if not outs:
+                settle_row(fed, self.writer, self.out_fmt, self.engine.counters)
+                self.progress.advance(int(fed.error is not None))
+                continue
+            if any(o.error for o in outs):
+                self.engine.counters.failed_rows += 1
+            self.writer.add(fed.row.index, result_records(
+                fed.row, outs, self.out_fmt, model, self.place(fed.row), self.engine.tokenizer))
+            self.progress.advance()
 
 
 def settle(window: list[Fed], writer: ResultWriter, out_fmt: str,
            counters: Counters) -> list[Fed]:
-    """Write the error row of each row of ``window`` that cannot run (counted in
-    ``counters.failed_rows``) and skip the rows the output already holds; returns the rows
-    that run, in input order."""
-    runs = []
-    for fed in window:
-        if fed.request is not None:
-            runs.append(fed)
-        elif fed.error is not None:
-            counters.failed_rows += 1
-            writer.add(fed.row.index, error_records(fed.row, fed.error, out_fmt))
-        else:
-            writer.skip(fed.row.index)
-    return runs
+    """:func:`settle_row` for each row of ``window``; returns the rows that run, in input
+    order."""
+    return [fed for fed in window if settle_row(fed, writer, out_fmt, counters)]
+
+
+def settle_row(fed: Fed, writer: ResultWriter, out_fmt: str, counters: Counters) -> bool:
+    """Write the error row of ``fed`` if it cannot run (counted in ``counters.failed_rows``)
+    or skip it if the output already holds it; returns whether it runs."""
+    if fed.request is not None:
+        return True
+    if fed.error is not None:
+        counters.failed_rows += 1
+        writer.add(fed.row.index, error_records(fed.row, fed.error, out_fmt))
+    else:
+        writer.skip(fed.row.index)
+    return False
 
 
 def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, stopped: bool,
@@ -114,7 +83,7 @@ def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, st
 
 def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
                    verbose: bool, console: Console,
-                   pending: Iterable[list[RequestOutput]] = ()) -> None:
+                   pending: Iterable[list[SampleOutput]] = ()) -> None:
     """Say where the rows went; after an interrupt, take the requests in flight and the
     finished samples of rows not written (``pending``; a resume runs both) out of the
     counters, so the report counts what was written, and say what was dropped."""

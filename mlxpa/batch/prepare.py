@@ -77,7 +77,7 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
                  default_n=defaults.n, defaults=defaults, vocab_size=vocab_size,
                  check_prompt=None if tokenizer is None else prompt_checker(
-                     tokenizer, src.inputs.split_special_tokens, defaults.structured))
+                     tokenizer, src.inputs.split_special_tokens, defaults.structured_outputs))
     if not options.skip_invalid:
         check(v, src.name, refusal)
     if options.show_progress:

@@ -22,6 +22,7 @@ from rich.table import Table
 from mlxpa.engine.metrics import Counters, Stats, summarize
 
 LINE_INTERVAL_S = 10.0  # line mode: seconds between progress lines
+REDRAW_S = 0.1  # the bar: seconds between redraws
 
 
 def same_terminal(a: int = 1, b: int = 2) -> bool:
@@ -55,6 +56,7 @@ class RunProgress:
         shared = stdout_results and same_terminal()
         self._lines = (enabled and stdout_results and not shared and console.is_terminal)
         self._total, self._done, self._last_line = total, 0, time.monotonic()
+        self._unshown, self._shown_at = 0, 0.0
         self._progress = Progress(
             TextColumn("[bold]mlxpa"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -67,15 +69,27 @@ class RunProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._unshown:
+            self._show()
         self._progress.stop()
 
     def advance(self, rows: int = 1) -> None:
-        """Count ``rows`` more rows done and redraw (line mode: a line every 10 s)."""
+        """Count ``rows`` more rows done; redraw at most every :data:`REDRAW_S` seconds and
+        at the last row (line mode: a line every 10 s)."""
+        # NOTE: a redraw summarizes all counters (percentiles over every TTFT), so it runs at
+        # most 10 times a second, not once a row.
+        self._unshown += rows
+        if (time.monotonic() - self._shown_at >= REDRAW_S
+                or self._done + self._unshown == self._total):
+            self._show()
+
+    def _show(self) -> None:
         s = summarize(self.counters)
         rate = f"{s.output_tokens_per_s:7.1f} out tok/s"
-        self._progress.update(self._task, advance=rows, rate=rate)
-        self._done += rows
-        now = time.monotonic()
+        self._progress.update(self._task, advance=self._unshown, rate=rate)
+        self._done += self._unshown
+        self._unshown = 0
+        now = self._shown_at = time.monotonic()
         if self._lines and (now - self._last_line >= LINE_INTERVAL_S
                             or self._done == self._total):
             self._last_line = now

@@ -23,7 +23,8 @@ from mlxpa.structured.spec import StructuredOutput
 
 
 def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) -> list[int]:
-    """Token ids of ``row``'s prompt.
+    """Token ids of ``row``'s prompt: its ``prompt_token_ids`` as given, its ``messages``
+    rendered by the chat template (with its ``chat_template_kwargs``), or its text tokenized.
 
     Args:
         row: A valid row (``row.error`` is None).
@@ -38,8 +39,10 @@ def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) ->
         ValueError: ``messages`` given but the model has no chat template, or the template
             rejects them (e.g. roles that do not alternate).
     """
+    if row.prompt_token_ids is not None:
+        return list(row.prompt_token_ids)
     if row.messages is not None:
-        return _chat_token_ids(row.messages, tokenizer)
+        return _chat_token_ids(row.messages, tokenizer, row.chat_template_kwargs)
     if split_special_tokens:
         return _encode(tokenizer, row.prompt, True, split=True)
     return _encode(tokenizer, row.prompt, _adds_bos(tokenizer, row.prompt))
@@ -63,7 +66,7 @@ def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Ro
         try:
             if not tokenizer.has_chat_template:
                 _chat_token_ids(row.messages, tokenizer)
-            _render(row.messages, tokenizer)
+            _render(row.messages, tokenizer, row.chat_template_kwargs)
         except ValueError as e:
             return str(e)
         return None
@@ -98,14 +101,15 @@ def control_tokens(tokenizer) -> list[str]:
     return sorted((n for n in names if n), key=len, reverse=True)
 
 
-def _chat_token_ids(messages: list[dict], tokenizer) -> list[int]:
+def _chat_token_ids(messages: list[dict], tokenizer,
+                    template_kwargs: dict | None = None) -> list[int]:
     if not tokenizer.has_chat_template:
         raise ValueError(
             "field \"messages\": this model has no chat template; give a text \"prompt\"")
     texts = [v for m in messages for v in m.values() if isinstance(v, str)]
     find = _control_finder(tokenizer)
     if not any(find(t) for t in texts):
-        text = _render(messages, tokenizer)  # nothing forged: the template's text as is
+        text = _render(messages, tokenizer, template_kwargs)  # nothing forged: as rendered
         return _encode(tokenizer, text, _adds_bos(tokenizer, text))
     # Each forged control string is swapped for a marker the template passes through.
     mark = next(chr(c) for c in range(0xE000, 0xF900) if not any(chr(c) in t for t in texts))
@@ -121,7 +125,7 @@ def _chat_token_ids(messages: list[dict], tokenizer) -> list[int]:
 
     escaped = [{k: escape(v) if isinstance(v, str) else v for k, v in m.items()}
                for m in messages]
-    rendered = _render(escaped, tokenizer)
+    rendered = _render(escaped, tokenizer, template_kwargs)
 
     def restored(span: str) -> str:
         return re.sub(f"{mark}(\\d+){mark}", lambda m: forged[int(m.group(1))], span)
@@ -172,10 +176,13 @@ def _control_finder(tokenizer) -> Finder:
     return find
 
 
-def _render(messages: list[dict], tokenizer) -> str:
+def _render(messages: list[dict], tokenizer, template_kwargs: dict | None = None) -> str:
+    """The chat template's text of ``messages``; ``template_kwargs`` (a row's
+    ``chat_template_kwargs``) go to the template, ``add_generation_prompt`` True unless they
+    say otherwise."""
+    kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as e:  # jinja2 TemplateError and friends: the row's fault
         raise ValueError(f"field \"messages\": the chat template rejected them: {e}") from e
 

@@ -9,9 +9,9 @@ Data flow (one way)::
                                         windows of rows
     build_engine(first window)          the model loads; the KV pool is sized to the first
                                         window's requests (the budget when more rows follow)
-    Job: each window in prefix order -> LLMEngine.generate (stops between steps when asked)
-        -> RequestOutputs -> result_records -> ResultWriter (reorder buffer; flushed as rows
-        finish)
+    Job: RowStream (each window in prefix order -> LLMEngine.generate, stops between steps
+        when asked; a row's samples grouped) -> result_records -> ResultWriter (reorder
+        buffer; flushed as rows finish)
     final_report
 
 When the first window is the whole input and none of its rows can run (each invalid, over the
@@ -98,7 +98,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         engine = engine or build_engine(
             config, requests, more, constrained=p.validation.constrained, console=console,
             verbose=options.show_progress, tokenizer=model.tokenizer())
-        _generate(engine, src, p, defaults, output, options, console,
+        _generate(engine, src, p, output, options, console,
                   should_stop or (lambda: False), itertools.chain([first], fed))
     r = engine.runner
     stats = summarize(engine.counters)
@@ -126,9 +126,9 @@ def _without_model(output: str, name: str, p: Prepared, window: list[Fed],
     return stats
 
 
-def _generate(engine: LLMEngine, src: Source, p: Prepared, defaults: SamplingParams,
-              output: str, options: RunOptions, console: Console,
-              should_stop: Callable[[], bool], fed: Iterable[list[Fed]]) -> None:
+def _generate(engine: LLMEngine, src: Source, p: Prepared, output: str, options: RunOptions,
+              console: Console, should_stop: Callable[[], bool],
+              fed: Iterable[list[Fed]]) -> None:
     """Pass 2: every row to run through the engine, results written as they finish."""
     if should_stop():  # asked before anything was written: leave the output alone
         raise KeyboardInterrupt
@@ -138,7 +138,7 @@ def _generate(engine: LLMEngine, src: Source, p: Prepared, defaults: SamplingPar
                      output == STDIN) as progress, \
             ResultWriter(output, ordered=options.ordered, append=options.resume,
                          positions=p.validation.done) as writer:
-        job = Job(engine, defaults, p.out_fmt, src.place, writer, progress)
+        job = Job(engine, p.out_fmt, src.place, writer, progress)
         job.run(fed, options.order, should_stop)
         close_in_order(writer, output, options.resume and options.ordered, should_stop(),
                        options.show_progress, console)

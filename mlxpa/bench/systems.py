@@ -99,7 +99,7 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
              else range(len(wl.prompts)))
     for i in order:
         engine.add_request(i, wl.prompts[i], SamplingParams(
-            max_tokens=wl.output_lens[i], ignore_eos=True, structured=wl.structured))
+            max_tokens=wl.output_lens[i], ignore_eos=True, structured_outputs=wl.structured))
     series, shown = [], 0
     while engine.has_unfinished_requests():
         engine.step()

@@ -180,7 +180,7 @@ def run(
             stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
-            structured=cli_constraint(choice, json_schema, regex, grammar),
+            structured_outputs=cli_constraint(choice, json_schema, regex, grammar),
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty)
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system,

@@ -19,7 +19,7 @@ import difflib
 from typing import Any, NamedTuple
 
 from mlxpa.config import bad, show
-from mlxpa.data.params import SAMPLING_FIELDS
+from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
 
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
@@ -146,7 +146,9 @@ def check_openai(obj: dict, problems: list[str]) -> str | None:
 def check_body_fields(body: dict, problems: list[str]) -> None:
     """Every field of an OpenAI body is known: a sampling field, an input field, or in
     :data:`~mlxpa.data.fields.FIELD_SUPPORT` (an unsupported one only at its default)."""
-    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS}
+    # vLLM's chat template fields are read in a chat body; its token prompt is not a body field
+    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS,
+             *PROMPT_FIELDS[1:]}
     for key, value in body.items():
         if key in known or value is None:
             continue

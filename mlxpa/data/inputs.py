@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from mlxpa.data.fields import unsupported_fields
-from mlxpa.data.params import SAMPLING_FIELDS
+from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
 from mlxpa.structured.fields import STRUCTURED_FIELDS
 
@@ -74,7 +74,8 @@ class InputOptions:
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
         return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens"))
+                          *PROMPT_FIELDS, *SAMPLING_FIELDS, *STRUCTURED_FIELDS,
+                          "max_completion_tokens"))
 
 
 class RowSpec(NamedTuple):
@@ -109,8 +110,9 @@ def check_columns(names: list[str], spec: RowSpec) -> list[str]:
         InputError: There is no prompt or messages column (nor an OpenAI ``body``).
     """
     o = spec.options
-    if o.prompt_column not in names and o.messages_column not in names and not (
-            "custom_id" in names and "body" in names):
+    if (o.prompt_column not in names and o.messages_column not in names
+            and "prompt_token_ids" not in names and not ("custom_id" in names
+                                                          and "body" in names)):
         raise InputError(f'no column "{o.prompt_column}" or "{o.messages_column}" '
                          f"(columns: {', '.join(names)}); add a header line naming the "
                          "prompt column, or pass --prompt-column NAME", source=spec.source)

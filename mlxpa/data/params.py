@@ -14,6 +14,10 @@ from typing import Any
 from mlxpa.config import bad, sampling_field_problem, token_id_problem
 from mlxpa.structured.fields import JSON_TEXT_FIELDS
 
+# A row's prompt fields beside its prompt and messages columns: vLLM's TokensPrompt
+# ``prompt_token_ids`` (instead of a text), and, with ``messages``, vLLM's chat request fields
+# ``chat_template_kwargs`` (more variables of the chat template) and ``add_generation_prompt``.
+PROMPT_FIELDS = ("prompt_token_ids", "chat_template_kwargs", "add_generation_prompt")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
                    "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "min_tokens",
                    "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -122,7 +126,7 @@ def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, A
         if value is None or value == "":
             out[key] = None
         elif key == messages_column or (key in SAMPLING_FIELDS and key != "stop") or (
-                key in JSON_TEXT_FIELDS):
+                key in JSON_TEXT_FIELDS or key in PROMPT_FIELDS):
             out[key] = _loads(value.lower() if value.lower() in ("true", "false") else value)
         elif key == "stop" and value.startswith("["):
             out[key] = _loads(value)

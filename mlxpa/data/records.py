@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxpa.data.rows import Row
-from mlxpa.request import RequestOutput, TokenLogprob
+from mlxpa.request import SampleOutput, TokenLogprob
 
 OUTPUT_FORMATS = ("auto", "mlxpa", "openai")
 ERROR_CODE = "invalid_request"
@@ -90,9 +90,9 @@ def error_records(row: Row, message: str, fmt: str,
                         "cached_tokens": 0, "error": message})]
 
 
-def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
+def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
                    place: str, tokenizer: Any = None) -> list[dict]:
-    """The output of a finished row: every sample's :class:`RequestOutput`, in sample order.
+    """The output of a finished row: every sample's :class:`SampleOutput`, in sample order.
 
     Args:
         row: The input row.
@@ -129,7 +129,7 @@ def result_records(row: Row, outs: list[RequestOutput], fmt: str, model: str,
     return records
 
 
-def _choice_fields(out: RequestOutput) -> dict[str, Any]:
+def _choice_fields(out: SampleOutput) -> dict[str, Any]:
     """A choice row's label probabilities (none for other rows)."""
     if out.choice_logprobs is None:
         return {}
@@ -220,7 +220,7 @@ def vllm_prompt_logprobs(logprobs: list[TokenLogprob | None],
     return out
 
 
-def _openai_body(row: Row, outs: list[RequestOutput], model: str,
+def _openai_body(row: Row, outs: list[SampleOutput], model: str,
                  token_text: Callable[[int], str]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
     choices = []

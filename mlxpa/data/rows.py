@@ -4,7 +4,10 @@ Every problem is collected, not raised, and named with the source, line (or row)
 a validation pass can list them all before any model work:
 
 * the input: ``prompt`` (non-empty text) *or* ``messages`` (a non-empty list of
-  ``{"role", "content"}`` strings), nulls reported as such;
+  ``{"role", "content"}`` strings) *or* ``prompt_token_ids`` (vLLM's TokensPrompt: a
+  non-empty list of token ids), nulls reported as such; with ``messages``, vLLM's
+  ``chat_template_kwargs`` (an object) and ``add_generation_prompt`` (a bool) for the
+  template;
 * the id (a string or an integer; default: the row index);
 * per-row sampling fields (:data:`SAMPLING_FIELDS`), type- and range-checked; constraint and
   log-probability fields (:mod:`mlxpa.structured.fields`), compiled;
@@ -30,7 +33,7 @@ from mlxpa.data.fields import (
     unknown_field,
 )
 from mlxpa.data.inputs import RowSpec, sampling_like, where
-from mlxpa.data.params import parse_params
+from mlxpa.data.params import PROMPT_FIELDS, parse_params
 from mlxpa.structured.fields import parse_structured
 
 
@@ -42,9 +45,9 @@ class Row:
         index: 0-based position among the input's rows (blank JSONL lines skipped).
         id: The row's id field (str or int); defaults to ``index``; None for a record that
             could not be decoded.
-        prompt: Text prompt, or None when ``messages`` is given.
+        prompt: Text prompt, or None when ``messages`` or ``prompt_token_ids`` is given.
         messages: Chat messages (``[{"role": str, "content": str, ...}]``, null keys dropped),
-            or None when ``prompt`` is given.
+            or None.
         params: Per-row sampling overrides, only the fields the row sets (nulls are absent):
             ints for ``max_tokens`` (>= 0), ``top_k`` (>= 0, or -1: off), ``seed``
             (>= 0), ``n`` (>= 1), ``min_tokens`` (>= 0); floats for ``temperature`` (>= 0),
@@ -62,6 +65,10 @@ class Row:
         keep: Values of the ``--keep-columns`` fields (None for a missing one), or None when
             no columns are kept.
         openai: ``"chat"`` or ``"completions"`` for an OpenAI Batch API line, else None.
+        prompt_token_ids: The prompt as token ids (ints >= 0; checked against the model's
+            vocabulary later), or None.
+        chat_template_kwargs: Keyword arguments of the chat template for ``messages``
+            (``add_generation_prompt`` among them when the row sets it), or None.
     """
 
     index: int
@@ -73,6 +80,8 @@ class Row:
     line: int | None = None
     keep: dict[str, Any] | None = None
     openai: str | None = None
+    prompt_token_ids: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
@@ -102,21 +111,29 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     elif isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
         problems.append(bad(id_field, "a string or an integer", row_id))
         row_id = index
-    prompt, messages = _parse_input(fields, prefix, spec, problems)
+    ids = None if openai else fields.get(TOKENS)
+    if ids is None:
+        prompt, messages = _parse_input(fields, prefix, spec, problems)
+    else:
+        prompt, messages, ids = None, None, _parse_token_ids(fields, spec, problems)
     if kind is None and openai:
         kind = "chat" if messages is not None else "completions"
     if kind is not None and (messages is None) != (kind == "completions") and not problems:
         want = spec.options.messages_column if kind == "chat" else spec.options.prompt_column
         problems.append(f'field "url" {show(obj.get("url"))} needs field "{prefix}{want}"')
-    if spec.options.system is not None:
+    if spec.options.system is not None and ids is not None:
+        problems.append('field "prompt_token_ids": --system needs a text prompt or messages')
+    elif spec.options.system is not None:
         prompt, messages = _with_system(spec.options.system, prompt, messages)
+    template_kwargs = _template_kwargs(fields, prefix, messages is not None, problems)
     params = parse_params(fields, prefix, problems)
     params.update(parse_structured(fields, prefix, problems))
     keep = None
     if spec.options.keep_columns:
         keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.options.keep_columns}
     error = f"{where(spec.source, line, spec.unit)}: {'; '.join(problems)}" if problems else None
-    return Row(index, row_id, prompt, messages, params, error, line, keep, kind)
+    return Row(index, row_id, prompt, messages, params, error, line, keep, kind, ids,
+               template_kwargs)
 
 
 def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:
@@ -139,6 +156,51 @@ def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
                 problems.append(problem)
         elif sampling_like(key):
             problems.append(unknown_field(key, key))
+
+
+TOKENS = PROMPT_FIELDS[0]  # "prompt_token_ids"
+# Arguments of ``apply_chat_template`` that change what it returns, not the template's text.
+_NOT_TEMPLATE_KWARGS = frozenset(("conversation", "tokenize", "return_dict", "return_tensors",
+                                  "padding", "truncation", "max_length", "tokenizer_kwargs",
+                                  "return_assistant_tokens_mask", "chat_template"))
+
+
+def _parse_token_ids(fields: dict, spec: RowSpec, problems: list[str]) -> list[int] | None:
+    """The row's ``prompt_token_ids`` (vLLM's TokensPrompt), given instead of a prompt."""
+    ids = fields[TOKENS]
+    given = [c for c in (spec.options.prompt_column, spec.options.messages_column)
+             if fields.get(c) is not None]
+    if given:
+        problems.append(f'give field "{given[0]}" or field "{TOKENS}", not both')
+    elif not (isinstance(ids, list) and ids and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        problems.append(bad(TOKENS, "a non-empty list of token ids (integers >= 0)", ids))
+    else:
+        return ids
+    return None
+
+
+def _template_kwargs(fields: dict, prefix: str, chat: bool,
+                     problems: list[str]) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with ``add_generation_prompt`` (the kwargs win, as in vLLM),
+    or None when the row sets neither; both need ``messages``."""
+    kwargs, gen = fields.get("chat_template_kwargs"), fields.get("add_generation_prompt")
+    if kwargs is None and gen is None:
+        return None
+    found = [f for f, v in (("chat_template_kwargs", kwargs), ("add_generation_prompt", gen))
+             if v is not None]
+    if not chat:
+        problems.append(f'field "{prefix}{found[0]}" needs field "{prefix}messages"')
+        return None
+    if gen is not None and not isinstance(gen, bool):
+        problems.append(bad(prefix + "add_generation_prompt", "true or false", gen))
+        return None
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(
+            isinstance(k, str) and k not in _NOT_TEMPLATE_KWARGS for k in kwargs)):
+        problems.append(bad(prefix + "chat_template_kwargs", "an object of template variables "
+                            f"(not {', '.join(sorted(_NOT_TEMPLATE_KWARGS))})", kwargs))
+        return None
+    return {**({} if gen is None else {"add_generation_prompt": gen}), **(kwargs or {})}
 
 
 def _parse_input(fields: dict, prefix: str, spec: RowSpec,

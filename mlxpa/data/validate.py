@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from mlxpa.config import SamplingParams
+from mlxpa.config import SamplingParams, token_id_problem
 from mlxpa.data.inputs import InputError, where
 from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
 from mlxpa.data.resume import Existing, id_key
@@ -116,7 +116,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_done += 1
             first_line[key] = row.line
             continue
-        problem = (row.error or _run_problem(row, defaults, vocab_size)
+        problem = (row.error or run_problem(row, defaults, vocab_size)
                    or (check_prompt(row) if check_prompt is not None else None))
         if problem is not None and row.error is None:
             problem = f"{where(source, row.line, unit)}: {problem}"
@@ -137,7 +137,8 @@ def _record(v: Validation, row: Row, problem: str | None,
     will run."""
     if problem is not None:
         _add_problem(v, problem)
-    elif getattr(row.params.get("structured", getattr(defaults, "structured", None)),
+    elif getattr(row.params.get("structured_outputs",
+                                getattr(defaults, "structured_outputs", None)),
                  "decoded", False):  # a choice is scored: no grammar
         v.constrained = True
 
@@ -167,14 +168,17 @@ def _watch_kept(rows: Iterable[Row], source: str) -> Iterator[Row]:
                       f"{', '.join(missing)} (its output column is null)", stacklevel=2)
 
 
-def _run_problem(row: Row, defaults: SamplingParams | None,
-                 vocab_size: int | None) -> str | None:
+def run_problem(row: Row, defaults: SamplingParams | None,
+                vocab_size: int | None) -> str | None:
     """What stops a well-formed row from running with the run's defaults and model: fields
-    that conflict once merged (``min_tokens`` above ``max_tokens``), token ids outside the
-    vocabulary."""
+    that conflict once merged (``min_tokens`` above ``max_tokens``), token ids (its prompt's
+    too) outside the vocabulary; None when nothing does."""
     prefix = "body." if row.openai is not None else ""
     if vocab_size is not None:
         problems = check_token_ids(row.params, vocab_size, prefix)  # the defaults': above
+        if row.prompt_token_ids is not None:
+            problems += filter(None, [token_id_problem("prompt_token_ids",
+                                                       row.prompt_token_ids, vocab_size)])
         if problems:
             return "; ".join(problems)
     if defaults is not None:

@@ -1,5 +1,5 @@
 """The engine: requests in, outputs out (:class:`LLMEngine`), detokenization and metrics."""
 
-from mlxpa.engine.llm_engine import LLMEngine, PromptInput
+from mlxpa.engine.llm_engine import LLMEngine, Passthrough, PromptInput
 
-__all__ = ["LLMEngine", "PromptInput"]
+__all__ = ["LLMEngine", "Passthrough", "PromptInput"]

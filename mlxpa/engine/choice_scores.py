@@ -51,7 +51,7 @@ import mlx.core as mx
 
 from mlxpa.config import SamplingParams, show
 from mlxpa.core.scheduler import SchedulerOutput
-from mlxpa.request import Request, RequestOutput, RequestStatus, TokenLogprob
+from mlxpa.request import Request, SampleOutput, RequestStatus, TokenLogprob
 from mlxpa.structured.labels import LabelJoiner, source_name
 from mlxpa.worker.outputs import StepResult
 from mlxpa.worker.sampling import sample_one
@@ -69,7 +69,8 @@ class _Row:
 
 def is_choice(params: SamplingParams) -> bool:
     """Whether a request with ``params`` is a ``choice`` row (scored here)."""
-    return params.structured is not None and params.structured.kind == "choice"
+    return (params.structured_outputs is not None
+            and params.structured_outputs.kind == "choice")
 
 
 def choose_label(scores: Sequence[float], params: SamplingParams, seed: int) -> int:
@@ -122,11 +123,11 @@ class ChoiceScores:
         tokenizer: The model's tokenizer (the labels' tokens, a cut label's text).
         max_model_len: Longest prompt + label the scheduler accepts, plus one.
         seed_for: A sample's seed (:meth:`mlxpa.worker.model_runner.ModelRunner.seed_for`).
-        output: The engine's :class:`RequestOutput` of a finished request and its text.
+        output: The engine's :class:`SampleOutput` of a finished request and its text.
     """
 
     def __init__(self, tokenizer, max_model_len: int, seed_for: Callable[[Request], int],
-                 output: Callable[[Request, str], RequestOutput]) -> None:
+                 output: Callable[[Request, str], SampleOutput]) -> None:
         self._tok = tokenizer
         self._joiner = LabelJoiner(tokenizer)
         self._max_model_len = max_model_len
@@ -149,7 +150,7 @@ class ChoiceScores:
                 tokens, one has no token of its own), a label does not fit the context
                 (the messages name the field), or ``schedule`` refused the prefill.
         """
-        so = row.sampling_params.structured
+        so = row.sampling_params.structured_outputs
         try:
             joined = self._joiner.join(row.prompt_token_ids, so.choices)
         except ValueError as e:
@@ -191,7 +192,7 @@ class ChoiceScores:
             starts.append(req)
         return starts
 
-    def on_step(self, out: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+    def on_step(self, out: SchedulerOutput, result: StepResult) -> list[SampleOutput]:
         """Record a step's scores (after ``update_from_output``): each label's first token
         (the prefills' ``targets``) and the label requests' tokens (``scored``).
 
@@ -219,7 +220,7 @@ class ChoiceScores:
                 released.extend(self._release(state))
         return released
 
-    def _release(self, state: _Row) -> list[RequestOutput]:
+    def _release(self, state: _Row) -> list[SampleOutput]:
         """The outputs of a row whose requests all finished."""
         row, params, start = state.row, state.row.sampling_params, state.prefill.num_prompt_tokens
         samples = [Request(row.request_id, row.prompt_token_ids, params,

@@ -20,7 +20,7 @@ from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import Request, RequestOutput, RequestStatus, TokenLogprob
+from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
 from mlxpa.worker.model_runner import ModelRunner, kv_budget_bytes
 from mlxpa.worker.outputs import StepResult
 
@@ -34,6 +34,14 @@ class PromptInput(NamedTuple):
     prompt_token_ids: list[int]
     params: SamplingParams
     seed_key: object = None
+
+
+class Passthrough(NamedTuple):
+    """An item :meth:`LLMEngine.generate` yields back untouched, in its place among the
+    outputs: what a caller streams along with its requests (an input row that cannot run
+    reaches the consumer when it is pulled, so nothing is read ahead to hold it)."""
+
+    item: object
 
 
 class LLMEngine:
@@ -71,7 +79,7 @@ class LLMEngine:
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
-        self._released: list[RequestOutput] = []
+        self._released: list[SampleOutput] = []
 
     @property
     def max_model_len(self) -> int:
@@ -93,7 +101,7 @@ class LLMEngine:
 
     def add_request(self, request_id: object, prompt_token_ids: list[int],
                     params: SamplingParams, seed_key: object = None,
-                    ) -> list[RequestOutput] | None:
+                    ) -> list[SampleOutput] | None:
         """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
         when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
         the rest wait, reading the prompt from the prefix cache when admitted). A
@@ -101,7 +109,7 @@ class LLMEngine:
         prefill, its labels' tokens, ``n`` labels drawn from the scores.
 
         Returns:
-            Finished :class:`RequestOutput` s (one per sample) right away when the request
+            Finished :class:`SampleOutput` s (one per sample) right away when the request
             needs no model work (``max_tokens`` 0, not a choice row) or cannot run (empty
             prompt, longer than the context or the pool, labels that cannot be scored:
             ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
@@ -153,7 +161,7 @@ class LLMEngine:
         return IncrementalDetokenizer(self.tokenizer, params.stop,
                                       params.include_stop_str_in_output, params.min_tokens)
 
-    def _error(self, req: Request, message: str, sample_index: int = 0) -> RequestOutput:
+    def _error(self, req: Request, message: str, sample_index: int = 0) -> SampleOutput:
         req.status = RequestStatus.FINISHED_ABORTED
         out = self._output(req, "", sample_index)
         out.error = message
@@ -183,6 +191,27 @@ class LLMEngine:
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
+    def abort_unfinished(self) -> int:
+        """Abort every request in flight and drop what the engine holds for them (a caller
+        that stopped reading :meth:`generate`: Ctrl-C in a notebook, a loop left early), so
+        the next :meth:`generate` starts clean; their blocks go back to the pool (full blocks
+        stay in the prefix cache) and the runner frees their state in one empty step.
+
+        Returns:
+            How many requests (samples and choice scoring requests included) were aborted.
+        """
+        sched = self.scheduler
+        unfinished = [*sched.running, *sched.waiting]
+        for req in unfinished:
+            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        if sched.has_finished_requests():
+            self.step()  # SchedulerOutput.finished: the runner frees their state
+        self._detok.clear()
+        self._pending_forks.clear()
+        self._released.clear()
+        self.choice_scores = ChoiceScores(self.tokenizer)
+        return len(unfinished)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._released)
 
@@ -190,7 +219,7 @@ class LLMEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[SampleOutput]:
         """Run one scheduling step; return the requests that finished in it."""
         out = self.scheduler.schedule()
         result = self.runner.execute(out)
@@ -219,7 +248,7 @@ class LLMEngine:
         return updated
 
     def _check_stops(self, updated: list[Request],
-                     grammar_ended: dict[Request, str | None]) -> list[RequestOutput]:
+                     grammar_ended: dict[Request, str | None]) -> list[SampleOutput]:
         """Stop strings and grammar endings of each request's new token; return the outputs
         of the requests that finished (and of those released since the last step)."""
         finished, self._released = self._released, []
@@ -278,7 +307,7 @@ class LLMEngine:
             c.mask_time_s += result.mask_time_s
             c.mask_steps += 1
 
-    def _output(self, req: Request, text: str, sample_index: int | None = None) -> RequestOutput:
+    def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         c = self.counters
         c.requests += 1
         index = req.sample_index if sample_index is None else sample_index
@@ -291,7 +320,10 @@ class LLMEngine:
             c.ttft_s.append(ttft)
         c.itl_s.extend(itl)
         tokens = list(req.output_token_ids)
-        return RequestOutput(
+        reason = req.stop_reason if req.status == RequestStatus.FINISHED_STOPPED else None
+        if reason in self.scheduler.eos_token_ids and not req.sampling_params.ignore_eos:
+            reason = None  # EOS is no stop reason (vLLM), even when also a stop token id
+        return SampleOutput(
             request_id=req.request_id,
             sample_index=index,
             text=text, token_ids=tokens,
@@ -299,15 +331,17 @@ class LLMEngine:
             num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
             error=req.stop_reason if req.finish_reason == "abort" and isinstance(
                 req.stop_reason, str) else None,
-            logprobs=req.logprobs[:len(tokens)] if req.sampling_params.logprobs else None,
-            prompt_logprobs=_prompt_logprobs(req))
+            logprobs=(req.logprobs[:len(tokens)] if req.sampling_params.logprobs is not None
+                      else None), stop_reason=reason, prompt_logprobs=_prompt_logprobs(req))
 
-    def generate(self, prompts: Iterable[PromptInput], max_waiting: int | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
+    def generate(self, prompts: Iterable[PromptInput | Passthrough],
+                 max_waiting: int | None = None, should_stop: Callable[[], bool] | None = None,
+                 ) -> Iterator[SampleOutput | Passthrough]:
         """Run every prompt to completion, yielding outputs as requests finish.
 
         Args:
-            prompts: Requests to run, pulled lazily.
+            prompts: Requests to run, pulled lazily; a :class:`Passthrough` is yielded as it
+                is when pulled.
             max_waiting: Pull more prompts only while fewer than this many wait
                 (default: ``2 * max_num_seqs``).
             should_stop: Polled between steps; when it returns True, generation ends and
@@ -322,6 +356,9 @@ class LLMEngine:
                 if item is None:
                     exhausted = True
                     break
+                if isinstance(item, Passthrough):
+                    yield item
+                    continue
                 done = self.add_request(*item)
                 if done is not None:
                     yield from done

@@ -71,12 +71,13 @@ def build_processor(config: EngineConfig, preprocess: Callable[[dict], dict] | N
                     cpus_per_replica: float = 1.0) -> Processor:
     """A ``Dataset -> Dataset`` callable that runs every row through mlxpa replicas.
 
-    Each row (after ``preprocess``) is an mlxpa input row: ``prompt`` or ``messages``,
-    optional ``id`` and sampling fields (``max_tokens``, ``temperature``, ``stop``, ``n``,
-    ...); other columns pass through. The output has one row per sample: the row's columns
-    plus ``text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
-    ``cached_tokens``, ``sample_index`` and ``error`` (None, or why the row could not run:
-    an invalid row never stops the dataset), then ``postprocess`` maps it.
+    Each row (after ``preprocess``) is an mlxpa input row: ``prompt``, ``messages`` or
+    ``prompt_token_ids``, optional ``id`` and sampling fields (``max_tokens``,
+    ``temperature``, ``stop``, ``n``, ...); other columns pass through. The output has one
+    row per sample: the row's columns plus ``text``, ``finish_reason``, ``prompt_tokens``,
+    ``completion_tokens``, ``cached_tokens``, ``sample_index`` and ``error`` (None, or why
+    the row could not run: an invalid row never stops the dataset), then ``postprocess``
+    maps it.
 
     Args:
         config: Engine configuration of every replica (each loads the model once).
@@ -107,10 +108,11 @@ def build_processor(config: EngineConfig, preprocess: Callable[[dict], dict] | N
 
 
 def _with_prefix_key(row: dict) -> dict:
-    """``row`` plus its sort key: the prompt, or the chat messages as JSON (the system turn
-    first), so rows sharing a leading text sort together."""
+    """``row`` plus its sort key: the prompt, or the chat messages (the system turn first) or
+    the prompt's token ids as JSON, so rows sharing a leading text sort together."""
     prompt = row.get("prompt")
-    key = prompt if isinstance(prompt, str) else json.dumps(row.get("messages"), default=str)
+    key = prompt if isinstance(prompt, str) else json.dumps(
+        row.get("messages") or row.get("prompt_token_ids"), default=str)
     return {**row, PREFIX_KEY: key}
 
 

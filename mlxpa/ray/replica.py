@@ -14,13 +14,13 @@ import time
 from typing import Any
 
 from mlxpa.batch.requests import Fed
+from mlxpa.batch.stream import RowStream
 from mlxpa.config import EngineConfig
-from mlxpa.core.prefix_order import prefix_order
 from mlxpa.data.inputs import where
 from mlxpa.data.records import result_records
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
 from mlxpa.ray.stats import delta, snapshot
-from mlxpa.request import RequestOutput
+from mlxpa.request import SampleOutput
 
 
 class ReplicaEngine:
@@ -37,24 +37,20 @@ class ReplicaEngine:
         self.replica = _actor_name()
         self.process = f"{socket.gethostname()}:{os.getpid()}"
 
-    def run(self, requests: list[PromptInput],
-            ) -> tuple[dict[object, list[RequestOutput]], dict[str, Any]]:
-        """Run ``requests`` to completion, admitted in prefix order.
+    def run(self, rows: list[Fed]) -> tuple[dict[int, list[SampleOutput]], dict[str, Any]]:
+        """Run ``rows`` (each with its request) to completion, admitted in prefix order
+        (:class:`~mlxpa.batch.stream.RowStream`, the rows as one window).
 
         Returns:
-            The outputs of each request id (one per sample, in sample order), and what the
+            The outputs of each row index (one per sample, in sample order), and what the
             engine's counters gained (:func:`mlxpa.ray.stats.delta`; ``failed_rows`` counts
-            requests whose output is an error).
+            rows whose output is an error).
         """
         c = self.engine.counters
         before = snapshot(c)
-        order = prefix_order([r.prompt_token_ids for r in requests],
-                             self.engine.config.block_size)
-        outs: dict[object, list[RequestOutput]] = {}
-        for out in self.engine.generate(requests[i] for i in order):
-            outs.setdefault(out.request_id, []).append(out)
-        for group in outs.values():
-            group.sort(key=lambda o: o.sample_index)
+        outs: dict[int, list[SampleOutput]] = {}
+        for fed, group in RowStream(self.engine).run([rows]):
+            outs[fed.row.index] = group
             c.failed_rows += any(o.error is not None for o in group)
         return outs, delta(c, before, self.replica, self.process, self.load_s)
 
@@ -88,7 +84,7 @@ class ShardReplica(ReplicaEngine):
             ``key``, each row's index with its result records, and the shard's counters
             delta (:func:`mlxpa.ray.stats.delta`).
         """
-        outs, stats = self.run([fed.request for fed in shard])
+        outs, stats = self.run(shard)
         records = [(fed.row.index, result_records(
             fed.row, outs[fed.row.index], self.out_fmt, self.model_name,
             where(self.source, fed.row.line, self.unit), self.engine.tokenizer))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxpa.batch.requests import to_request
+from mlxpa.batch.requests import Fed, to_request
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.inputs import InputOptions, RowSpec
 from mlxpa.data.rows import parse_row
@@ -34,7 +34,7 @@ class RowReplica(ReplicaEngine):
         import pyarrow as pa
 
         records = batch.to_pylist()
-        requests, failed = [], {}
+        rows, failed = [], {}
         for i, obj in enumerate(records):
             row = parse_row({k: v for k, v in obj.items() if k not in self.drop}, i, None,
                             self.spec)
@@ -43,8 +43,8 @@ class RowReplica(ReplicaEngine):
             if isinstance(req, str):
                 failed[i] = req if row.error else f"{SOURCE} id {row.id!r}: {req}"
             else:
-                requests.append(req)
-        outs, _ = self.run(requests)
+                rows.append(Fed(row, req))
+        outs, _ = self.run(rows)
         rows = []
         for i, obj in enumerate(records):
             base = {k: v for k, v in obj.items() if k not in self.drop}

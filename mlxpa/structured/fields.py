@@ -11,7 +11,8 @@ Constraint fields (at most one per row; it overrides the run's ``--choice`` / ``
 * vLLM's older ``guided_choice``, ``guided_regex``, ``guided_json``, ``guided_grammar``.
 
 Log-probabilities: ``logprobs`` (true/false; an integer, as in OpenAI's completions API, also
-sets ``top_logprobs``) and ``top_logprobs`` (0 to 20).
+sets ``top_logprobs``) and ``top_logprobs`` (0 to 20), mapped onto vLLM's one
+``SamplingParams.logprobs`` (None: off; ``k``: the sampled token and the ``k`` most likely).
 
 Each constraint is compiled here (:func:`mlxpa.structured.spec.check`, cached by canonical
 text), so an invalid schema, regex or grammar is a validation error naming the field before
@@ -23,7 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 from mlxpa.config import bad, sampling_field_problem, show
-from mlxpa.structured.spec import JSON_OBJECT, StructuredOutput, check
+from mlxpa.structured.spec import (
+    JSON_OBJECT,
+    PARAMS_FIELDS,
+    StructuredOutput,
+    StructuredOutputsParams,
+    check,
+)
 
 # vLLM's older per-kind constraint fields and the kind each gives.
 GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
@@ -39,8 +46,8 @@ __all__ = ["JSON_TEXT_FIELDS", "STRUCTURED_FIELDS", "cli_constraint", "parse_str
 
 
 def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
-    """The ``structured``, ``logprobs`` and ``top_logprobs`` params of ``fields`` (a row or
-    an OpenAI body); each problem is appended to ``problems`` naming ``prefix + field``."""
+    """The ``structured_outputs`` and ``logprobs`` params of ``fields`` (a row or an OpenAI
+    body); each problem is appended to ``problems`` naming ``prefix + field``."""
     params: dict[str, Any] = {}
     found = []
     for name in ("response_format", "structured_outputs", *GUIDED):
@@ -58,7 +65,7 @@ def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str
                 problems.append(f'field "{prefix}{name}": {error}')
                 continue
         found.append(name)
-        params["structured"] = so
+        params["structured_outputs"] = so
     if len(found) > 1:
         problems.append(f"give one constraint, not {' and '.join(prefix + f for f in found)}")
     params.update(_logprobs(fields, prefix, problems))
@@ -69,14 +76,14 @@ def _constraint(name: str, value: Any, source: str) -> StructuredOutput | None:
     if name in GUIDED:
         return StructuredOutput.make(GUIDED[name], value, source)
     if name == "structured_outputs":
+        wanted = 'an object with one of "choice", "regex", "json", "grammar", "json_object"'
         if not isinstance(value, dict):
-            raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
-        if value.get("json_object") is True:
-            return StructuredOutput("json", JSON_OBJECT, source)
-        given = [k for k in ("choice", "regex", "json", "grammar") if value.get(k) is not None]
-        if len(given) != 1:
-            raise ValueError('an object with one of "choice", "regex", "json", "grammar"')
-        return StructuredOutput.make(given[0], value[given[0]], source)
+            raise ValueError(wanted)
+        try:  # vLLM's object: the one conversion SamplingParams(structured_outputs=) makes
+            params = StructuredOutputsParams(**{k: value.get(k) for k in PARAMS_FIELDS})
+        except ValueError as e:
+            raise ValueError(f"{wanted} ({e})") from None
+        return params.to_structured_output(source)
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
         return None
@@ -91,23 +98,21 @@ def _constraint(name: str, value: Any, source: str) -> StructuredOutput | None:
 
 
 def _logprobs(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    """``{"logprobs": k}`` (or None: off) from OpenAI's ``logprobs`` (true/false, or an int
+    in the completions API) and ``top_logprobs`` (it wins over the int); ``{}`` when the row
+    asks nothing (``top_logprobs`` 0 alone)."""
     lp, top = fields.get("logprobs"), fields.get("top_logprobs")
-    if isinstance(lp, bool):
-        out["logprobs"] = lp
-    elif isinstance(lp, int) and 0 <= lp <= 20:  # OpenAI completions: logprobs=N
-        out["logprobs"], out["top_logprobs"] = True, lp
-    elif lp is not None:
+    if lp is not None and not isinstance(lp, bool) and sampling_field_problem("logprobs", lp):
         problems.append(bad(prefix + "logprobs", "true, false or an integer from 0 to 20", lp))
-    if top is not None:
-        wanted = sampling_field_problem("top_logprobs", top)
-        if wanted is None:
-            out["top_logprobs"] = top
-            if top:
-                out.setdefault("logprobs", True)
-        else:
-            problems.append(bad(prefix + "top_logprobs", wanted, top))
-    return out
+        lp = None
+    if top is not None and sampling_field_problem("logprobs", top):
+        problems.append(bad(prefix + "top_logprobs", sampling_field_problem("logprobs", top),
+                            top))
+        top = None
+    if lp is False:
+        return {"logprobs": None}
+    count = top if top is not None else (0 if lp is True or lp is None else lp)
+    return {} if lp is None and not count else {"logprobs": count}
 
 
 def choice_labels(value: str) -> list[str]:

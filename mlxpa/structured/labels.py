@@ -125,7 +125,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def source_name(so: StructuredOutput) -> str:
     """Where ``so`` was given, as messages name it: ``field "guided_choice"`` or the CLI
     option (``--choice``)."""
-    source = so.source or "structured"
+    source = so.source or "structured_outputs"
     return source if source.startswith("--") else f'field "{source}"'
 
 
@@ -147,7 +147,7 @@ def choice_label_checker(get_tokenizer: Callable[[], Any],
     held: list[tuple[Any, LabelJoiner] | None] = []
 
     def check(row: Any) -> str | None:
-        so = row.params.get("structured", default)
+        so = row.params.get("structured_outputs", default)
         if so is None or so.kind != "choice":
             return None
         if not held:

@@ -214,7 +214,8 @@ class Grammars:
     def _state(self, req: Request) -> _State:
         st = self._states.get(req)
         if st is None:
-            st = self._states[req] = _State(self._matcher(req.sampling_params.structured))
+            so = req.sampling_params.structured_outputs
+            st = self._states[req] = _State(self._matcher(so))
         out = req.output_token_ids
         if st.consumed > len(out):
             st.matcher.rollback(st.consumed - len(out))
@@ -227,7 +228,8 @@ class Grammars:
     def fill(self, reqs: list[Request]) -> Bitmask | None:
         """The bitmask of the step's sampling requests ``reqs``: each constrained request's
         from its matcher, every token for the others; None when none is constrained."""
-        rows = [i for i, r in enumerate(reqs) if r.sampling_params.structured is not None]
+        rows = [i for i, r in enumerate(reqs)
+                if r.sampling_params.structured_outputs is not None]
         if not rows:
             return None
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par

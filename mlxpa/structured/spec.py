@@ -98,6 +98,65 @@ class StructuredOutput:
         raise ValueError(f"one of {', '.join(KINDS)}")
 
 
+# The fields of vLLM's ``StructuredOutputsParams`` that mlxpa runs, and the kind each gives.
+PARAMS_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """A constraint as vLLM spells it (``vllm.sampling_params.StructuredOutputsParams``):
+    exactly one of the fields, given to ``SamplingParams(structured_outputs=...)``, which
+    keeps it as its canonical :class:`StructuredOutput` (:meth:`to_structured_output`).
+
+    Attributes:
+        json: A JSON schema: a dict, or its JSON text.
+        regex: A regular expression the whole completion matches (Rust ``regex`` syntax).
+        choice: The completion is exactly one of these strings.
+        grammar: A Lark grammar, or a GBNF grammar (converted by llguidance).
+        json_object: True: any JSON object (the schema ``{"type": "object"}``).
+
+    Raises:
+        ValueError: None of the fields or more than one given, or a value of the wrong
+            shape (naming the field). A schema, regex or grammar that does not compile is
+            found by :func:`check`.
+    """
+
+    json: str | dict | bool | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in PARAMS_FIELDS[:4] if getattr(self, k) is not None]
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object must be true or false, got "
+                             f"{self.json_object!r:.60}")
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("structured_outputs must give one of json, regex, choice, "
+                             f"grammar, json_object, got {', '.join(given) or 'none'}")
+        self.to_structured_output()
+
+    def to_structured_output(self, source: str | None = None) -> StructuredOutput:
+        """The canonical constraint (what the engine keys its compiled grammars by;
+        ``source``: where it was given, for messages).
+
+        Raises:
+            ValueError: The field's value has the wrong shape (naming the field).
+        """
+        if self.json_object:
+            return StructuredOutput("json", JSON_OBJECT, source)
+        kind = next(k for k in PARAMS_FIELDS[:4] if getattr(self, k) is not None)
+        value = getattr(self, kind)
+        try:
+            return StructuredOutput.make(kind, list(value) if kind == "choice" and
+                                         isinstance(value, tuple) else value, source)
+        except ValueError as e:
+            raise ValueError(f"structured_outputs.{kind} must be {e}, got "
+                             f"{value!r:.60}") from None
+
+
 def grammar_text(so: StructuredOutput) -> str:
     """The llguidance grammar (its JSON grammar format) for ``so``.
 

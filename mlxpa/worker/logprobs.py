@@ -104,7 +104,8 @@ def token_logprobs(logits: mx.array, token_ids: list[int] | mx.array,
             as likely, itself included (vLLM's ``Logprob.rank``, 1 = most likely).
 
     Returns:
-        Per row, the :class:`TokenLogprob` of its token (``top``: most likely first).
+        Per row, the :class:`TokenLogprob` of its token (``top``: most likely first; ``rank``:
+        how many tokens are at least as likely, vLLM's rank).
     """
     if not num_top:
         return []

@@ -112,10 +112,10 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     """
     raw = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     parts.clear()
-    lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs]
+    lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
     bitmask = entries = None
     constrained = grammars is not None and any(
-        r.sampling_params.structured is not None for r in reqs)
+        r.sampling_params.structured_outputs is not None for r in reqs)
     if constrained or (penalties is not None and any(
             r.sampling_params.penalised for r in reqs)):
         mx.async_eval(raw, *pending)  # the forward pass runs while the host works
@@ -143,7 +143,7 @@ def sample_step(parts: list[mx.array], reqs: list[Request], seeds: list[int],
     if lp_rows:
         idx = mx.array(lp_rows)
         values = token_logprobs(raw[idx], toks[idx],
-                                [reqs[i].sampling_params.top_logprobs for i in lp_rows])
+                                [reqs[i].sampling_params.logprobs for i in lp_rows], ranks=True)
         logprobs = dict(zip(lp_rows, values))
     return Sampled(tokens, logprobs, ended,
                    None if bitmask is None else bitmask.fill_s)

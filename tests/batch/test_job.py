@@ -11,7 +11,7 @@ from rich.console import Console
 from mlxpa.batch.job import report_written
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine.metrics import Counters
-from mlxpa.request import Request, RequestOutput
+from mlxpa.request import Request, SampleOutput
 from tests.tiny_models import save_tiny_model
 
 
@@ -19,7 +19,7 @@ def test_interrupt_takes_unwritten_samples_out_of_the_counters():
     running = Request("r", [1, 2, 3], SamplingParams(n=2), sample_index=1)
     running.output_token_ids = [7, 8]
     waiting = Request("w", [4, 5, 6, 7], SamplingParams())
-    done = RequestOutput("r", "ab", [5, 6, 9], "length", num_prompt_tokens=3, sample_index=0)
+    done = SampleOutput("r", "ab", [5, 6, 9], "length", num_prompt_tokens=3, sample_index=0)
     # written: one row of 10 prompt tokens, 4 generated; then the unwritten work above
     counters = Counters(requests=2, prompt_tokens=10 + 3 + 4, generation_tokens=4 + 3 + 2)
     engine = SimpleNamespace(counters=counters,

@@ -68,3 +68,26 @@ def test_benchmark_script_imports_resolve(path):
                 for line, module, name in imports
                 if (why := unresolved(module, name)) is not None]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow  # four processes, each loading a model
+def test_llm_vs_run_runs_on_a_tiny_model(tmp_path):
+    """``benchmarks/llm_vs_run.py`` end to end on a tiny model and the README's rows: both
+    sides run, their texts are identical, the summary is written."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.tiny_models import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "llm_vs_run.py"),
+                        "--model", folder, "--json", str(out)], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "texts identical: True" in r.stdout
+    summary = json.loads(out.read_text())
+    assert summary["identical"] and summary["ratio"] > 0
+    assert [run["generation_tokens"] for run in summary["runs"]["run"]] == [
+        run["generation_tokens"] for run in summary["runs"]["llm"]]

@@ -95,7 +95,7 @@ def test_stop_interprets_backslash_escapes(captured):
 def test_choice_labels_are_verbatim_and_checked(captured):
     r = cli("run", "-", "--choice", " positive, negative", input="")
     assert r.exit_code == 0, r.output
-    assert captured["defaults"].structured.choices == (" positive", " negative")
+    assert captured["defaults"].structured_outputs.choices == (" positive", " negative")
     for value, message in (("a,,b", "label 2 is empty"), ("a,b,", "label 3 is empty"),
                            ("pos,pos", "label 'pos' is given twice")):
         r = cli("run", "-", "--choice", value, input="")

@@ -43,7 +43,7 @@ def test_restated_defaults_are_accepted_and_ignored(tmp_path):
                                service_tier="auto", stream_options=None))
     assert row.error is None
     # the structured-output and penalty fields restated at their defaults ask for nothing
-    assert row.params == {"n": 1, "structured": None, "logprobs": False, "top_logprobs": 0,
+    assert row.params == {"n": 1, "structured_outputs": None, "logprobs": None,
                           "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 

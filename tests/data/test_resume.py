@@ -15,7 +15,7 @@ from mlxpa.data.parquet import parts_dir
 from mlxpa.data.records import error_records, resolve_output_format, result_records
 from mlxpa.data.resume import COMPLETE, Tail, read_existing, resume_hint
 from mlxpa.data.validate import MAX_PROBLEMS, check, validate
-from mlxpa.request import RequestOutput
+from mlxpa.request import SampleOutput
 
 
 def record(i, **extra) -> dict:
@@ -159,7 +159,7 @@ def test_int_and_string_ids_are_the_same_id(tmp_path):
 
 
 def _out(i, text, tokens, reason="stop"):
-    return RequestOutput(request_id=0, text=text, token_ids=list(range(tokens)),
+    return SampleOutput(request_id=0, text=text, token_ids=list(range(tokens)),
                          finish_reason=reason, num_prompt_tokens=4, sample_index=i,
                          num_cached_tokens=2)
 

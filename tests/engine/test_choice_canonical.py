@@ -42,8 +42,8 @@ def test_choice_tokens_are_canonical_and_greedy_is_the_argmax():
     assert canonical == {" red": [VOCAB - 6], " green": [VOCAB - 1]}
     assert tok.encode(" r", add_special_tokens=False) == [VOCAB - 8]  # other spellings exist
     choice = StructuredOutput.make("choice", [" red", " green"])
-    greedy = SamplingParams(max_tokens=8, structured=choice)
-    sampled = SamplingParams(max_tokens=8, structured=choice, temperature=1.0, n=3)
+    greedy = SamplingParams(max_tokens=8, structured_outputs=choice)
+    sampled = SamplingParams(max_tokens=8, structured_outputs=choice, temperature=1.0, n=3)
     items = [PromptInput((kind, i), tok.encode(p), params)
              for i, p in enumerate(PROMPTS)
              for kind, params in (("greedy", greedy), ("sampled", sampled))]

@@ -175,11 +175,11 @@ def test_scores_and_labels_match_mlx_lm(model, name):
     items = []
     for j, p in enumerate(PROMPTS):
         ids = tok.encode(p)
-        items += [(("greedy", j), ids, SamplingParams(max_tokens=8, structured=so)),
+        items += [(("greedy", j), ids, SamplingParams(max_tokens=8, structured_outputs=so)),
                   (("sampled", j), ids, SamplingParams(max_tokens=8, n=3, seed=j,
-                                                       temperature=1.0, structured=so,
-                                                       logprobs=True, top_logprobs=2)),
-                  (("again", j), ids, SamplingParams(max_tokens=8, structured=so))]
+                                                       temperature=1.0, structured_outputs=so,
+                                                       logprobs=2)),
+                  (("again", j), ids, SamplingParams(max_tokens=8, structured_outputs=so))]
     eng, outs = run(model, items, CONFIGS[name])
     if name == "tiny-pool":
         assert eng.counters.num_preemptions > 0
@@ -216,7 +216,7 @@ def test_greedy_label_is_the_best_label_where_decoding_is_not(model):
             continue
         assert first[a] > first[d]  # what greedy decoding would start with
         _, outs = run(model, [(("greedy", 0), ids, SamplingParams(
-            max_tokens=4, structured=StructuredOutput.make("choice", labels)))])
+            max_tokens=4, structured_outputs=StructuredOutput.make("choice", labels)))])
         (out,) = outs[("greedy", 0)]
         assert out.text == labels[2]
         check_row(model, tok, ids, [out], labels)
@@ -237,7 +237,7 @@ def test_chi_square_of_2000_draws_against_choice_probs(model):
                                   if u >= 3)]) for t in top]
     so = StructuredOutput.make("choice", labels)
     items = [(s, ids, SamplingParams(max_tokens=4, n=1000, seed=s, temperature=1.0,
-                                     structured=so)) for s in (1, 2)]
+                                     structured_outputs=so)) for s in (1, 2)]
     eng, outs = run(model, items, EngineConfig(block_size=8, num_blocks=64))
     samples = outs[1] + outs[2]
     assert len(samples) == 2000 and eng.counters.num_steps <= 5  # scored once per row
@@ -268,7 +268,7 @@ def test_cost_is_one_prefill_plus_the_labels_tokens(model):
 
     eng.scheduler.schedule = counting
     outs = list(eng.generate(PromptInput(i, tok.encode(p), SamplingParams(
-        max_tokens=8, structured=so)) for i, p in enumerate(prompts)))
+        max_tokens=8, structured_outputs=so)) for i, p in enumerate(prompts)))
     assert sampled == 0 and len(outs) == 3
     multi = sum(len(c) for c in labels if len(c) > 1)
     assert computed == sum(o.num_prompt_tokens - o.num_cached_tokens for o in outs) + 3 * multi
@@ -284,11 +284,11 @@ def test_max_tokens_cuts_the_label_and_stop_fields_do_not(model):
     tok = byte_tokenizer()
     so = StructuredOutput.make("choice", ["bad!"])
     ids = tok.encode("hi")
-    items = [("cut", ids, SamplingParams(max_tokens=2, structured=so, logprobs=True)),
-             ("zero", ids, SamplingParams(max_tokens=0, structured=so)),
+    items = [("cut", ids, SamplingParams(max_tokens=2, structured_outputs=so, logprobs=0)),
+             ("zero", ids, SamplingParams(max_tokens=0, structured_outputs=so)),
              ("stops", ids, SamplingParams(max_tokens=9, min_tokens=9, stop=["a"],
                                            stop_token_ids=tok.encode("d"), ignore_eos=True,
-                                           structured=so))]
+                                           structured_outputs=so))]
     _, outs = run(model, items)
     (cut,), (zero,), (stops,) = outs["cut"], outs["zero"], outs["stops"]
     assert (cut.text, cut.finish_reason, cut.token_ids) == ("ba", "length", tok.encode("ba"))
@@ -320,7 +320,7 @@ def test_labels_join_the_prompt_end_as_the_tokenizer_does(model):
     assert LabelJoiner(tok).join(ids[:-1], ["red", " green"]) == (len(ids) - 1, (
         tuple(tok.encode("red", add_special_tokens=False)), tuple(green)))
     so = StructuredOutput.make("choice", ["red", " green"])
-    _, outs = run(model, [("r", ids, SamplingParams(max_tokens=4, structured=so))], tok=tok)
+    _, outs = run(model, [("r", ids, SamplingParams(max_tokens=4, structured_outputs=so))], tok=tok)
     (out,) = outs["r"]
     context = ids[:-1]
     want = {"red": sum(teacher_forced(model, context, red)),
@@ -353,8 +353,8 @@ def test_labels_that_tokenize_the_same_are_refused(model):
                                                                    add_special_tokens=False)
     so = StructuredOutput.make("choice", ["€", "™", "ok"], source="guided_choice")
     fine = StructuredOutput.make("choice", ["yes", "no"])
-    _, outs = run(model, [("bad", tok.encode("hi"), SamplingParams(structured=so)),
-                          ("fine", tok.encode("hi"), SamplingParams(structured=fine))])
+    _, outs = run(model, [("bad", tok.encode("hi"), SamplingParams(structured_outputs=so)),
+                          ("fine", tok.encode("hi"), SamplingParams(structured_outputs=fine))])
     (bad,), (ok,) = outs["bad"], outs["fine"]
     assert bad.finish_reason == "abort" and bad.error == (
         'field "guided_choice": labels "€" and "™" are the same tokens after the prompt ([0])')
@@ -365,9 +365,9 @@ def test_labels_that_tokenize_the_same_are_refused(model):
     from mlxpa.batch.prompts import prompt_token_ids
     from mlxpa.structured.labels import choice_label_checker
 
-    rows = [Row(0, 0, "hi", None, {"structured": so}, line=1),
+    rows = [Row(0, 0, "hi", None, {"structured_outputs": so}, line=1),
             Row(1, 1, "hi", None, {}, line=2),
-            Row(2, 2, "hi", None, {"structured": fine}, line=3)]
+            Row(2, 2, "hi", None, {"structured_outputs": fine}, line=3)]
     check = choice_label_checker(lambda: tok, prompt_token_ids,
                                  StructuredOutput.make("choice", ["™", "€"], source="--choice"))
     v = validate(rows, source="in.jsonl", unit="line", check_prompt=check)
@@ -383,7 +383,7 @@ def test_choice_rows_build_no_grammar(model):
     """A choice-only run never creates a matcher nor waits for llguidance's tokenizer."""
     tok = byte_tokenizer()
     so = StructuredOutput.make("choice", ["yes", "no"])
-    eng, outs = run(model, [(i, tok.encode("q" * i), SamplingParams(structured=so))
+    eng, outs = run(model, [(i, tok.encode("q" * i), SamplingParams(structured_outputs=so))
                             for i in range(1, 4)])
     assert len(outs) == 3 and eng.runner.grammars._ll is None
     assert eng.counters.mask_steps == 0 and VOCAB == eng.runner.vocab_size

@@ -34,10 +34,10 @@ def test_token_logprobs_match_mlx_lm(model, config):
     prompts = ["hello world, this is a test", "abc", "0123456789abcdefghij" * 2]
     eng = LLMEngine(config, model, tok)
     items = [PromptInput(0, tok.encode(prompts[0]), SamplingParams(
-                 max_tokens=10, logprobs=True, top_logprobs=3, ignore_eos=True)),
+                 max_tokens=10, logprobs=3, ignore_eos=True)),
              PromptInput(1, tok.encode(prompts[1]), SamplingParams(
-                 max_tokens=10, temperature=0.9, seed=3, logprobs=True, ignore_eos=True,
-                 structured=StructuredOutput.make("regex", "[a-z ]+"))),
+                 max_tokens=10, temperature=0.9, seed=3, logprobs=0, ignore_eos=True,
+                 structured_outputs=StructuredOutput.make("regex", "[a-z ]+"))),
              PromptInput(2, tok.encode(prompts[2]), SamplingParams(max_tokens=10))]
     outs = {o.request_id: o for o in eng.generate(items)}
     assert outs[2].logprobs is None
@@ -65,10 +65,11 @@ def test_choice_logprobs_are_teacher_forced_sums(model, prompt):
     so = StructuredOutput.make("choice", choices)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=128), model, tok)
     ids = tok.encode(prompt)
-    outs = list(eng.generate([PromptInput(0, ids, SamplingParams(max_tokens=8, structured=so)),
+    outs = list(eng.generate([PromptInput(0, ids, SamplingParams(max_tokens=8,
+                                                                 structured_outputs=so)),
                               PromptInput(1, ids, SamplingParams(max_tokens=8, n=2, seed=1,
                                                                  temperature=1.0,
-                                                                 structured=so))]))
+                                                                 structured_outputs=so))]))
     assert len(outs) == 3
     total = 0.0
     for c in choices:

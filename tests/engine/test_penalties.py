@@ -136,11 +136,11 @@ def test_a_bias_never_lifts_the_grammar_mask(model):
         "x", add_special_tokens=False)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
     outs = list(eng.generate([
-        PromptInput(0, ids, SamplingParams(max_tokens=8, structured=digits,
+        PromptInput(0, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            logit_bias={x: 100.0})),
-        PromptInput(1, ids, SamplingParams(max_tokens=8, structured=digits,
+        PromptInput(1, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            logit_bias={seven: 100.0})),
-        PromptInput(2, ids, SamplingParams(max_tokens=8, structured=digits,
+        PromptInput(2, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            repetition_penalty=2.0))]))
     by_id = {o.request_id: o.text for o in outs}
     assert re.fullmatch("[0-9]{6}", by_id[0]) and "x" not in by_id[0]

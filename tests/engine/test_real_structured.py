@@ -47,12 +47,13 @@ def test_constraints_labels_and_probabilities(default_model):
     choice = StructuredOutput.make("choice", ["positive", "negative"])
     items = [
         PromptInput("free", label_ids, SamplingParams(max_tokens=1)),
-        PromptInput("label", label_ids, SamplingParams(max_tokens=4, structured=choice,
-                                                       logprobs=True, top_logprobs=3)),
+        PromptInput("label", label_ids, SamplingParams(max_tokens=4, structured_outputs=choice,
+                                                       logprobs=3)),
         PromptInput("json", person, SamplingParams(
-            max_tokens=60, structured=StructuredOutput.make("json", SCHEMA))),
+            max_tokens=60, structured_outputs=StructuredOutput.make("json", SCHEMA))),
         PromptInput("regex", phone, SamplingParams(
-            max_tokens=20, structured=StructuredOutput.make("regex", r"\(\d{3}\) \d{3}-\d{4}"))),
+            max_tokens=20,
+            structured_outputs=StructuredOutput.make("regex", r"\(\d{3}\) \d{3}-\d{4}"))),
     ]
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
     outs = {o.request_id: o for o in eng.generate(items)}
@@ -92,7 +93,7 @@ def test_choice_label_is_a_canonical_tokenization(default_model):
     so = StructuredOutput.make("choice", choices)
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
     (out,) = eng.generate([PromptInput("c", tok.encode("Pick a colour:"), SamplingParams(
-        max_tokens=8, structured=so, logprobs=True))])
+        max_tokens=8, structured_outputs=so, logprobs=0))])
     assert out.token_ids == tok.encode(out.text, add_special_tokens=False)
     scores = out.choice_logprobs
     assert out.text == max(scores, key=scores.get) == " red"
@@ -110,7 +111,8 @@ def test_choice_labels_with_punctuation_tokens_finish(default_model):
     cases = {"comma": [" Paris, France", " Rome"], "period": [" Paris.", " Rome"],
              "words": [" Paris is nice", " Rome"]}
     outs = list(eng.generate([PromptInput(k, prompt, SamplingParams(
-        max_tokens=8, structured=StructuredOutput.make("choice", v))) for k, v in cases.items()]))
+        max_tokens=8, structured_outputs=StructuredOutput.make("choice", v)))
+        for k, v in cases.items()]))
     for out in outs:
         assert out.finish_reason == "stop", (out.request_id, out.error)
         assert out.text in cases[out.request_id]
@@ -167,7 +169,7 @@ def test_labels_sharing_first_tokens_scored_against_mlx_lm(default_model):
                          "very negative.\n\nReview: " + r) for r in reviews]
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
     outs = {o.request_id: o for o in eng.generate(
-        PromptInput(i, p, SamplingParams(max_tokens=8, structured=so, logprobs=True))
+        PromptInput(i, p, SamplingParams(max_tokens=8, structured_outputs=so, logprobs=0))
         for i, p in enumerate(prompts))}
     for i, ids in enumerate(prompts):
         out = outs[i]

@@ -65,7 +65,7 @@ def constrained_items(tok, params=None, n_prompts=5):
         for j, p in enumerate(PROMPTS[:n_prompts]):
             sp = params or SamplingParams(max_tokens=60)
             items.append(((kind, j), tok.encode(p), SamplingParams(**{
-                **{f: getattr(sp, f) for f in sp.__slots__}, "structured": so})))
+                **{f: getattr(sp, f) for f in sp.__slots__}, "structured_outputs": so})))
     return items
 
 
@@ -106,7 +106,8 @@ def test_mask_keeps_an_allowed_argmax(model):
         for k, so in enumerate([StructuredOutput.make("regex", "(?s).{0,100}"),
                                 StructuredOutput.make("choice", [text, "zz" + text]),
                                 StructuredOutput.make("regex", re.escape(text[:5]) + ".*")]):
-            items.append(((j, k), tok.encode(p), SamplingParams(max_tokens=24, structured=so)))
+            items.append(((j, k), tok.encode(p),
+                          SamplingParams(max_tokens=24, structured_outputs=so)))
         checked += 1
     assert checked >= 3
     _, outs = run(model, CONFIGS["plain"], items)
@@ -122,12 +123,14 @@ def test_n_forks_prefix_hits_stop_strings_min_and_max_tokens(model):
     so = CONSTRAINTS["json"]
     items = [
         ("n", tok.encode(long + "one"), SamplingParams(max_tokens=60, n=3, temperature=1.0,
-                                                       seed=5, structured=so)),
-        ("hit", tok.encode(long + "two"), SamplingParams(max_tokens=60, structured=so)),
-        ("stop", tok.encode("x"), SamplingParams(max_tokens=60, structured=so, stop=['":'])),
+                                                       seed=5, structured_outputs=so)),
+        ("hit", tok.encode(long + "two"), SamplingParams(max_tokens=60, structured_outputs=so)),
+        ("stop", tok.encode("x"),
+         SamplingParams(max_tokens=60, structured_outputs=so, stop=['":'])),
         ("min", tok.encode("y"), SamplingParams(
-            max_tokens=30, min_tokens=12, structured=StructuredOutput.make("regex", "[a-c]+"))),
-        ("max", tok.encode("z"), SamplingParams(max_tokens=4, structured=so)),
+            max_tokens=30, min_tokens=12,
+            structured_outputs=StructuredOutput.make("regex", "[a-c]+"))),
+        ("max", tok.encode("z"), SamplingParams(max_tokens=4, structured_outputs=so)),
     ]
     eng, outs = run(model, EngineConfig(block_size=8, num_blocks=128, max_num_seqs=2), items)
     assert len(outs["n"]) == 3
@@ -154,18 +157,19 @@ def test_grammar_outranks_min_tokens_when_it_must_end(model):
     items = [
         ("only_stop_ids", tok.encode("hi"), SamplingParams(
             max_tokens=20, min_tokens=5, stop_token_ids=[x, y],
-            structured=StructuredOutput.make("regex", "a[xy]"))),
+            structured_outputs=StructuredOutput.make("regex", "a[xy]"))),
         ("one_choice", tok.encode("hi"), SamplingParams(
-            max_tokens=20, min_tokens=5, structured=StructuredOutput.make("choice", ["ab"]))),
+            max_tokens=20, min_tokens=5,
+            structured_outputs=StructuredOutput.make("choice", ["ab"]))),
         ("longer_choice", tok.encode("hi"), SamplingParams(
             max_tokens=20, min_tokens=5,
-            structured=StructuredOutput.make("choice", ["ab", "abc"]))),
+            structured_outputs=StructuredOutput.make("choice", ["ab", "abc"]))),
         ("boolean", tok.encode("hi"), SamplingParams(
-            max_tokens=20, min_tokens=15, structured=StructuredOutput.make(
+            max_tokens=20, min_tokens=15, structured_outputs=StructuredOutput.make(
                 "json", {"type": "boolean"}))),
     ] + [(f"seed{s}", tok.encode("hi"), SamplingParams(
         max_tokens=20, min_tokens=5, temperature=1.0, seed=s, stop_token_ids=[x, y],
-        structured=regex)) for s in range(6)]
+        structured_outputs=regex)) for s in range(6)]
     _, outs = run(model, CONFIGS["plain"], items)
     assert all(o.finish_reason == "stop" for (o,) in outs.values()), outs
     assert outs["only_stop_ids"][0].text in ("ax", "ay")  # stop ids are text below min

@@ -92,7 +92,8 @@ def test_runner_frees_exactly_what_it_is_told(constrained_runner):
     preempted request's table (its matcher stays: its output tokens do), and nothing else,
     whatever a request's status says; a step with no token returns the one empty result."""
     runner, tok = constrained_runner
-    digits = SamplingParams(max_tokens=8, structured=StructuredOutput.make("regex", "[0-9]+"))
+    digits = SamplingParams(max_tokens=8,
+                            structured_outputs=StructuredOutput.make("regex", "[0-9]+"))
     a, b, d = (Request(name, tok.encode(p), digits)
                for name, p in (("a", "ten tokens"), ("b", "twelve token"), ("d", "nine toks")))
     a.block_table, b.block_table, d.block_table = [1, 2], [3, 4], [5, 6]
@@ -120,7 +121,8 @@ def test_runner_reports_grammar_endings(constrained_runner):
 
     def req(name: str, pattern: str, blocks: list[int]) -> Request:
         so = StructuredOutput.make("regex", pattern)
-        r = Request(name, tok.encode("Digits: "), SamplingParams(max_tokens=4, structured=so))
+        r = Request(name, tok.encode("Digits: "),
+                    SamplingParams(max_tokens=4, structured_outputs=so))
         r.block_table = blocks
         return r
 

@@ -1,0 +1,273 @@
+"""``LLM``: vLLM's offline Python API (vLLM >= 0.12 names and shapes) over mlxpa's engine.
+
+    llm = LLM("mlx-community/Qwen2.5-0.5B-Instruct-4bit")    # the model loads once, here
+    outs = llm.generate(["Question: ...", {"prompt": "...", "max_tokens": 8}], SamplingParams())
+    outs = llm.chat([{"role": "user", "content": "Hi"}])
+    for out in llm.generate_iter(rows_of_a_huge_file): ...    # a stream, in constant memory
+
+Every call runs the rows ``mlxpa run`` would run, the same way: each prompt becomes the row
+a JSONL line would be (:mod:`mlxpa.entrypoints.prompts`), rows become requests through the
+one :func:`~mlxpa.batch.requests.to_request`, and requests run through pass 2's streaming
+core (:class:`~mlxpa.batch.stream.RowStream`: windows in prefix order, a row's samples
+grouped), so a prompt gets the same tokens from ``LLM`` as from a file.
+
+Errors: :meth:`LLM.generate` and :meth:`LLM.chat` check every prompt before any model work
+and raise ``TypeError`` / ``ValueError`` naming the argument and the prompt's index (vLLM
+raises too); a prompt that fails while running (its grammar fails, the KV pool cannot hold
+it) gets ``RequestOutput.error`` and loses no other prompt's work. :meth:`LLM.generate_iter`
+reads its input once, so a bad item there gets its error in its output instead of stopping
+the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any
+
+from rich.console import Console
+
+from mlxpa.batch.options import PREFIX_WINDOW
+from mlxpa.batch.progress import RunProgress
+from mlxpa.batch.requests import Fed, windows
+from mlxpa.batch.stream import RowStream, in_input_order
+from mlxpa.config import SamplingParams
+from mlxpa.core.kv_sizing import kv_blocks_needed
+from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine.metrics import Counters
+from mlxpa.entrypoints.engine_args import engine_config
+from mlxpa.entrypoints.outputs import RequestOutput, request_output
+from mlxpa.entrypoints.prompts import (
+    chat_row,
+    check_chat_options,
+    check_params,
+    conversation_list,
+    failed_fed,
+    params_list,
+    prompt_fed,
+    prompt_list,
+)
+
+
+class LLM:
+    """An offline LLM: a model loaded once, prompts in, :class:`RequestOutput` s out.
+
+    Args:
+        model: An MLX model folder, a Hugging Face repo id (downloaded on first use), a
+            ``.gguf`` file, or None for the default model (Gemma 3 270M).
+        **kwargs: Engine options, vLLM's names where vLLM has the option: ``revision``,
+            ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (0),
+            ``block_size`` (16), ``kv_cache_memory_bytes`` (the KV pool's budget; default
+            15% of memory, at most 4 GiB), ``max_num_seqs`` (128),
+            ``max_num_batched_tokens`` (2048), ``max_model_len`` (the model's context),
+            ``enable_prefix_caching`` (True); mlxpa's own: ``adapter_path`` (an mlx-lm
+            LoRA/DoRA adapter), ``keep_quantized`` (False), ``kernel`` (``auto``). See
+            :data:`mlxpa.entrypoints.engine_args.ENGINE_ARGS`.
+
+    The KV pool is sized as ``mlxpa run`` sizes it: to what a call's prompts can use, at most
+    the budget (a stream of unknown length takes the budget). A call that needs more than
+    the pool holds rebuilds the engine around the loaded model (its prefix cache then starts
+    empty); otherwise the pool, and the prefix cache in it, are kept between calls.
+
+    Attributes:
+        llm_engine: The engine (:class:`~mlxpa.engine.LLMEngine`); its ``counters`` are the
+            last call's (``mlxpa.engine.metrics.summarize`` gives its statistics).
+
+    Raises:
+        TypeError: An unknown keyword (naming it and the closest valid one).
+        ValueError: An option out of range (naming it); a model that cannot be loaded.
+        FileNotFoundError: No such model folder or file.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        from mlxpa.batch.setup import build_engine
+
+        self._config = engine_config(model, kwargs)
+        # the model loads (and is checked) here, once; the pool is sized by each call (_fit)
+        self.llm_engine: LLMEngine = build_engine(self._config, [], False, constrained=False,
+                                                  console=Console(stderr=True), verbose=False)
+        self._active: object | None = None  # the stream that owns the engine now
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (mlx-lm's ``TokenizerWrapper`` of the Hugging Face one)."""
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | list[SamplingParams]
+                 | None = None, *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate a completion for every prompt.
+
+        Args:
+            prompts: A string, a list of token ids (or vLLM's ``{"prompt_token_ids": [...]}``),
+                a dict (a row of ``mlxpa run``: ``prompt`` or ``messages`` or
+                ``prompt_token_ids``, ``id``, and its own sampling, constraint and logprobs
+                fields), or a list of these.
+            sampling_params: One :class:`SamplingParams` for every prompt, or one per prompt;
+                a dict row's own fields override it. None: ``SamplingParams()`` (greedy, 256
+                tokens).
+            use_tqdm: Draw a progress bar on stderr.
+
+        Returns:
+            One :class:`RequestOutput` per prompt, in input order.
+
+        Raises:
+            TypeError, ValueError: A bad argument, naming it and the prompt's index
+                (``prompts[3]: field "temperature" must be a finite number >= 0, got -1``);
+                nothing has run.
+        """
+        items = prompt_list(prompts)
+        return self._run_all(items, params_list(sampling_params, len(items)), use_tqdm,
+                             "prompts")
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | list[SamplingParams]
+             | None = None, *, use_tqdm: bool = True,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate a reply to every conversation, rendered by the model's chat template
+        exactly as a ``messages`` row of ``mlxpa run`` is.
+
+        Args:
+            messages: One conversation (a list of ``{"role", "content"}`` dicts) or a list
+                of conversations.
+            sampling_params: As :meth:`generate` (one, or one per conversation).
+            use_tqdm: Draw a progress bar on stderr.
+            chat_template_kwargs: More variables for the template (``enable_thinking``, ...).
+            add_generation_prompt: End the prompt with the template's assistant turn opener.
+
+        Returns:
+            One :class:`RequestOutput` per conversation, in input order.
+
+        Raises:
+            TypeError, ValueError: As :meth:`generate` (naming ``messages[i]``), also when
+                the model has no chat template or the template rejects a conversation.
+        """
+        check_chat_options(chat_template_kwargs, add_generation_prompt)
+        rows = [chat_row(c, chat_template_kwargs, add_generation_prompt)
+                for c in conversation_list(messages)]
+        return self._run_all(rows, params_list(sampling_params, len(rows)), use_tqdm,
+                             "messages")
+
+    def generate_iter(self, prompts: Iterable[Any], sampling_params: SamplingParams | None
+                      = None, *, ordered: bool = True, window: int = PREFIX_WINDOW,
+                      use_tqdm: bool = False) -> Iterator[RequestOutput]:
+        """Stream ``prompts`` (an iterator larger than memory) through the model.
+
+        The input is read once, lazily: a window of ``window`` prompts is read (and
+        tokenized, and admitted in prefix order) when the engine needs more requests, so at
+        most one window is read ahead of the requests in the engine (``max_num_seqs``
+        running, ``2 * max_num_seqs`` waiting). With ``ordered``, a finished output also
+        waits for every earlier one. Leaving the loop early (or an exception) aborts the
+        prompts in flight.
+
+        Args:
+            prompts: Prompts as :meth:`generate` takes them, one per item (per-prompt
+                sampling: dict rows with their own fields).
+            sampling_params: One :class:`SamplingParams` for every prompt (None: the
+                defaults).
+            ordered: Yield in input order; False: as prompts finish.
+            window: Prompts read, tokenized and ordered by shared prefix at a time.
+            use_tqdm: Draw a progress bar (of unknown total) on stderr.
+
+        Returns:
+            An iterator of :class:`RequestOutput`; a prompt that cannot run (a bad field, a
+            wrong type) gets ``error`` naming ``prompts[i]``, in its place.
+
+        Raises:
+            TypeError, ValueError: A bad ``sampling_params`` or ``window``, at the call.
+        """
+        params = sampling_params or SamplingParams()
+        check_params(params, "sampling_params")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        feds = (self._fed_or_error(i, p, params) for i, p in enumerate(prompts))
+        self._fit(None)
+        return _outputs(self._stream(windows(feds, window), ordered, use_tqdm, None, "prompts"))
+
+    # ---------------------------------------------------------------------------- internals
+
+    def _fed(self, index: int, prompt: Any, params: SamplingParams, arg: str) -> Fed:
+        engine = self.llm_engine
+        return prompt_fed(index, prompt, params, engine.tokenizer,
+                          vocab_size=engine.runner.vocab_size,
+                          max_model_len=engine.runner.max_model_len, arg=arg)
+
+    def _fed_or_error(self, index: int, prompt: Any, params: SamplingParams) -> Fed:
+        try:
+            return self._fed(index, prompt, params, "prompts")
+        except TypeError as e:
+            return failed_fed(index, str(e))
+
+    def _run_all(self, items: list[Any], params: list[SamplingParams], use_tqdm: bool,
+                 arg: str) -> list[RequestOutput]:
+        """Every item checked first (raising on the first bad one), then run."""
+        feds = []
+        for i, (item, p) in enumerate(zip(items, params)):
+            fed = self._fed(i, item, p, arg)
+            if fed.error is not None:
+                raise ValueError(fed.error)
+            feds.append(fed)
+        self._fit([f.request for f in feds])
+        if any(f.request.params.structured_outputs is not None for f in feds):
+            self.llm_engine.prepare()  # the grammar tokenizer, before the first step
+        results: list[RequestOutput | None] = [None] * len(feds)
+        for index, out in self._stream(windows(feds, PREFIX_WINDOW), False, use_tqdm,
+                                       len(feds), arg):
+            results[index] = out
+        return results
+
+    def _fit(self, requests: list[PromptInput] | None) -> None:
+        """Grow the KV pool to what ``requests`` can use (None: an unknown need, the whole
+        budget), at most the budget: the engine is rebuilt around the loaded model when its
+        pool is smaller (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`, as ``mlxpa run``)."""
+        engine, runner, config = self.llm_engine, self.llm_engine.runner, self._config
+        need = runner.budget_blocks
+        if requests is not None:
+            need = kv_blocks_needed(((len(r.prompt_token_ids), r.params.max_tokens, r.params.n)
+                                     for r in requests), config.block_size, need,
+                                    config.max_model_len)
+        if need > runner.num_blocks:
+            self._active = None  # a stream left open on the old engine ends (RuntimeError)
+            self.llm_engine = LLMEngine(dataclasses.replace(config, kv_blocks_needed=need),
+                                        runner.model, engine.tokenizer)
+
+    def _stream(self, rows: Iterable[list[Fed]], ordered: bool, use_tqdm: bool,
+                total: int | None, arg: str) -> Generator[tuple[int, RequestOutput]]:
+        """Rows through the streaming core; ``(row index, output)`` as rows finish (or in
+        input order). The engine's counters restart for the call (``llm_engine.counters``:
+        this call's statistics). A later call takes the engine over: this stream then
+        raises ``RuntimeError`` instead of reading another call's outputs."""
+        engine, token = self.llm_engine, object()
+        if engine.has_unfinished_requests():  # a stream left open: its prompts are dropped
+            engine.abort_unfinished()
+        self._active = token
+        engine.counters = Counters()
+        results = RowStream(engine).run(rows)
+        results = in_input_order(results) if ordered else results
+        decode = engine.tokenizer.decode
+        try:
+            with RunProgress(total, engine.counters, Console(stderr=True), use_tqdm) as bar:
+                while True:
+                    if self._active is not token:
+                        raise RuntimeError("another call on this LLM started while this "
+                                           "generate_iter was open; its prompts were dropped")
+                    result = next(results, None)
+                    if result is None:
+                        return
+                    bar.advance()
+                    index = result.fed.row.index
+                    out = request_output(result, decode, f"{arg}[{index}]")
+                    engine.counters.failed_rows += out.error is not None
+                    yield index, out
+        finally:
+            if self._active is token:
+                self._active = None
+                if engine.has_unfinished_requests():
+                    engine.abort_unfinished()
+
+
+def _outputs(pairs: Generator[tuple[int, RequestOutput]]) -> Iterator[RequestOutput]:
+    """The outputs of ``(index, output)`` pairs; closing this closes ``pairs`` (its prompts
+    in flight are aborted)."""
+    with contextlib.closing(pairs):
+        for _, out in pairs:
+            yield out

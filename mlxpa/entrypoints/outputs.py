@@ -1,0 +1,148 @@
+"""What :class:`~mlxpa.entrypoints.llm.LLM` returns, in vLLM's names and shapes
+(``vllm.outputs.RequestOutput`` / ``CompletionOutput``, ``vllm.logprobs.Logprob``), plus
+mlxpa's ``choice_logprobs`` (choice rows) and ``error`` (a prompt that could not run). No mlx.
+
+    RowResult(fed, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt, prompt_token_ids,
+                                              outputs=[CompletionOutput(index=0..n-1, ...)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mlxpa.request import SampleOutput, TokenLogprob
+
+if TYPE_CHECKING:
+    from mlxpa.batch.stream import RowResult
+
+Decode = Callable[[list[int]], str]  # token ids to text (the tokenizer's decode)
+
+# Per generated token, its log-probability entries by token id (vLLM's ``SampleLogprobs``).
+SampleLogprobs = list[dict[int, "Logprob"]]
+
+
+@dataclass(slots=True)
+class Logprob:
+    """One token's entry in a position's log-probabilities (vLLM's ``Logprob``).
+
+    Attributes:
+        logprob: The model's log-probability of the token (natural log, the raw
+            log-softmax before any sampling filter: vLLM's default ``raw_logprobs``).
+        rank: 1 for the most likely token: how many tokens are at least as likely.
+        decoded_token: The token's text.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One sample of a prompt (vLLM's ``CompletionOutput``).
+
+    Attributes:
+        index: Which of the prompt's ``n`` samples (0-based).
+        text: The generated text (a stop string not included unless
+            ``include_stop_str_in_output``).
+        token_ids: The generated token ids.
+        cumulative_logprob: The sum of the generated tokens' log-probabilities when
+            ``SamplingParams.logprobs`` is set, else None (as vLLM).
+        logprobs: With ``SamplingParams.logprobs = k``: per generated token, a dict of token
+            id to :class:`Logprob` holding the generated token and the ``k`` most likely
+            (``k`` or ``k + 1`` entries); else None.
+        finish_reason: ``stop`` (EOS, a stop string or token id, a completed constraint),
+            ``length`` (``max_tokens`` or the context), ``abort`` (the sample failed: the
+            request's ``error`` says why).
+        stop_reason: The stop string or stop token id that ended the sample; None for EOS and
+            every other end.
+        choice_logprobs: mlxpa's, for a ``choice`` constraint: each choice's total
+            log-probability given the prompt (their exponentials are the labels'
+            probabilities); else None.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    choice_logprobs: dict[str, float] | None = None
+
+    def finished(self) -> bool:
+        """True once the sample has a finish reason (always, in an offline result)."""
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The result of one prompt (vLLM's ``RequestOutput``).
+
+    Attributes:
+        request_id: The prompt's id as text: a dict row's ``id``, else its index in the call.
+        prompt: The text prompt; for chat messages, the prompt as the template rendered it
+            (decoded from its token ids); None for a token-id prompt.
+        prompt_token_ids: The prompt's token ids (None when it could not be tokenized).
+        prompt_logprobs: vLLM's prompt log-probabilities; None (mlxpa does not return them
+            here).
+        outputs: The ``n`` samples in ``index`` order; empty when the prompt did not run.
+        finished: True (offline results are finished).
+        num_cached_tokens: Prompt tokens read from the prefix cache instead of computed.
+        error: mlxpa's: why the prompt could not run or a sample failed (naming
+            ``prompts[i]``), else None. Other prompts are never affected.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int | None = None
+    error: str | None = None
+
+
+def request_output(result: RowResult, decode: Decode, place: str) -> RequestOutput:
+    """The :class:`RequestOutput` of one row done by the streaming core.
+
+    Args:
+        result: The row, its request (None if it did not run) and its samples' outputs.
+        decode: The tokenizer's decode (a chat row's ``prompt``, ``decoded_token``).
+        place: Where the prompt was given (``prompts[3]``), put before a sample's error.
+    """
+    row, request, outs = result.fed.row, result.fed.request, result.outputs
+    ids = request.prompt_token_ids if request is not None else None
+    prompt = row.prompt
+    if row.messages is not None and ids is not None:
+        prompt = decode(ids)
+    error = result.fed.error or next(
+        (f"{place}: {o.error}" for o in outs if o.error is not None), None)
+    return RequestOutput(
+        request_id=str(row.id), prompt=prompt, prompt_token_ids=ids, prompt_logprobs=None,
+        outputs=[completion_output(o, decode) for o in outs], finished=True,
+        num_cached_tokens=outs[0].num_cached_tokens if outs else None, error=error)
+
+
+def completion_output(out: SampleOutput, decode: Decode) -> CompletionOutput:
+    """vLLM's :class:`CompletionOutput` of one sample's engine output."""
+    logprobs = None
+    if out.logprobs is not None:
+        logprobs = [position_logprobs(lp, decode) for lp in out.logprobs]
+    return CompletionOutput(
+        index=out.sample_index, text=out.text, token_ids=list(out.token_ids),
+        cumulative_logprob=(sum(lp.logprob for lp in out.logprobs)
+                            if out.logprobs is not None else None),
+        logprobs=logprobs, finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+        choice_logprobs=out.choice_logprobs)
+
+
+def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:
+    """One position's entries (vLLM's shape): the generated token with its rank, then the
+    most likely tokens ranked 1, 2, ... (the generated token among them keeps one entry)."""
+    entries = {lp.token_id: Logprob(lp.logprob, lp.rank, decode([lp.token_id]))}
+    for rank, (token_id, value) in enumerate(lp.top, 1):
+        entries[token_id] = Logprob(value, rank, decode([token_id]))
+    return entries
