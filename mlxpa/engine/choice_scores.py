@@ -21,7 +21,7 @@ cuts the label to its first ``max_tokens`` tokens (finish reason ``length``, as 
 choice cut by ``max_tokens`` in vLLM); the label is still chosen from every label's whole
 score. ``stop``, ``stop_token_ids``, ``min_tokens`` and ``ignore_eos`` do not apply: the text
 is a whole label. ``logprobs`` gives the chosen label's per-token teacher-forced values
-(``top_logprobs`` alternatives at each of its positions). ``completion_tokens`` counts the
+(``logprobs`` alternatives at each of its positions). ``completion_tokens`` counts the
 chosen label's tokens (those it takes over from the prompt's end included).
 
 Cost, on the worker's generic scoring (only this module knows about choices): the row's
@@ -51,7 +51,7 @@ import mlx.core as mx
 
 from mlxpa.config import SamplingParams, show
 from mlxpa.core.scheduler import SchedulerOutput
-from mlxpa.request import Request, SampleOutput, RequestStatus, TokenLogprob
+from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
 from mlxpa.structured.labels import LabelJoiner, source_name
 from mlxpa.worker.outputs import StepResult
 from mlxpa.worker.sampling import sample_one
@@ -164,7 +164,7 @@ class ChoiceScores:
         prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
                           arrival_time=row.arrival_time, seed_key=row.seed_key,
                           score_only=True, target_token_ids=tuple(t[0] for t in joined.tokens),
-                          scored_top_logprobs=params.top_logprobs if params.logprobs else 0)
+                          scored_top_logprobs=params.logprobs or 0)
         schedule(prefill)
         self._rows[prefill] = _Row(row, prefill, so.choices, joined.tokens,
                                    [{} for _ in so.choices],
