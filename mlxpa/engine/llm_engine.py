@@ -74,8 +74,7 @@ class LLMEngine:
             config.enable_prefix_caching and not recurrent)
         self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
                                    frozenset(tokenizer.eos_token_ids))
-        self.choice_scores = ChoiceScores(tokenizer, self.scheduler.max_model_len,
-                                          self.runner.seed_for, self._output)
+        self.choice_scores = self._choice_scores()
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
@@ -209,8 +208,13 @@ class LLMEngine:
         self._detok.clear()
         self._pending_forks.clear()
         self._released.clear()
-        self.choice_scores = ChoiceScores(self.tokenizer)
+        self.choice_scores = self._choice_scores()
         return len(unfinished)
+
+    def _choice_scores(self) -> ChoiceScores:
+        """Fresh bookkeeping of choice rows (none in flight)."""
+        return ChoiceScores(self.tokenizer, self.scheduler.max_model_len, self.runner.seed_for,
+                            self._output)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._released)

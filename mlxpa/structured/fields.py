@@ -79,11 +79,13 @@ def _constraint(name: str, value: Any, source: str) -> StructuredOutput | None:
         wanted = 'an object with one of "choice", "regex", "json", "grammar", "json_object"'
         if not isinstance(value, dict):
             raise ValueError(wanted)
-        try:  # vLLM's object: the one conversion SamplingParams(structured_outputs=) makes
-            params = StructuredOutputsParams(**{k: value.get(k) for k in PARAMS_FIELDS})
-        except ValueError as e:
-            raise ValueError(f"{wanted} ({e})") from None
-        return params.to_structured_output(source)
+        given = [k for k in PARAMS_FIELDS if value.get(k) is not None]
+        if len(given) != 1 or value.get("json_object") is False:
+            raise ValueError(wanted)
+        if given[0] == "json_object":  # vLLM's object, converted as SamplingParams does
+            return StructuredOutputsParams(json_object=value["json_object"]
+                                           ).to_structured_output(source)
+        return StructuredOutput.make(given[0], value[given[0]], source)
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
         return None

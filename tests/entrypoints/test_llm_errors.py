@@ -57,7 +57,8 @@ def test_bad_prompts_name_the_argument_and_the_index(llm):
             "model's vocabulary (256 ids, 0..255)", g, ["a", [3, 4], [5, 999]])
     _raises(ValueError, 'prompts[0]: field "stop_token_ids": token id 300 is outside the '
             "model's vocabulary (256 ids, 0..255)", g, {"prompt": "a", "stop_token_ids": 300})
-    _raises(ValueError, 'prompts[0]: field "best_of": sampling field not supported by mlxpa', g,
+    _raises(ValueError, ('prompts[0]: field "best_of" is not supported by mlxpa: ranking best_of '
+             'samples by log-probability is not implemented; use n and logprobs'), g,
             {"prompt": "a", "best_of": 3})
     _raises(ValueError, "prompts[1]: min_tokens must be <= max_tokens (2), as in vLLM, got 5",
             g, ["a", {"prompt": "b", "max_tokens": 2}], SamplingParams(min_tokens=5))
