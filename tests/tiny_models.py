@@ -83,9 +83,11 @@ def save_tokenizer_only(folder, chat_template: str | None = STRICT_TEMPLATE) -> 
     return folder
 
 
-def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = None) -> str:
+def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = None,
+                    **model_args) -> str:
     """Write a tiny random model and the byte tokenizer as an MLX model folder
-    (what ``mlx_lm.load`` reads), for CLI tests."""
+    (what ``mlx_lm.load`` reads), for CLI tests (``model_args``: to :func:`tiny_llama` or
+    :func:`tiny_gemma3`)."""
     import json
     from pathlib import Path
 
@@ -93,7 +95,7 @@ def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = Non
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model = tiny_llama() if kind == "llama" else tiny_gemma3()
+    model = tiny_llama(**model_args) if kind == "llama" else tiny_gemma3(**model_args)
     config = {k: v for k, v in vars(model.args).items() if v is not None}
     config["eos_token_id"] = 1
     (folder / "config.json").write_text(json.dumps(config))

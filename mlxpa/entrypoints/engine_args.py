@@ -30,6 +30,8 @@ ENGINE_ARGS: dict[str, str] = {
     "max_model_len": "max_model_len",
     "enable_prefix_caching": "enable_prefix_caching",
     "kernel": "kernel",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "kv_group_size": "kv_group_size",
 }
 
 
@@ -46,6 +48,7 @@ def _gib(num_bytes: Any) -> float | None:
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "kv_cache_memory_bytes": _gib,
     "dtype": lambda d: None if d == "auto" else d,  # vLLM's "auto": the model's choice
+    "kv_cache_dtype": lambda d: "auto" if d is None else d,
 }
 # vLLM options mlxpa does not have, and what to do instead.
 VLLM_ONLY: dict[str, str] = {

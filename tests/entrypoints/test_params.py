@@ -94,3 +94,26 @@ def test_import_mlxpa_exports_the_api_without_loading_mlx():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300).stdout.split()
     assert out == ["False", "mlxpa.entrypoints.llm", "True"]
+
+
+def test_llm_kv_cache_dtype_matches_mlx_lm_quantized_cache(tmp_path):
+    """``LLM(kv_cache_dtype="int8")`` (issue 22's option under vLLM's name) stores the KV pool
+    as mlx-lm's 8-bit group quantization: greedy ids equal mlx-lm's own generation through
+    its ``QuantizedKVCache`` on the same folder."""
+    from mlx_lm import load
+
+    from mlxpa import LLM, SamplingParams
+    from tests.engine.test_kv_quant import mlx_lm_quantized
+    from tests.tiny_models import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "m", hidden=256)  # head_dim 64: one group per head
+    llm = LLM(folder, kv_cache_dtype="int8", kv_cache_memory_bytes=2**22)
+    assert "int8" in llm.llm_engine.runner.kv_storage.describe()
+    prompts = ["one two three", "the cat sat on"]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    model, tok = load(folder)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == mlx_lm_quantized(model, tok.encode(prompt), "int8",
+                                                            n=8)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        LLM(folder, kv_cache_dtype="fp8")
