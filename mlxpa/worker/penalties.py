@@ -10,7 +10,9 @@ request's row of logits::
     logit -= frequency_penalty * count(t) + presence_penalty * (count(t) > 0)
 
 where ``count(t)`` counts ``t`` in the output only. A masked logit (``-inf``: grammar,
-``min_tokens``) stays ``-inf``.
+``min_tokens``) stays ``-inf``, whatever ``r``; every other result is finite: a penalty
+float32 cannot hold (``1e-300``, ``1e300``: valid rows) is clamped to float32's normal
+range, and a result beyond the logits' dtype to its largest finite value of that sign.
 
 Only the entries a request's settings can change are touched: its ``logit_bias`` ids, the
 distinct tokens of its prompt (when ``repetition_penalty != 1``) and of its output. The runner
@@ -36,6 +38,11 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.request import Request
+
+_F32 = np.finfo(np.float32)
+# A repetition penalty is applied in float32: one outside float32's normal range would cast
+# to 0 or inf (then -inf * 0 and 0 * inf are NaN), so it is clamped into the range first.
+_MIN_FACTOR, _MAX_FACTOR = float(_F32.tiny), float(_F32.max)
 
 
 class StepPenalties(NamedTuple):
@@ -154,7 +161,8 @@ class PenaltyState:
         params = [reqs[i].sampling_params for i in rows]
         count = np.concatenate([t.count[:t.n] for t in tracked])
         seen = np.concatenate([t.seen[:t.n] for t in tracked])
-        rep = np.repeat(np.array([p.repetition_penalty for p in params], np.float32), lens)
+        rep = np.repeat(np.clip(np.array([p.repetition_penalty for p in params]), _MIN_FACTOR,
+                                _MAX_FACTOR).astype(np.float32), lens)
         freq = np.repeat(np.array([p.frequency_penalty for p in params], np.float32), lens)
         pres = np.repeat(np.array([p.presence_penalty for p in params], np.float32), lens)
         return StepPenalties(
@@ -185,6 +193,10 @@ def apply_penalties(logits: mx.array, values: mx.array, entries: StepPenalties) 
         ``logits``, penalised.
     """
     v = values.astype(mx.float32) + entries.bias
-    v = mx.where(v > 0, v / entries.factor, v * entries.factor) - entries.sub
-    logits[entries.rows, entries.cols] = v.astype(logits.dtype)
+    p = mx.where(v > 0, v / entries.factor, v * entries.factor) - entries.sub
+    # a factor near float32's limits overflows the logits' dtype: its largest finite value
+    # instead (a masked -inf stays -inf)
+    big = mx.finfo(logits.dtype).max
+    p = mx.where(v == -mx.inf, v, mx.clip(p, -big, big))
+    logits[entries.rows, entries.cols] = p.astype(logits.dtype)
     return logits

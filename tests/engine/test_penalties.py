@@ -146,3 +146,30 @@ def test_a_bias_never_lifts_the_grammar_mask(model):
     assert re.fullmatch("[0-9]{6}", by_id[0]) and "x" not in by_id[0]
     assert by_id[1] == "777777"
     assert re.fullmatch("[0-9]{6}", by_id[2])
+
+
+def test_a_repetition_penalty_beyond_float32_keeps_a_constrained_row_valid(model):
+    """``repetition_penalty`` 1e-300 is a valid row (finite, > 0) that float32 casts to 0:
+    the grammar-masked logits of tokens the row has seen must stay ``-inf`` (not NaN), so
+    the row keeps to its regex instead of aborting with a parser error, and its neighbour
+    in the batch gets what it gets alone."""
+    import re
+
+    from mlxpa.structured.spec import StructuredOutput
+
+    tok = byte_tokenizer()
+    digits = StructuredOutput.make("regex", "[0-9]{6}")
+    ids = tok.encode("abc abc 123 xyz")
+    eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
+    other = PromptInput(2, tok.encode("hello"), SamplingParams(max_tokens=6, temperature=1.0,
+                                                               seed=3))
+    outs = {o.request_id: o for o in eng.generate([
+        PromptInput(0, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+                                           repetition_penalty=1e-300)),
+        PromptInput(1, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+                                           repetition_penalty=1e300, temperature=1.0)),
+        other])}
+    for i in (0, 1):
+        assert outs[i].error is None and re.fullmatch("[0-9]{6}", outs[i].text), outs[i]
+    (alone,) = eng.generate([other])
+    assert outs[2].token_ids == alone.token_ids

@@ -175,3 +175,40 @@ def test_the_scatter_writes_into_the_logits_buffer():
     mx.reset_peak_memory()
     sample_step(parts, reqs, [0] * rows, [], None, [], PenaltyState())
     assert mx.get_peak_memory() - base < rows * width * 4 // 2
+
+
+@pytest.mark.filterwarnings("error")  # no numpy overflow warning on the way either
+@pytest.mark.parametrize("r", [1e-320, 1e-300, 1e-40, 1e39, 1e300])
+def test_a_repetition_penalty_beyond_float32_keeps_masked_tokens_masked(r):
+    """A penalty that float32 cannot hold (0 or inf once cast; 1e-320 is a valid JSON
+    number) never turns a masked logit into NaN (``-inf * 0``) nor a zero one
+    (``0 * inf``): masked entries stay ``-inf``; the penalty acts as the nearest float32
+    normal number (the float64 reference with that penalty), and a result beyond float32
+    is its largest finite value, on the same side of every entry that fits; greedy and
+    sampled rows never pick a masked token."""
+    rng = np.random.default_rng(7)
+    params = [SamplingParams(repetition_penalty=r), SamplingParams(repetition_penalty=r,
+                                                                  temperature=1.0)]
+    reqs = [random_request(rng, p, str(i)) for i, p in enumerate(params)]
+    logits = random_logits(rng, len(reqs))
+    logits[:, 1] = 0.0  # 0 * inf would be NaN
+    for req in reqs:  # masked tokens the rows have seen: -inf * 0 would be NaN
+        req.output_token_ids += [int(t) for t in np.flatnonzero(np.isneginf(logits[0]))]
+    got = apply(PenaltyState(), logits, reqs)
+    f32 = np.finfo(np.float32)
+    clamped = float(np.clip(r, f32.tiny, f32.max))
+    with np.errstate(over="ignore"):
+        want = reference(logits, [Request(q.request_id, q.prompt_token_ids, SamplingParams(
+            repetition_penalty=clamped), output_token_ids=q.output_token_ids) for q in reqs])
+    assert not np.isnan(got).any()
+    assert np.array_equal(np.isneginf(got), np.isneginf(want))
+    assert np.isfinite(got[~np.isneginf(want)]).all()
+    fits = np.isfinite(want) & (np.abs(want) <= f32.max)
+    np.testing.assert_allclose(got[fits], want[fits], rtol=1e-6, atol=1e-30)
+    assert (np.abs(got[~fits & ~np.isneginf(want)]) == f32.max).all()
+    for i in range(len(reqs)):
+        row_fits = got[i][fits[i]]
+        assert (got[i][want[i] > f32.max] > row_fits.max()).all()
+        assert (got[i][np.isfinite(want[i]) & (want[i] < -f32.max)] < row_fits.min()).all()
+    res = sample_step([mx.array(logits)], reqs, [0, 1], [], None, [], PenaltyState())
+    assert not any(np.isneginf(logits[i, t]) for i, t in enumerate(res.tokens))
