@@ -86,8 +86,11 @@ class RequestOutput:
         prompt: The text prompt; for chat messages, the prompt as the template rendered it
             (decoded from its token ids); None for a token-id prompt.
         prompt_token_ids: The prompt's token ids (None when it could not be tokenized).
-        prompt_logprobs: vLLM's prompt log-probabilities; None (mlxpa does not return them
-            here).
+        prompt_logprobs: With ``SamplingParams.prompt_logprobs = k`` (or a row's field), vLLM's
+            prompt log-probabilities: None for the first prompt token (nothing precedes it),
+            then per prompt token a dict of token id to :class:`Logprob` holding the token and
+            the ``k`` most likely there (raw log-softmax given the tokens before it); else
+            None.
         outputs: The ``n`` samples in ``index`` order; empty when the prompt did not run.
         finished: True (offline results are finished).
         num_cached_tokens: Prompt tokens read from the prefix cache instead of computed.
@@ -120,8 +123,13 @@ def request_output(result: RowResult, decode: Decode, place: str) -> RequestOutp
         prompt = decode(ids)
     error = result.fed.error or next(
         (f"{place}: {o.error}" for o in outs if o.error is not None), None)
+    prompt_logprobs = None
+    if outs and outs[0].prompt_logprobs is not None:  # the row's samples share one list
+        prompt_logprobs = [None if lp is None else position_logprobs(lp, decode)
+                           for lp in outs[0].prompt_logprobs]
     return RequestOutput(
-        request_id=str(row.id), prompt=prompt, prompt_token_ids=ids, prompt_logprobs=None,
+        request_id=str(row.id), prompt=prompt, prompt_token_ids=ids,
+        prompt_logprobs=prompt_logprobs,
         outputs=[completion_output(o, decode) for o in outs], finished=True,
         num_cached_tokens=outs[0].num_cached_tokens if outs else None, error=error)
 
@@ -140,8 +148,8 @@ def completion_output(out: SampleOutput, decode: Decode) -> CompletionOutput:
 
 
 def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:
-    """One position's entries (vLLM's shape): the generated token with its rank, then the
-    most likely tokens ranked 1, 2, ... (the generated token among them keeps one entry)."""
+    """One position's entries (vLLM's shape): the generated (or prompt) token with its rank,
+    then the most likely tokens ranked 1, 2, ... (the token among them keeps one entry)."""
     entries = {lp.token_id: Logprob(lp.logprob, lp.rank, decode([lp.token_id]))}
     for rank, (token_id, value) in enumerate(lp.top, 1):
         entries[token_id] = Logprob(value, rank, decode([token_id]))

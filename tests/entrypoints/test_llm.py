@@ -261,3 +261,35 @@ def test_the_kv_pool_is_sized_to_each_call_as_mlxpa_run_sizes_it(folder):
     list(llm.generate_iter(["a"], params))
     runner = llm.llm_engine.runner
     assert runner.num_blocks == runner.budget_blocks == KV_BYTES // runner.block_bytes + 1
+
+
+def test_prompt_logprobs_in_vllms_shape_against_a_float64_log_softmax(llm, mlx_lm_model):
+    """``SamplingParams(prompt_logprobs=k)`` (and a row's field) fill
+    ``RequestOutput.prompt_logprobs`` as vLLM does: None for the first prompt token, then per
+    token a dict holding it (its value and rank) and the ``k`` most likely tokens there;
+    exact on a second call while the prefix cache holds the prompt, and one list per prompt
+    whatever ``n``."""
+    model, tok = mlx_lm_model
+    k = 2
+    prompt = PROMPTS[0] * 4  # 88 tokens: full blocks the prefix cache keeps
+    ids = tok.encode(prompt)
+    lp = log_softmax64(model, ids)
+    params = SamplingParams(max_tokens=2, prompt_logprobs=k)
+    first, row = llm.generate([prompt, {"prompt": prompt, "prompt_logprobs": k, "n": 2,
+                                        "temperature": 1.0, "max_tokens": 1}], params,
+                              use_tqdm=False)
+    (again,) = llm.generate(prompt, params, use_tqdm=False)
+    for out in (first, row, again):
+        got = out.prompt_logprobs
+        assert len(got) == len(ids) and got[0] is None
+        for p in range(1, len(ids)):
+            entries, want = got[p], lp[p - 1]
+            top = list(np.argsort(-want)[:k])
+            assert set(entries) == {ids[p], *top}, p
+            for tid, entry in entries.items():
+                assert entry.logprob == pytest.approx(want[tid], abs=1e-4)
+                assert entry.decoded_token == tok.decode([tid])
+            rank = entries[ids[p]].rank
+            assert (want > want[ids[p]] + 1e-5).sum() < rank <= (want >= want[ids[p]] - 1e-5).sum()
+    (plain,) = llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
+    assert plain.prompt_logprobs is None
