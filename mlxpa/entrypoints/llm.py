@@ -116,8 +116,8 @@ class LLM:
                 nothing has run.
         """
         items = prompt_list(prompts)
-        return self._run_all(items, params_list(sampling_params, len(items)), use_tqdm,
-                             "prompts")
+        return self._run_all(items, params_list(sampling_params, len(items), self._vocab_size),
+                             use_tqdm, "prompts")
 
     def chat(self, messages: Any, sampling_params: SamplingParams | list[SamplingParams]
              | None = None, *, use_tqdm: bool = True,
@@ -144,8 +144,8 @@ class LLM:
         check_chat_options(chat_template_kwargs, add_generation_prompt)
         rows = [chat_row(c, chat_template_kwargs, add_generation_prompt)
                 for c in conversation_list(messages)]
-        return self._run_all(rows, params_list(sampling_params, len(rows)), use_tqdm,
-                             "messages")
+        return self._run_all(rows, params_list(sampling_params, len(rows), self._vocab_size),
+                             use_tqdm, "messages")
 
     def generate_iter(self, prompts: Iterable[Any], sampling_params: SamplingParams | None
                       = None, *, ordered: bool = True, window: int = PREFIX_WINDOW,
@@ -176,7 +176,7 @@ class LLM:
             TypeError, ValueError: A bad ``sampling_params`` or ``window``, at the call.
         """
         params = sampling_params or SamplingParams()
-        check_params(params, "sampling_params")
+        check_params(params, "sampling_params", self._vocab_size)
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
         feds = (self._fed_or_error(i, p, params) for i, p in enumerate(prompts))
@@ -184,6 +184,10 @@ class LLM:
         return _outputs(self._stream(windows(feds, window), ordered, use_tqdm, None, "prompts"))
 
     # ---------------------------------------------------------------------------- internals
+
+    @property
+    def _vocab_size(self) -> int:
+        return self.llm_engine.runner.vocab_size
 
     def _fed(self, index: int, prompt: Any, params: SamplingParams, arg: str) -> Fed:
         engine = self.llm_engine

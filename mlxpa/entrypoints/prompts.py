@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mlxpa.batch.requests import Fed, to_request
-from mlxpa.config import SamplingParams
+from mlxpa.config import SamplingParams, token_id_problem
 from mlxpa.data import InputOptions, Row
 from mlxpa.data.inputs import RowSpec
 from mlxpa.data.rows import parse_row
@@ -76,17 +76,18 @@ def check_chat_options(chat_template_kwargs: Any, add_generation_prompt: Any) ->
                         f"{type(add_generation_prompt).__name__}")
 
 
-def params_list(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
+def params_list(sampling_params: Any, num_prompts: int,
+                vocab_size: int | None = None) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt: ``sampling_params`` for every prompt, or its
     items in order (None: the defaults). Each constraint is compiled once here.
 
     Raises:
         TypeError: Not a ``SamplingParams``, a list of them or None (naming the item).
-        ValueError: A list of another length than the prompts', or a constraint that does
-            not compile (naming the item).
+        ValueError: A list of another length than the prompts', a constraint that does
+            not compile, or a token id outside ``vocab_size`` (naming the item).
     """
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        check_params(sampling_params or SamplingParams(), "sampling_params")
+        check_params(sampling_params or SamplingParams(), "sampling_params", vocab_size)
         return [sampling_params or SamplingParams()] * num_prompts
     if not isinstance(sampling_params, (list, tuple)):
         raise TypeError("sampling_params must be a SamplingParams, a list of them (one per "
@@ -95,19 +96,26 @@ def params_list(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
         raise ValueError(f"sampling_params: {len(sampling_params)} given for {num_prompts} "
                          "prompts (give one, or one per prompt)")
     for i, params in enumerate(sampling_params):
-        check_params(params, f"sampling_params[{i}]")
+        check_params(params, f"sampling_params[{i}]", vocab_size)
     return list(sampling_params)
 
 
-def check_params(params: Any, name: str) -> None:
+def check_params(params: Any, name: str, vocab_size: int | None = None) -> None:
     """Raises ``TypeError`` when ``params`` is not a :class:`SamplingParams`, ``ValueError``
-    when its constraint does not compile (both naming ``name``)."""
+    when its constraint does not compile or one of its token ids (``stop_token_ids``,
+    ``logit_bias``) is not below ``vocab_size`` (both naming ``name``)."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"{name} must be a SamplingParams, got {type(params).__name__}")
     so = params.structured_outputs
     problem = check(so) if so is not None else None
     if problem is not None:
         raise ValueError(f"{name}: structured_outputs: {problem}")
+    if vocab_size is not None:
+        for field, ids in (("stop_token_ids", params.stop_token_ids),
+                           ("logit_bias", params.logit_bias or ())):
+            problem = token_id_problem(field, ids, vocab_size)
+            if problem is not None:
+                raise ValueError(f"{name}: {problem}")
 
 
 def prompt_fed(index: int, prompt: Any, params: SamplingParams, tokenizer, *,

@@ -110,3 +110,18 @@ def test_bad_chat_arguments(llm):
     with pytest.raises(ValueError, match=r'^messages\[0\]: field "messages\[0\].content" must '
                        r"be a string"):
         c([{"role": "user", "content": 3}])
+
+
+def test_token_ids_of_sampling_params_outside_the_vocabulary_raise(llm):
+    """A ``SamplingParams``' own ``logit_bias`` and ``stop_token_ids`` are checked against the
+    vocabulary at the call, as a row's are (they became an ``error`` output instead)."""
+    oov = "token id 256 is outside the model's vocabulary (256 ids, 0..255)"
+    _raises(ValueError, f'sampling_params: field "logit_bias": {oov}', llm.generate, "a",
+            SamplingParams(logit_bias={256: 1.0}))
+    _raises(ValueError, f'sampling_params[1]: field "stop_token_ids": {oov}', llm.generate,
+            ["a", "b"], [SamplingParams(), SamplingParams(stop_token_ids=[3, 256])])
+    _raises(ValueError, f'sampling_params: field "stop_token_ids": {oov}', llm.chat,
+            [{"role": "user", "content": "hi"}], SamplingParams(stop_token_ids=256))
+    _raises(ValueError, f'sampling_params: field "logit_bias": {oov}', llm.generate_iter,
+            iter(["a"]), SamplingParams(logit_bias={256: 1.0}))
+    assert not llm.llm_engine.has_unfinished_requests()  # nothing ran
