@@ -161,7 +161,8 @@ class SamplingParams:
             vocabulary (checked by the engine and the row check).
         prompt_logprobs: vLLM's: None (off), or return the log-probability of every prompt
             token after the first given the tokens before it, with this many most likely
-            alternatives per position (0 to 20); needs ``max_tokens >= 1``.
+            alternatives per position (0 to 20); needs ``max_tokens >= 1`` and no ``choice``
+            constraint (a choice row is scored, not decoded).
 
     The order of the logit processing is vLLM v1's sampler's (``vllm/v1/sample/sampler.py``):
     raw log-probabilities (``logprobs``) are taken first, then the grammar mask,
@@ -250,6 +251,11 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:  # a rule between fields: a plain ValueError
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), as in "
                              f"vLLM, got {self.min_tokens!r}")
+        if self.prompt_logprobs is not None and self.structured_outputs is not None and (
+                self.structured_outputs.kind == "choice"):
+            raise ValueError("prompt_logprobs is not available on a choice row (it is scored, "
+                             "not decoded: choice_logprobs gives each label's "
+                             "log-probability)")
         if self.prompt_logprobs is not None and self.max_tokens == 0:
             raise ValueError("max_tokens must be >= 1 with prompt_logprobs (the prompt is "
                              "scored in the step that samples the first token, as in vLLM), "

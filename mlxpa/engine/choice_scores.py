@@ -20,8 +20,9 @@ What else a row's fields mean here: ``max_tokens`` below the chosen label's toke
 cuts the label to its first ``max_tokens`` tokens (finish reason ``length``, as a decoded
 choice cut by ``max_tokens`` in vLLM); the label is still chosen from every label's whole
 score. ``stop``, ``stop_token_ids``, ``min_tokens`` and ``ignore_eos`` do not apply: the text
-is a whole label. ``logprobs`` gives the chosen label's per-token teacher-forced values
-(``logprobs`` alternatives at each of its positions). ``completion_tokens`` counts the
+is a whole label; ``prompt_logprobs`` is refused (:class:`~mlxpa.config.SamplingParams`).
+``logprobs`` gives the chosen label's per-token teacher-forced values (``logprobs``
+alternatives at each of its positions). ``completion_tokens`` counts the
 chosen label's tokens (those it takes over from the prompt's end included).
 
 Cost, on the worker's generic scoring (only this module knows about choices): the row's

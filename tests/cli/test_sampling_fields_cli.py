@@ -8,6 +8,7 @@ log-softmax of mlx-lm's forward pass."""
 from __future__ import annotations
 
 import math
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -16,7 +17,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
+from mlxpa.config import SamplingParams
 from mlxpa.loader.models import load_model
+from mlxpa.structured.spec import StructuredOutputsParams
 from tests.cli.test_run_cli import PROMPT, invoke, read_jsonl, write_jsonl
 from tests.tiny_models import save_tiny_model
 
@@ -197,3 +200,27 @@ def check_vllm(model, tok, ids, got) -> None:
         assert mine["decoded_token"] == tok.decode([ids[p]])
         assert entry[str(best)]["rank"] == 1
         assert math.isclose(entry[str(best)]["logprob"], row[best], abs_tol=1e-4)
+
+
+def test_prompt_logprobs_on_a_choice_row_is_refused_naming_the_line(tmp_path, tiny):
+    """A choice row is scored, not decoded, and computes no prompt log-probabilities: asked
+    for them (its own constraint, or the --choice default), it is refused before the model
+    loads instead of returning a list of nulls; other rows run."""
+    src = tmp_path / "c.jsonl"
+    src.write_text("\n".join([
+        '{"id": "a", "prompt": "hello", "prompt_logprobs": 1, "guided_choice": ["yes", "no"]}',
+        '{"id": "b", "prompt": "hello", "prompt_logprobs": 1, "max_tokens": 1}',
+    ]) + "\n")
+    out = tmp_path / "out.jsonl"
+    want = ("prompt_logprobs is not available on a choice row (it is scored, not decoded: "
+            "choice_logprobs gives each label's log-probability)")
+    r = invoke([str(src), "-o", str(out), "--model", tiny[0]])
+    assert r.exit_code == 2, r.output
+    assert f"{src} line 1: {want}" in " ".join(r.output.split())
+    src.write_text('{"id": "b", "prompt": "hello", "prompt_logprobs": 1, "max_tokens": 1}\n')
+    r = invoke([str(src), "-o", str(out), "--model", tiny[0], "--choice", "yes,no"])
+    assert r.exit_code == 2, r.output
+    assert f"{src} line 1: {want}" in " ".join(r.output.split())
+    with pytest.raises(ValueError, match=re.escape(want)):
+        SamplingParams(prompt_logprobs=0, structured_outputs=StructuredOutputsParams(
+            choice=["yes", "no"]))
