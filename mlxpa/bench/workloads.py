@@ -105,7 +105,9 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
     as ``run`` does (:func:`~mlxpa.batch.prepare.prepare`, :func:`~mlxpa.batch.requests.feed`);
     a row that sets ``max_tokens`` generates that many tokens, the others ``output_len``.
     Invalid rows are left out: ``params["invalid_rows"]`` counts them, ``params["problems"]``
-    names the first of them by file, line and field.
+    names the first of them by file, line and field. Rows with ``max_tokens`` 0 generate
+    nothing to time (and mlx-lm's generators refuse them): left out, counted in
+    ``params["empty_rows"]``.
 
     Raises:
         InputError: The file is malformed, or has no valid row.
@@ -124,13 +126,15 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
                     ).validation
         requests = [f.request for f in feed(src, v, defaults, tokenizer, None)
                     if f.request is not None]
-    if not requests:
-        raise InputError(v.report(what="nothing to time") if v.num_problems else "no rows",
-                         source=path)
-    return Workload("file", [r.prompt_token_ids for r in requests],
-                    [r.params.max_tokens for r in requests],
+    timed = [r for r in requests if r.params.max_tokens > 0]
+    if not timed:
+        raise InputError(v.report(what="nothing to time") if v.num_problems else
+                         "every row has max_tokens 0: nothing to time" if requests else
+                         "no rows", source=path)
+    return Workload("file", [r.prompt_token_ids for r in timed],
+                    [r.params.max_tokens for r in timed],
                     dict(path=path, output_len=output_len, invalid_rows=v.num_problems,
-                         problems=v.problems))
+                         problems=v.problems, empty_rows=len(requests) - len(timed)))
 
 
 def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,

@@ -154,7 +154,8 @@ def _check_options(baselines: str, known, workload: str, input: str | None,
 
 
 def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:
-    """The workload line, after a warning naming the invalid rows a file workload skipped."""
+    """The workload line, after warnings naming the invalid rows a file workload skipped and
+    counting the rows with nothing to time."""
     skipped = wl.params.get("invalid_rows", 0)
     if skipped:
         shown = "".join(f"\n  {p}" for p in wl.params["problems"])
@@ -163,6 +164,11 @@ def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:
                       f"(mlxpa run refuses them):{shown}"
                       + (f"\n  ... and {more} more" if more > 0 else ""),
                       style="yellow", markup=False, highlight=False, soft_wrap=True)
+    empty = wl.params.get("empty_rows", 0)
+    if empty:
+        console.print(f"warning: left out {empty} row(s) of {wl.params['path']} with "
+                      "max_tokens 0 (nothing to time)", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
     console.print(f"{wl.name}: {plural(len(wl.prompts), 'prompt')}, "
                   f"{plural(wl.num_prompt_tokens, 'prompt token')}, "
                   f"{plural(wl.num_output_tokens, 'output token')}; systems: "

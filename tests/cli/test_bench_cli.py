@@ -66,3 +66,24 @@ def test_bench_file_workload_with_no_valid_row_names_them(tmp_path, tokenizer_on
     assert r.exit_code == 2, r.output
     assert f"{src}: 1 invalid row(s) of 1; nothing to time:" in r.stderr
 
+
+
+def test_bench_file_workload_leaves_out_rows_with_max_tokens_0(tmp_path, tiny):
+    """A valid row with ``max_tokens: 0`` generates nothing, so there is nothing to time, and
+    mlx-lm's generators refuse it (the mlx-lm and static baselines stopped the bench with
+    "max_tokens must be > 0"): it is left out with a warning that counts it; the other rows
+    are timed by every system (the oracle: the JSON's token count)."""
+    src = write_jsonl(tmp_path / "rows.jsonl", [
+        {"id": "a", "prompt": "hello", "max_tokens": 3}, {"id": "z", "prompt": "x",
+                                                          "max_tokens": 0},
+        {"id": "b", "prompt": "world", "max_tokens": 2}])
+    out = tmp_path / "f.json"
+    r = cli("bench", "--model", tiny, "--workload", "file", "--input", src, "--baselines",
+            "mlxpa,mlx-lm,static", "--json", out, "--kv-memory", "0.01", "-q")
+    assert r.exit_code == 0, r.output
+    assert f"warning: left out 1 row(s) of {src} with max_tokens 0 (nothing to time)" in (
+        " ".join(r.stderr.split()))
+    assert "file: 2 prompts, " in r.stderr
+    data = json.loads(out.read_text())
+    assert data["workload"]["output_tokens"] == 5
+    assert set(data["systems"]) == {"mlxpa", "mlx-lm", "static"}
