@@ -353,21 +353,24 @@ class EngineConfig:
     kv_group_size: int = 64
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 256
+        _check(_int(self.block_size) and 1 <= self.block_size <= 256
                and self.block_size & (self.block_size - 1) == 0,
                "block_size", self.block_size, "a power of two from 1 to 256")
-        _check(self.num_blocks is None or (isinstance(self.num_blocks, int)
-                                           and self.num_blocks >= 2),
+        _check(self.num_blocks is None or (_int(self.num_blocks) and self.num_blocks >= 2),
                "num_blocks", self.num_blocks, "an integer >= 2 or None")
-        _check(self.kv_memory_gib is None or self.kv_memory_gib > 0, "kv_memory_gib",
+        _check(self.kv_memory_gib is None or (_finite(self.kv_memory_gib)
+                                              and self.kv_memory_gib > 0), "kv_memory_gib",
                self.kv_memory_gib, "> 0")
-        _check(self.kv_blocks_needed is None or self.kv_blocks_needed >= 2, "kv_blocks_needed",
+        _check(self.kv_blocks_needed is None or (_int(self.kv_blocks_needed)
+                                                 and self.kv_blocks_needed >= 2),
+               "kv_blocks_needed",
                self.kv_blocks_needed, "an integer >= 2 or None")
-        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+        _check(_int(self.max_num_seqs) and self.max_num_seqs >= 1,
                "max_num_seqs", self.max_num_seqs, "an integer >= 1")
-        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+        _check(_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
                "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
-        _check(self.max_model_len is None or self.max_model_len >= 2,
+        _check(self.max_model_len is None or (_int(self.max_model_len)
+                                              and self.max_model_len >= 2),
                "max_model_len", self.max_model_len,
                "an integer >= 2 (a prompt token and an output token) or None")
         _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",

@@ -28,6 +28,16 @@ from tests.entrypoints.conftest import KV_BYTES
     ({"dtype": "float64"}, ValueError, "dtype must be one of float32, bfloat16, float16"),
     ({"enable_prefix_caching": "no"}, ValueError, "enable_prefix_caching must be true or false"),
     ({"seed": -1}, ValueError, "seed must be an integer >= 0, got -1"),
+    # a bool is not a count, a string or float not a length (they were taken as 1, or
+    # failed deep inside with a bare TypeError)
+    ({"max_num_seqs": True}, ValueError, "max_num_seqs must be an integer >= 1, got true"),
+    ({"block_size": True}, ValueError, "block_size must be a power of two from 1 to 256"),
+    ({"max_num_batched_tokens": True}, ValueError,
+     "max_num_batched_tokens must be an integer >= 1, got true"),
+    ({"max_model_len": "8"}, ValueError,
+     "max_model_len must be an integer >= 2 (a prompt token and an output token) or None, "
+     'got "8"'),
+    ({"max_model_len": 64.5}, ValueError, "max_model_len must be an integer >= 2"),
 ])
 def test_constructor_keywords_fail_before_the_model_loads(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):
