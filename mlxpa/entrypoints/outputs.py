@@ -1,6 +1,7 @@
 """What :class:`~mlxpa.entrypoints.llm.LLM` returns, in vLLM's names and shapes
 (``vllm.outputs.RequestOutput`` / ``CompletionOutput``, ``vllm.logprobs.Logprob``), plus
-mlxpa's ``choice_logprobs`` (choice rows) and ``error`` (a prompt that could not run). No mlx.
+mlxpa's ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` (choice rows) and
+``error`` (a prompt that could not run). No mlx.
 
     RowResult(fed, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt, prompt_token_ids,
                                               outputs=[CompletionOutput(index=0..n-1, ...)])
@@ -61,6 +62,11 @@ class CompletionOutput:
         choice_logprobs: mlxpa's, for a ``choice`` constraint: each choice's total
             log-probability given the prompt (their exponentials are the labels'
             probabilities); else None.
+        choice_probs: mlxpa's, for a ``choice`` constraint: the labels' probabilities
+            normalised over the labels (``softmax`` of ``choice_logprobs``; they sum to 1),
+            the distribution the label is drawn from at temperature 1; else None.
+        choice_outside_prob: mlxpa's, for a ``choice`` constraint: the model's probability
+            of writing none of the labels after the prompt; else None.
     """
 
     index: int
@@ -71,6 +77,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     choice_logprobs: dict[str, float] | None = None
+    choice_probs: dict[str, float] | None = None
+    choice_outside_prob: float | None = None
 
     def finished(self) -> bool:
         """True once the sample has a finish reason (always, in an offline result)."""
@@ -144,7 +152,8 @@ def completion_output(out: SampleOutput, decode: Decode) -> CompletionOutput:
         cumulative_logprob=(sum(lp.logprob for lp in out.logprobs)
                             if out.logprobs is not None else None),
         logprobs=logprobs, finish_reason=out.finish_reason, stop_reason=out.stop_reason,
-        choice_logprobs=out.choice_logprobs)
+        choice_logprobs=out.choice_logprobs, choice_probs=out.choice_probs,
+        choice_outside_prob=out.choice_outside_prob)
 
 
 def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:

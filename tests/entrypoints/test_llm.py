@@ -293,3 +293,23 @@ def test_prompt_logprobs_in_vllms_shape_against_a_float64_log_softmax(llm, mlx_l
             assert (want > want[ids[p]] + 1e-5).sum() < rank <= (want >= want[ids[p]] - 1e-5).sum()
     (plain,) = llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
     assert plain.prompt_logprobs is None
+
+
+def test_choice_rows_carry_choice_probs_and_the_outside_mass(llm):
+    """A choice row's ``CompletionOutput`` carries what a file row's output carries:
+    ``choice_probs`` (softmax of ``choice_logprobs``, float64 oracle: they sum to 1, the
+    text is their argmax at temperature 0) and ``choice_outside_prob`` (``1 - sum(exp)``
+    over disjoint labels); other rows have None."""
+    labels = ["yes", "no", "maybe"]
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(choice=labels))
+    choice, plain = llm.generate([PROMPTS[0], {"prompt": PROMPTS[1], "max_tokens": 2}],
+                                 [params, SamplingParams()], use_tqdm=False)
+    c = choice.outputs[0]
+    lp = np.array([c.choice_logprobs[label] for label in labels], np.float64)
+    want = np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum()
+    assert list(c.choice_probs) == labels
+    np.testing.assert_allclose([c.choice_probs[label] for label in labels], want, rtol=1e-12)
+    assert c.text == labels[int(np.argmax(want))]
+    assert c.choice_outside_prob == pytest.approx(1 - np.exp(lp).sum(), abs=1e-12)
+    p = plain.outputs[0]
+    assert p.choice_logprobs is None and p.choice_probs is None and p.choice_outside_prob is None
