@@ -78,7 +78,8 @@ def apply_adapters(model: nn.Module, path: str | Path) -> nn.Module:
 
     Raises:
         FileNotFoundError, ValueError: As :func:`check_adapter_path`; ``ValueError`` too when
-            the adapter does not fit the model (its tensors' names or shapes), naming the path.
+            the adapter does not fit the model (its tensors' names or shapes) or its weights
+            file cannot be read, naming the path.
     """
     from mlx_lm.utils import load_adapters
 
@@ -88,5 +89,9 @@ def apply_adapters(model: nn.Module, path: str | Path) -> nn.Module:
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         detail = " ".join(str(err).split())
         raise ValueError(f"--adapter-path {path}: does not fit the model ({detail})") from None
+    except RuntimeError as err:  # mx.load: a save cut short, a Git LFS pointer
+        detail = " ".join(str(err).split())
+        raise ValueError(f"--adapter-path {path}: {WEIGHTS} cannot be read as safetensors "
+                         f"({detail})") from None
     model.eval()
     return model

@@ -132,3 +132,24 @@ def test_cli_run_with_an_adapter(folders, tmp_path):
     want = [generate(model, tok, p, max_tokens=6) for p in ("hello", "abc")]
     got = [json.loads(line)["text"] for line in out.read_text().splitlines()]
     assert got == want
+
+
+@pytest.mark.parametrize("content", [b"", b"version https://git-lfs.github.com/spec/v1\n"],
+                         ids=["empty", "lfs-pointer"])
+def test_unreadable_adapter_weights_name_the_file(folders, tmp_path, content):
+    """An adapters.safetensors that is not one (a save cut short, a Git LFS pointer) fails at
+    load naming the path and the file, as a misfitting one does (it was a RuntimeError
+    traceback from mx.load); the CLI prints one line and exits 1."""
+    bad = tmp_path / "cut"
+    write_adapter(bad, folders["float"], "lora")
+    (bad / "adapters.safetensors").write_bytes(content)
+    with pytest.raises(ValueError, match=f"--adapter-path {bad}: adapters.safetensors cannot "
+                       "be read as safetensors"):
+        load_model(folders["float"], adapter_path=bad)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "hi"}\n')
+    r = CliRunner().invoke(app, ["run", str(rows), "-o", str(tmp_path / "out.jsonl"),
+                                 "--model", folders["float"], "--adapter-path", str(bad), "-q"])
+    assert r.exit_code == 1, r.output
+    assert f"error: --adapter-path {bad}: adapters.safetensors cannot be read" in r.output
+    assert "Traceback" not in r.output
