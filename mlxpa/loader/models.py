@@ -124,8 +124,9 @@ def load_model(
 
     Raises:
         FileNotFoundError: As :func:`resolve_model`, or a missing adapter folder or file.
-        ValueError: As :func:`resolve_model`, for an unknown ``dtype``, or an adapter whose
-            config or tensors do not fit.
+        ValueError: As :func:`resolve_model`, for an unknown ``dtype``, a ``config.json``
+            or weights file that cannot be read (named), or an adapter whose config or
+            tensors do not fit.
     """
     import mlx.core as mx
     from mlx_lm.utils import load_model as load_weights
@@ -144,12 +145,16 @@ def load_model(
     # mlx_lm.utils.load, but the tokenizer first: building a large vocabulary (Gemma 3's
     # 262,144 tokens) briefly takes about 0.5 GB more, which then does not add to the
     # weights' (the README example's peak RSS: 1.87 GB with the weights first, 1.47 GB).
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     if tokenizer is None:
         tokenizer = _load_tokenizer(folder, config)
     if on_tokenizer is not None:
         on_tokenizer(tokenizer, config)
-    model, _ = load_weights(folder)
+    try:
+        model, _ = load_weights(folder)
+    except RuntimeError as err:  # mx.load: a download or copy cut short, a Git LFS pointer
+        raise ValueError(f"{folder}: the model weights cannot be read as safetensors "
+                         f"({' '.join(str(err).split())})") from None
     if adapter_path is not None:
         model = apply_adapters(model, adapter_path)
     if dtype is None and on_cpu():
@@ -225,7 +230,23 @@ def load_tokenizer_of(spec: str | os.PathLike[str] | None,
             tokenizer files cannot be read.
     """
     folder = resolve_model(spec, revision)
-    return _load_tokenizer(folder, json.loads((folder / "config.json").read_text()))
+    return _load_tokenizer(folder, read_config(folder))
+
+
+def read_config(folder: Path) -> dict:
+    """The model folder's ``config.json`` contents.
+
+    Raises:
+        ValueError: The file is not a JSON object (naming it).
+    """
+    where = folder / "config.json"
+    try:
+        config = json.loads(where.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{where}: not a JSON file ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    return config
 
 
 def _load_tokenizer(folder: Path, config: dict) -> TokenizerWrapper:
