@@ -8,13 +8,14 @@ blocks all its members share, and the model runner attends over a group's prefix
 its rows (cascade attention: Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference;
 vLLM v1's ``num_common_prefix_blocks``, there one prefix for the whole batch).
 
-A request may sit in one group only (no nesting), so the partition maximises the block reads
-saved, ``sum((rows - 1) * blocks)`` over groups. Tables are bucketed by their first block
-(a batch without sharing costs one dictionary pass); within a bucket the depth all members
-share is measured (slice comparisons, which run in C), then the members either form one group
-at that depth or split by their block at that depth and recurse, whichever saves more (the
-tree of longest common prefixes, top down; no sorting of long tables). Whether a group is worth attending in two parts in a given layer is the
-model runner's decision (``mlxpa.worker.cascade``).
+A request sits in one group at most (no nesting), and the partition maximises the block reads
+saved, ``sum((rows - 1) * blocks)`` over groups. Tables are bucketed by their first block (a
+batch without sharing costs one dictionary pass). Within a bucket, the tree of longest common
+prefixes is built top down (the depth all members share, measured with slice comparisons that
+run in C, then the members split by their block at that depth), and a tree knapsack finds, for
+each node and each number of members left ungrouped below it, the best saving; a node may
+group any of the members its subtree leaves ungrouped at its own depth. Whether a group is worth attending in two parts in a
+given layer is the model runner's decision (``mlxpa.worker.cascade``).
 """
 
 from __future__ import annotations
