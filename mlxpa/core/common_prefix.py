@@ -14,8 +14,9 @@ batch without sharing costs one dictionary pass). Within a bucket, the tree of l
 prefixes is built top down (the depth all members share, measured with slice comparisons that
 run in C, then the members split by their block at that depth), and a tree knapsack finds, for
 each node and each number of members left ungrouped below it, the best saving; a node may
-group any of the members its subtree leaves ungrouped at its own depth. Whether a group is worth attending in two parts in a
-given layer is the model runner's decision (``mlxpa.worker.cascade``).
+group any of the members its subtree leaves ungrouped at its own depth. Whether a group is
+worth attending in two parts in a given layer is the model runner's decision
+(``mlxpa.worker.cascade``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""Cascade attention's per-layer inputs: which groups of a decode batch attend over their shared
+prefix once, and the tables of each row's own keys (numpy, converted once per step).
+
+The scheduler reports the groups (``SchedulerOutput.cascade_groups``: rows sharing leading
+full blocks). For each layer kind (full attention, or a sliding window of a given size) the
+runner keeps a group where the cost rule (:func:`worth_cascading`) says the shared part pays:
+in a window layer only the members whose window reaches into the prefix take part, and the
+shared part starts at the earliest of their windows. Each member's own keys then start at the
+group's prefix end; every other row keeps its whole visible context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from mlxpa.kernels.reference import CascadePrefix
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeTables:
+    """One layer kind's cascade inputs for a decode batch of ``B`` rows.
+
+    Attributes:
+        block_tables: ``[B, max_blocks]`` int32 blocks of each row's own keys.
+        key_start: ``[B]`` int32 position of each row's first own key.
+        prefix: The groups' shared keys (:class:`CascadePrefix`).
+    """
+
+    block_tables: mx.array
+    key_start: mx.array
+    prefix: CascadePrefix
+
+
+def worth_cascading(rows: int, blocks: int) -> bool:
+    """Whether ``rows`` decode rows sharing ``blocks`` blocks in a layer attend faster in two
+    parts than each over its whole context."""
+    return rows >= 2 and blocks >= 1 and (rows - 1) * blocks >= 32
+
+
+Rule = Callable[[int, int], bool]
+
+
+def cascade_tables(groups: Sequence[tuple[Sequence[int], int]], starts: np.ndarray,
+                   tables: np.ndarray, num_blocks: np.ndarray, block_size: int,
+                   window: int | None, rule: Rule = worth_cascading) -> CascadeTables | None:
+    """The cascade inputs of one layer kind, or None when no group pays there.
+
+    Args:
+        groups: Per group, its rows (indices into the batch) and the leading full blocks
+            they share (the same block ids).
+        starts: ``[B]`` int32 position of each row's query.
+        tables: ``[B, max_blocks]`` int32 block tables (right-padded).
+        num_blocks: ``[B]`` blocks each row's context fills after this step's write.
+        block_size: Tokens per block.
+        window: The layer's sliding window in tokens, or None (full attention).
+        rule: ``rule(rows, blocks)``: whether a group of ``rows`` members sharing ``blocks``
+            blocks in this layer is worth it (:func:`worth_cascading`).
+    """
+    bs, b = block_size, len(starts)
+    first = (np.maximum(starts - window + 1, 0) // bs if window is not None
+             else np.zeros(b, np.int64)).astype(np.int64)  # first visible block per row
+    own_first = first.copy()
+    kept = []
+    for rows, shared in groups:
+        rows = [r for r in rows if first[r] < shared]  # its window reaches into the prefix
+        lo = min((int(first[r]) for r in rows), default=shared)
+        if len(rows) > 1 and rule(len(rows), shared - lo):
+            kept.append((rows, lo, shared))
+            own_first[rows] = shared
+    if not kept:
+        return None
+    width = max(len(rows) for rows, _, _ in kept)
+    prefix_tables = np.zeros((len(kept), max(n - lo for _, lo, n in kept)), np.int32)
+    members = np.zeros((len(kept), width), np.int32)
+    row_slot = np.full(b, len(kept) * width, np.int32)
+    for g, (rows, lo, shared) in enumerate(kept):
+        prefix_tables[g, :shared - lo] = tables[rows[0], lo:shared]
+        members[g, :len(rows)] = rows
+        members[g, len(rows):] = rows[0]
+        row_slot[rows] = g * width + np.arange(len(rows))
+    own = np.zeros((b, int((num_blocks - own_first).max())), np.int32)
+    for row in range(b):
+        own[row, :num_blocks[row] - own_first[row]] = tables[row, own_first[row]:num_blocks[row]]
+    lo_pos = np.array([lo * bs for _, lo, _ in kept], np.int32)
+    end_pos = np.array([n * bs for _, _, n in kept], np.int32)
+    return CascadeTables(
+        mx.array(own), mx.array((own_first * bs).astype(np.int32)),
+        CascadePrefix(mx.array(prefix_tables), mx.array(lo_pos), mx.array(end_pos),
+                      mx.array(members), mx.array(row_slot)))
