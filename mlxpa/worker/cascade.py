@@ -46,7 +46,7 @@ Rule = Callable[[int, int], bool]
 
 def cascade_tables(groups: Sequence[tuple[Sequence[int], int]], starts: np.ndarray,
                    tables: np.ndarray, num_blocks: np.ndarray, block_size: int,
-                   window: int | None, rule: Rule = worth_cascading) -> CascadeTables | None:
+                   window: int | None, rule: Rule | None = None) -> CascadeTables | None:
     """The cascade inputs of one layer kind, or None when no group pays there.
 
     Args:
@@ -58,8 +58,9 @@ def cascade_tables(groups: Sequence[tuple[Sequence[int], int]], starts: np.ndarr
         block_size: Tokens per block.
         window: The layer's sliding window in tokens, or None (full attention).
         rule: ``rule(rows, blocks)``: whether a group of ``rows`` members sharing ``blocks``
-            blocks in this layer is worth it (:func:`worth_cascading`).
+            blocks in this layer is worth it; None: :func:`worth_cascading`.
     """
+    rule = rule or worth_cascading
     bs, b = block_size, len(starts)
     first = (np.maximum(starts - window + 1, 0) // bs if window is not None
              else np.zeros(b, np.int64)).astype(np.int64)  # first visible block per row
