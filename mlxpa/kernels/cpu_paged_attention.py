@@ -263,7 +263,9 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                      sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
     """:func:`mlxpa.kernels.reference.prefix_attention` with the base-2 softmax: each
     group's shared blocks gathered (a quantized pool's dequantized) once, its stacked
-    queries one matrix product per KV head, the groups in two halves on the two CPU streams
+    queries one matrix product per KV head, the unnormalised probabilities multiplied by the
+    values and the ``[R * q_per_kv, Dv]`` product divided by the sums (not the ``[R *
+    q_per_kv, S]`` probabilities), the groups in two halves on the two CPU streams
     (:func:`cpu_streams`). Same arguments and result."""
     ng = prefix.rows.shape[0]
     halves = [(0, ng)] if ng < 2 else [(0, ng // 2), (ng // 2, ng)]
@@ -273,18 +275,22 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                                key_start=prefix.key_start[a:b],
                                prefix_end=prefix.prefix_end[a:b], rows=prefix.rows[a:b])
         with mx.stream(streams[t % len(streams)]):
-            k = dense(gather_kv(key_cache, part.block_tables)).astype(mx.float32)
-            v = dense(gather_kv(value_cache, part.block_tables)).astype(mx.float32)
+            k, v = (_f32(dense(gather_kv(c, part.block_tables)))
+                    for c in (key_cache, value_cache))
             qg = stack_queries(q * (scale * _LOG2E), part.rows, k.shape[1])
             s = qg @ k.swapaxes(-1, -2)                                    # [g, kvh, R*G, S]
             mask = prefix_mask(query_start, part, k.shape[2], sliding_window)
-            p, lse = softmax_exp2_lse(s.reshape(b - a, k.shape[1], part.rows.shape[1], -1,
-                                                k.shape[2]), mask)
-            outs.append(p.reshape(s.shape) @ v)
-            sums.append(lse)
+            p, top, total = _exp2(s.reshape(b - a, k.shape[1], part.rows.shape[1], -1,
+                                            k.shape[2]), mask)
+            outs.append((p.reshape(s.shape) @ v) / total.reshape(*s.shape[:3], 1))
+            sums.append(((top + mx.log2(total)) * math.log(2))[..., 0])
     out, lse = (outs[0], sums[0]) if len(outs) == 1 else (mx.concatenate(outs),
                                                           mx.concatenate(sums))
     return unstack_queries(out, lse, q.shape[1])
+
+
+def _f32(x: mx.array) -> mx.array:
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
 
 
 def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,

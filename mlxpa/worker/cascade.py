@@ -35,10 +35,35 @@ class CascadeTables:
     prefix: CascadePrefix
 
 
+# The cost rule's constants (see worth_cascading).
+MIN_ROWS = 4
+MIN_SAVED_ROW_BLOCKS = 256
+
+
 def worth_cascading(rows: int, blocks: int) -> bool:
     """Whether ``rows`` decode rows sharing ``blocks`` blocks in a layer attend faster in two
-    parts than each over its whole context."""
-    return rows >= 2 and blocks >= 1 and (rows - 1) * blocks >= 32
+    parts than each over its whole context: at least :data:`MIN_ROWS` rows, and at least
+    :data:`MIN_SAVED_ROW_BLOCKS` block reads saved, ``(rows - 1) * blocks``.
+
+    The cascade path costs a fixed part per layer (a second softmax pass over each row's own
+    keys, the prefix gather, the merge: about 0.4 ms more than plain attention on the
+    smallest groups) and reads the shared blocks once as a copy, which costs about what one
+    row's in-place read does, so two or three rows gain nothing. Source: ``python
+    benchmarks/cascade_cost.py`` on the development CPU (2 cores, OpenBLAS, shared with other
+    jobs; minimum of 5 runs; float32 pools, 2 own blocks per row), plain / cascade time of
+    one layer:
+
+    - Gemma 3 270M's geometry (4 query heads over 1 KV head of 256), rows x shared blocks:
+      2 x 256: 0.98; 3 x 256: 0.75; 4 x 64: 0.92, 4 x 256: 1.28; 8 x 32: 1.01,
+      8 x 64: 1.05, 8 x 256: 1.47; 16 x 16: 1.02, 16 x 32: 1.16; 32 x 8: 1.09,
+      32 x 16: 1.19, 32 x 256: 6.3; 64 x 4: 0.93, 64 x 8: 1.27; 128 x 2: 0.84,
+      128 x 4: 1.07, 128 x 256: 7.2. The break-even lies near 256 saved block reads
+      from 4 rows on.
+    - A Llama-like geometry (16 query heads over 4 KV heads of 128) breaks even earlier
+      (4 x 32: 1.15, 32 x 4: 1.19, 128 x 2: 0.86, 2 x 256: 1.01), so the rule is
+      conservative there.
+    """
+    return rows >= MIN_ROWS and (rows - 1) * blocks >= MIN_SAVED_ROW_BLOCKS
 
 
 Rule = Callable[[int, int], bool]
