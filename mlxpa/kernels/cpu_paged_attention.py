@@ -295,10 +295,10 @@ def _f32(x: mx.array) -> mx.array:
 
 def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix, *,
-                      scale: float, sliding_window: int | None = None,
-                      key_start: mx.array | None = None,
-                      sinks: mx.array | None = None) -> mx.array:
+                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix,
+                      *, scale: float, sliding_window: int | None = None,
+                      key_start: mx.array | None = None, sinks: mx.array | None = None,
+                      ) -> mx.array:
     """Cascade attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.cascade_attention`. The rows' own keys are read in place
     (:func:`decode_attention` with its log-sum-exp), the shared prefixes by
