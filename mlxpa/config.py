@@ -331,6 +331,10 @@ class EngineConfig:
             head_dim, per token (:mod:`mlxpa.worker.kv_storage`).
         kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
             64 or 128).
+        enable_cascade_attention: Decode rows that share leading KV blocks attend over the
+            shared prefix once per group and over their own suffix apart, the two merged by
+            their log-sum-exp (cascade attention, vLLM's name), where the model runner's
+            cost rule finds it pays (``mlxpa.worker.cascade``).
     """
 
     model: str | None = None
@@ -351,6 +355,7 @@ class EngineConfig:
     keep_quantized: bool = False
     kv_cache_dtype: str = "auto"
     kv_group_size: int = 64
+    enable_cascade_attention: bool = True
 
     def __post_init__(self) -> None:
         _check(_int(self.block_size) and 1 <= self.block_size <= 256
@@ -391,3 +396,5 @@ class EngineConfig:
         _check(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
                "kv_group_size", self.kv_group_size,
                f"one of {', '.join(map(str, KV_GROUP_SIZES))}")
+        _check(isinstance(self.enable_cascade_attention, bool), "enable_cascade_attention",
+               self.enable_cascade_attention, "true or false")

@@ -8,7 +8,9 @@ MLX, a stand-in ``mlx.core`` (dtype names only) lets the kernel modules load.
    trimmed tables) in float32/float16/bfloat16, both variants, against a float64 reference;
    and over quantized pools (``qv1``/``qv2``, ``--kv-cache-dtype``: int8, int4, k8v4 with
    packed words, scales and biases made by an affine quantizer here; the reference attends
-   over their dequantized values).
+   over their dequantized values); and cascade attention's own-keys twins (``v1_lse``,
+   ``qv1_lse``, ``reduce_lse``: keys from a block offset, float32 output and log-sum-exp)
+   against the float64 output and log-sum-exp of the same keys.
 2. Timing: decode at contexts 512..32k and batch 1..256 (bfloat16), v1, v2 and the variant
    ``choose_variant`` picks, against gather + SDPA (PyTorch), with bandwidth (K/V bytes read)
    as a fraction of a measured device-to-device copy (bytes read + written).
@@ -83,7 +85,7 @@ def compile_instance(inst, workdir: str, arch: str,
     dt, d, bs, hq, hkv, window = inst
     shape = C.DecodeShape(1, hq, hkv, d, bs, 64, window or 0, getattr(mx, dt),
                           *(quant or (0, 0, 0)))
-    launches = C.plan(shape, "v1") + C.plan(shape, "v2")
+    launches = all_launches(shape)
     tag = "_".join(str(x) for x in (*inst, *(quant or ())))
     cu, cubin = os.path.join(workdir, tag + ".cu"), os.path.join(workdir, tag + ".cubin")
     with open(cu, "w") as f:
@@ -94,9 +96,24 @@ def compile_instance(inst, workdir: str, arch: str,
         raise RuntimeError(f"nvcc failed for {tag}:\n{r.stderr[-4000:]}")
     names = {}
     for m in re.finditer(r"Compiling entry function '(\w+)'", r.stderr):
-        kind = re.search(r"mlxpa_paged_(qv1|qv2|v1|v2|reduce)_", m.group(1)).group(1)
-        names[kind] = m.group(1)
+        names[kernel_kind(m.group(1))] = m.group(1)
     return cubin, names
+
+
+def all_launches(shape) -> list:
+    """One launch of every kernel kind a shape uses: v1, v2 + reduce and the ``_lse`` twins
+    (v2 once)."""
+    launches = {}
+    for lse in (False, True):
+        for variant in ("v1", "v2"):
+            for ln in C.plan(shape, variant, lse=lse):
+                launches.setdefault(ln.kind, ln)
+    return list(launches.values())
+
+
+def kernel_kind(name: str) -> str:
+    """The kind (``v1``, ``qv1_lse``, ...) of a kernel from its (possibly mangled) name."""
+    return re.search(r"mlxpa_paged_((?:q?v[12]|reduce)(?:_lse)?)_[0-9a-f]{10}", name).group(1)
 
 
 def rounded(x: np.ndarray, dt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -129,12 +146,15 @@ def quantize(x: np.ndarray, bits: int, group_size: int, dt: str):
     return (packed, scales, biases), values.astype(np.float32)
 
 
-def make_case(rng, inst, lens, trim, quant=None):
+def make_case(rng, inst, lens, trim, quant=None, skip_blocks=None):
     """Host arrays of a random case, values already rounded to the storage dtype (``quant``:
     ``(kbits, vbits, group_size)``: the pools quantized, ``kc``/``vc`` holding the three
-    arrays and their dequantized values)."""
+    arrays and their dequantized values; ``skip_blocks``: per row, leading blocks left out of
+    its table, its keys starting there, as cascade attention's own-keys part)."""
     dt, d, bs, hq, hkv, window = inst
     starts = [max(0, n - window) // bs * bs if trim and window else 0 for n in lens]
+    if skip_blocks is not None:
+        starts = [max(s, k * bs) for s, k in zip(starts, skip_blocks)]
     counts = [-(-(n - s) // bs) if n > s else 0 for n, s in zip(lens, starts)]
     num_blocks = 1 + sum(counts) + 2
     perm = list(rng.permutation(np.arange(1, num_blocks)))
@@ -157,12 +177,14 @@ def make_case(rng, inst, lens, trim, quant=None):
             "scale": d ** -0.5, "window": window}
 
 
-def reference_f64(case, inst) -> np.ndarray:
-    """Dense float64 attention from the masking rule; rows without keys are zeros."""
+def reference_f64(case, inst, lse: bool = False):
+    """Dense float64 attention from the masking rule; rows without keys are zeros (``lse``:
+    also ``[B, hq]`` log-sum-exps, -inf on rows without keys)."""
     q, kc, vc = (case[k][1].astype(np.float64) for k in ("q", "kc", "vc"))
     b, hq, d = q.shape
     hkv, group = kc.shape[1], hq // kc.shape[1]
     out = np.zeros_like(q)
+    sums = np.full((b, hq), -np.inf)
     for r in range(b):
         k = kc[case["table"][r]].transpose(1, 0, 2, 3).reshape(hkv, -1, d)
         v = vc[case["table"][r]].transpose(1, 0, 2, 3).reshape(hkv, -1, d)
@@ -177,10 +199,11 @@ def reference_f64(case, inst) -> np.ndarray:
             s = q[r, g * group:(g + 1) * group] @ k[g][vis].T * case["scale"]
             w = np.exp(s - s.max(axis=1, keepdims=True))
             out[r, g * group:(g + 1) * group] = (w / w.sum(axis=1, keepdims=True)) @ v[g][vis]
-    return out
+            sums[r, g * group:(g + 1) * group] = s.max(axis=1) + np.log(w.sum(axis=1))
+    return (out, sums) if lse else out
 
 
-def prepare(xp, inst, dev, variant, quant=None):
+def prepare(xp, inst, dev, variant, quant=None, lse=False):
     """Launches and inputs of one decode call, as ``_common.run_decode`` builds them. ``dev``
     holds device arrays q [B, hq, D], kc, vc (quantized: a tuple of packed words, scales,
     biases each), table, lens, qstart, kstart and ``scale``."""
@@ -193,20 +216,21 @@ def prepare(xp, inst, dev, variant, quant=None):
              for a in (dev[k] if isinstance(dev[k], tuple) else (dev[k],))]
     inputs = [dev["q"], *pools, dev["table"], dev["lens"], dev["qstart"], dev["kstart"], meta,
               xp.asarray(np.array([dev["scale"]], np.float32))]
-    return C.plan(shape, variant or C.choose_variant(shape)), inputs
+    return C.plan(shape, variant or C.choose_variant(shape), lse=lse), inputs
 
 
 def launch(xp, fns, launches, inputs):
-    """Run the launches (MLX's grid rule: blocks = threads / threadgroup); return the output.
+    """Run the launches (MLX's grid rule: blocks = threads / threadgroup); return the last
+    launch's outputs (the output; with an ``_lse`` twin, and the log-sum-exps).
     ``fns[kind](grid, block, args)`` launches one kernel (a CuPy RawKernel's signature)."""
     outs = []
     for ln in launches:
-        args = inputs if ln.kind != "reduce" else outs + [inputs[-2]]  # v2's, then meta
+        args = inputs if not ln.kind.startswith("reduce") else outs + [inputs[-2]]
         outs = [xp.empty(s, NP_STORAGE[str(t).split(".")[-1]])
                 for s, t in zip(ln.output_shapes, ln.output_dtypes)]
         grid = tuple(g // t for g, t in zip(ln.grid, ln.threadgroup))
         fns[ln.kind](grid, ln.threadgroup, tuple(args + outs))
-    return outs[0]
+    return outs
 
 
 def to_float(x: np.ndarray, dt: str) -> np.ndarray:
@@ -216,12 +240,13 @@ def to_float(x: np.ndarray, dt: str) -> np.ndarray:
 
 
 def check_case(xp, fns, inst, seed: int, variant: str, to_host=np.asarray,
-               quant=None) -> str | None:
-    """Run one random case (``quant``: over quantized pools); return why it fails, or
-    None."""
+               quant=None, lse: bool = False) -> str | None:
+    """Run one random case (``quant``: over quantized pools; ``lse``: the ``_lse`` twins on
+    rows whose keys start 0-3 blocks in); return why it fails, or None."""
     bs, window = inst[2], inst[5]
     case = make_case(np.random.default_rng(seed), inst, [0, 1, bs - 1, bs + 1, 700, 1500],
-                     trim=window is not None, quant=quant)
+                     trim=window is not None, quant=quant,
+                     skip_blocks=[0, 0, 0, 1, 3, 2] if lse else None)
 
     def device(v):
         if isinstance(v, tuple):
@@ -230,9 +255,18 @@ def check_case(xp, fns, inst, seed: int, variant: str, to_host=np.asarray,
 
     dev = {k: device(case[k]) for k in ("q", "kc", "vc", "table", "lens", "qstart", "kstart")}
     dev["scale"] = case["scale"]
-    out = to_float(to_host(launch(xp, fns, *prepare(xp, inst, dev, variant, quant))), inst[0])
-    ref = reference_f64(case, inst)
+    outs = launch(xp, fns, *prepare(xp, inst, dev, variant, quant, lse))
+    out = to_float(to_host(outs[0]), "float32" if lse else inst[0])
+    ref = reference_f64(case, inst, lse)
     tol = TOL[inst[0]]
+    if lse:
+        ref, ref_lse = ref
+        got_lse, empty = to_host(outs[1]), case["lens"] == 0
+        if not np.all(got_lse[empty] <= -1e30):
+            return "rows without keys have a finite log-sum-exp"
+        lse_err = np.abs(got_lse[~empty] - ref_lse[~empty])
+        if not np.all(lse_err <= tol + tol * np.abs(ref_lse[~empty])):  # NaN fails too
+            return f"log-sum-exp max error {np.nanmax(lse_err):.3g}"
     if not np.all(np.isfinite(out)) or not np.all(out[case["lens"] == 0] == 0):
         return "non-finite output or nonzero empty row"
     err = np.abs(out - ref)
@@ -340,14 +374,16 @@ def main() -> int:
     print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     failures = []
     for n, (inst, quant) in enumerate([(i, None) for i in checks] + quant_checks):
-        for variant in ("v1", "v2"):
+        for variant, lse in (("v1", False), ("v2", False), ("v1", True), ("v2", True)):
+            name = variant + ("_lse" if lse else "")
             try:
-                why = check_case(cp, fns[(inst, quant)], inst, n, variant, cp.asnumpy, quant)
+                why = check_case(cp, fns[(inst, quant)], inst, n, variant, cp.asnumpy, quant,
+                                 lse)
             except Exception as e:  # noqa: BLE001 - report and go on
                 why = f"{type(e).__name__}: {e}"
-            print(f"check {inst}{f' {quant}' if quant else ''} {variant}: {why or 'ok'}",
+            print(f"check {inst}{f' {quant}' if quant else ''} {name}: {why or 'ok'}",
                   flush=True)
-            failures += [(inst, variant, why)] if why else []
+            failures += [(inst, name, why)] if why else []
     src = cp.ones(1 << 30, cp.float32)   # 4 GiB device-to-device copy: read + written bytes
     dst = cp.empty_like(src)
     copy_bw = 2 * src.nbytes / time_cuda(cp, lambda d=dst, s=src: cp.copyto(d, s), a.quick)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the CUDA twin of mlxpa's paged-attention kernels on an NVIDIA GPU: correctness against a
-# float64 reference on random cases, then decode timings (contexts 512..32k, batch 1..256)
+# float64 reference on random cases (cascade attention's _lse twins included: output and
+# log-sum-exp of keys from a block offset), then decode timings (contexts 512..32k, batch 1..256)
 # against gather + SDPA, with bandwidth as a fraction of a device-to-device copy.
 #
 # Needs nvcc and CuPy (PyTorch for the gather + SDPA baseline); MLX is optional: with an MLX
@@ -18,7 +19,8 @@ status=0
 if "$PY" -c "import mlx.core as mx, sys; sys.exit(0 if mx.cuda.is_available() else 1)" \
     2>/dev/null; then
   echo "== MLX with CUDA: kernel tests"
-  "$PY" -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_dispatch.py || status=1
+  "$PY" -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_dispatch.py \
+    tests/kernels/test_cascade.py || status=1
 fi
 echo "== CuPy: scripts/gpu_check.py $*"
 "$PY" scripts/gpu_check.py "$@" || status=1

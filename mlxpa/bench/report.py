@@ -33,16 +33,19 @@ def _fmt(v, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def figures_table(figures: dict[str, dict], title: str) -> Table:
-    """One row per system: throughput, latency, memory (the KV pool's bytes per token in its
-    ``--kv-cache-dtype``), ratios to mlx-lm and static."""
+    """One row per system: throughput (an mlxpa system's decode phase apart: output tokens
+    of the steps that only decode, over their time), latency, memory (the KV pool's bytes
+    per token in its ``--kv-cache-dtype``), ratios to mlx-lm and static."""
     t = Table(title=title)
-    cols = ["system", "req/s", "total tok/s", "out tok/s", "TTFT p50 s", "ITL p50 ms",
-            "peak mem MiB", "KV MiB", "KV B/token", "× mlx-lm (total)", "× static (total)"]
+    cols = ["system", "req/s", "total tok/s", "out tok/s", "decode out tok/s", "TTFT p50 s",
+            "ITL p50 ms", "peak mem MiB", "KV MiB", "KV B/token", "× mlx-lm (total)",
+            "× static (total)"]
     for c in cols:
         t.add_column(c, justify="right" if c != "system" else "left")
     for name, f in figures.items():
         t.add_row(name, _fmt(f["requests_per_s"], digits=2), _fmt(f["total_tokens_per_s"]),
-                  _fmt(f["output_tokens_per_s"]), _fmt(f["ttft_p50_s"], digits=2),
+                  _fmt(f["output_tokens_per_s"]), _fmt(f.get("decode_output_tokens_per_s")),
+                  _fmt(f["ttft_p50_s"], digits=2),
                   _fmt(f["itl_p50_s"], 1e3), _fmt(f["peak_memory_bytes"], 2**-20, 0),
                   _fmt(f["kv_bytes"], 2**-20, 0), _kv_per_token(f),
                   _fmt(f.get("total_tokens_per_s_ratio_to_mlx-lm"), digits=2),
@@ -55,6 +58,19 @@ def _kv_per_token(f: dict) -> str:
     if f.get("kv_bytes_per_token") is None:
         return "-"
     return f"{f['kv_bytes_per_token']:,.0f} {f.get('kv_cache_dtype') or ''}".rstrip()
+
+
+def cascade_line(figures: dict[str, dict]) -> str | None:
+    """The gain of cascade attention, ``mlxpa`` over ``mlxpa-nocascade`` (decode phase and
+    end to end), or None when the run lacks either system."""
+    on, off = figures.get("mlxpa"), figures.get("mlxpa-nocascade")
+    if on is None or off is None:
+        return None
+    decode = on.get("decode_output_tokens_per_s_ratio_to_mlxpa-nocascade")
+    return ("cascade attention (mlxpa / mlxpa-nocascade): decode-phase output tok/s "
+            f"{_fmt(decode, digits=2)}x, end-to-end total tok/s "
+            f"{on['total_tokens_per_s_ratio_to_mlxpa-nocascade']:.2f}x, output tok/s "
+            f"{on['output_tokens_per_s_ratio_to_mlxpa-nocascade']:.2f}x")
 
 
 def throughput_line(f: dict) -> str:

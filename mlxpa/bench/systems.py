@@ -5,6 +5,8 @@ first; figures are medians over repeats):
 
 - ``mlxpa``: this engine (paged KV cache, continuous batching, prefix caching);
 - ``mlxpa-noprefix``: the same with prefix caching off;
+- ``mlxpa-nocascade``: the same with cascade attention off (``--no-cascade-attention``: each
+  decode row reads a shared prefix itself);
 - ``mlx-lm``: ``mlx_lm.batch_generate``'s loop (a ``BatchGenerator``, its default batch sizes)
   on the same token ids and model object;
 - ``static``: one contiguous KV cache per request, requests one after another with
@@ -85,7 +87,9 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
               advance: Advance = _ignore) -> SystemResult:
     """Our engine on the workload, admitted in prefix order as ``mlxpa run`` does (when
     prefix caching is on), its KV pool sized to the workload as ``run`` sizes it
-    (:func:`~mlxpa.batch.setup.sized_config`); records KV blocks in use after every step."""
+    (:func:`~mlxpa.batch.setup.sized_config`); records KV blocks in use after every step,
+    and the decode phase apart: the steps in which every scheduled request computes one
+    token (``decode_output_tokens_per_s``: their output tokens over their seconds)."""
     from mlxpa.batch.setup import sized_config
     from mlxpa.core.prefix_order import prefix_order
     from mlxpa.engine import LLMEngine
@@ -101,10 +105,18 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
         engine.add_request(i, wl.prompts[i], SamplingParams(
             max_tokens=wl.output_lens[i], ignore_eos=True, structured_outputs=wl.structured))
     series, shown = [], 0
+    decode_only = _watch_decode_steps(engine)
+    decode_s, decode_tokens, decode_steps = 0.0, 0, 0
     while engine.has_unfinished_requests():
+        start = time.perf_counter()
         engine.step()
-        series.append((time.perf_counter() - t0, engine.kv_cache_manager.num_active_blocks))
-        advance(engine.counters.generation_tokens - shown)
+        now = time.perf_counter()
+        series.append((now - t0, engine.kv_cache_manager.num_active_blocks))
+        new = engine.counters.generation_tokens - shown
+        if decode_only[-1]:
+            decode_s, decode_tokens, decode_steps = (decode_s + now - start,
+                                                     decode_tokens + new, decode_steps + 1)
+        advance(new)
         shown = engine.counters.generation_tokens
     elapsed = time.perf_counter() - t0
     c, s = engine.counters, summarize(engine.counters)
@@ -117,7 +129,24 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
                "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
                "num_preemptions": c.num_preemptions, "mask_ms_per_step": s.mask_ms_per_step,
                "scored_tokens": c.scored_tokens, "kv_cache_dtype": config.kv_cache_dtype,
-               "kv_bytes_per_token": engine.runner.block_bytes / config.block_size})
+               "kv_bytes_per_token": engine.runner.block_bytes / config.block_size,
+               "decode_steps": decode_steps, "decode_s": decode_s,
+               "decode_output_tokens_per_s": decode_tokens / decode_s if decode_s else None})
+
+
+def _watch_decode_steps(engine) -> list[bool]:
+    """A list the engine's runner appends to, for each step it executes, whether every
+    scheduled request computes one token (a decode-phase step; a step that computes nothing
+    is not one)."""
+    seen = [False]
+    execute = engine.runner.execute
+
+    def watched(out):
+        seen.append(bool(out.requests) and all(n == 1 for n in out.num_scheduled_tokens))
+        return execute(out)
+
+    engine.runner.execute = watched
+    return seen
 
 
 def run_mlx_lm(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> SystemResult:
@@ -190,11 +219,18 @@ def _run_mlxpa_noprefix(model, tokenizer, wl: Workload, config: EngineConfig,
                      advance)
 
 
+def _run_mlxpa_nocascade(model, tokenizer, wl: Workload, config: EngineConfig,
+                         advance: Advance) -> SystemResult:
+    return run_mlxpa(model, tokenizer, wl,
+                     dataclasses.replace(config, enable_cascade_attention=False), advance)
+
+
 # Every system by name, in report order: ``(model, tokenizer, workload, config, advance)`` to
 # a result.
 SYSTEMS: dict[str, Callable[..., SystemResult]] = {
     "mlxpa": run_mlxpa,
     "mlxpa-noprefix": _run_mlxpa_noprefix,
+    "mlxpa-nocascade": _run_mlxpa_nocascade,
     "mlx-lm": lambda model, tokenizer, wl, config, advance: run_mlx_lm(model, tokenizer, wl,
                                                                         advance),
     "static": lambda model, tokenizer, wl, config, advance: run_static(model, tokenizer, wl,
@@ -213,8 +249,9 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
 
     Returns:
         ``(figures, last)``: per system the median of each figure over repeats, plus
-        ``ratio_to_<baseline>`` of the throughput figures to every other system; and the last
-        raw result per system (for plots).
+        ``ratio_to_<baseline>`` of the throughput figures (the decode phase's where both
+        systems measure it) to every other system; and the last raw result per system (for
+        plots).
     """
     progress = progress or BenchProgress(enabled=False)
     if warmup:
@@ -240,8 +277,10 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
         for b in systems:
             if b == s:
                 continue
-            for key in ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s"):
-                figures[s][f"{key}_ratio_to_{b}"] = figures[s][key] / figures[b][key]
+            for key in ("requests_per_s", "total_tokens_per_s", "output_tokens_per_s",
+                        "decode_output_tokens_per_s"):
+                if figures[s].get(key) and figures[b].get(key):
+                    figures[s][f"{key}_ratio_to_{b}"] = figures[s][key] / figures[b][key]
     return figures, last
 
 

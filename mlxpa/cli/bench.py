@@ -15,6 +15,7 @@ from mlxpa.cli.options import (
     BenchKVMemoryOpt,
     BlasOpt,
     BlockSizeOpt,
+    CascadeAttentionOpt,
     KeepQuantizedOpt,
     Kernel,
     KernelOpt,
@@ -36,6 +37,9 @@ Examples:
   mlxpa bench --workload shared-prefix --num-groups 8 \\
       --prompts-per-group 16 --json sp.json --plot sp.png
   mlxpa bench --workload random --num-prompts 128 --input-len 320
+  mlxpa bench --workload shared-prefix --num-groups 4 --prompts-per-group 32 \\
+      --system-prompt-len 4096 --question-len 64 --output-len 64 \\
+      --baselines mlxpa,mlxpa-nocascade,mlx-lm
   mlxpa bench --workload file --input examples/prompts.jsonl \\
       --baselines mlxpa,mlx-lm
   mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
@@ -44,7 +48,7 @@ Examples:
 
 LIMITS = "limits"
 Workload = choices("Workload", (*WORKLOADS, LIMITS))
-ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"
+ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade on request
 
 
 def bench(
@@ -66,8 +70,8 @@ def bench(
     question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
-        show_default=False, help="Systems to run, comma-separated (default: all of mlxpa, "
-        "mlxpa-noprefix, mlx-lm, static).")] = ALL_SYSTEMS,
+        show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
+        "mlxpa-nocascade, mlx-lm, static (default: all but mlxpa-nocascade).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
     block_size: BlockSizeOpt = 16,
     kv_memory: BenchKVMemoryOpt = None,
@@ -76,6 +80,7 @@ def bench(
     kernel: KernelOpt = Kernel.auto,
     kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
     kv_group_size: KVGroupSizeOpt = 64,
+    cascade_attention: CascadeAttentionOpt = True,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -98,7 +103,8 @@ def bench(
         config = engine_config(model, block_size, kv_memory, max_num_seqs,
                                max_num_batched_tokens, kernel, revision=revision,
                                adapter_path=adapter_path, keep_quantized=keep_quantized,
-                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size)
+                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
+                               enable_cascade_attention=cascade_attention)
         files = ModelFiles(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
@@ -193,6 +199,8 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
             f, wl.num_prompt_tokens, len(wl.prompts), flops, rate)
     console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
     console.print(report.limit_line(fractions, flops, rate), markup=False)
+    if (line := report.cascade_line(figures)) is not None:
+        console.print(line, markup=False)
     console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "
                   f"mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, {dtype}", markup=False)
     if "mlxpa" in figures:

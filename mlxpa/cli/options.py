@@ -57,6 +57,9 @@ KVCacheDtypeOpt = Annotated[KVCacheDtype, typer.Option(
     "(k8v4: 8-bit K, 4-bit V).")]
 KVGroupSizeOpt = Annotated[int, typer.Option(
     help="Quantized KV: elements per scale and bias (32, 64, 128).")]
+CascadeAttentionOpt = Annotated[bool, typer.Option(
+    "--cascade-attention/--no-cascade-attention",
+    help="Rows decoding after a shared prefix read it once per step where that pays.")]
 BlasOpt = Annotated[str, typer.Option(
     metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 
@@ -121,7 +124,8 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
     return config
 
 
-_FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching"}
+_FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching",
+          "enable_cascade_attention": "--cascade-attention"}
 
 
 _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}

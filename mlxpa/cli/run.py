@@ -12,6 +12,7 @@ from mlxpa.cli.options import (
     AdapterPathOpt,
     BlasOpt,
     BlockSizeOpt,
+    CascadeAttentionOpt,
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
@@ -160,6 +161,7 @@ def run(
     max_model_len: MaxModelLenOpt = None, kernel: KernelOpt = Kernel.auto,
     kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto, kv_group_size: KVGroupSizeOpt = 64,
     order: OrderOpt = Order.prefix, prefix_caching: PrefixCachingOpt = True,
+    cascade_attention: CascadeAttentionOpt = True,
     metrics_json: MetricsJsonOpt = None, quiet: QuietOpt = False, blas: BlasOpt = "auto",
     ray: RayOpt = False, ray_address: RayAddressOpt = None, num_replicas: NumReplicasOpt = 1,
 ) -> None:
@@ -174,7 +176,8 @@ def run(
                                enable_prefix_caching=prefix_caching, seed=seed,
                                revision=revision, adapter_path=adapter_path,
                                keep_quantized=keep_quantized,
-                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size)
+                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
+                               enable_cascade_attention=cascade_attention)
         defaults = SamplingParams(
             max_tokens, temperature, top_p, top_k, min_p, n=n,
             stop=tuple(unescape(s) for s in stop or ()),

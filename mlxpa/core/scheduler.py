@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from mlxpa.config import EngineConfig
+from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.request import Request, RequestStatus
 
@@ -49,6 +50,11 @@ class SchedulerOutput:
     # Requests finished since the previous step (vLLM's finished_req_ids): the runner frees
     # its state of them.
     finished: list[Request] = field(default_factory=list)
+    # Single-token requests (decodes) sharing leading full blocks, as indices into
+    # `requests` and the number of blocks (vLLM's num_common_prefix_blocks, per group): the
+    # runner may attend over a group's prefix once for all its rows (cascade attention).
+    # Empty when cascade attention is off.
+    cascade_groups: list[CascadeGroup] = field(default_factory=list)
 
 
 class Scheduler:
@@ -66,6 +72,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_cascade_attention = config.enable_cascade_attention
         self.kv_cache_manager = kv_cache_manager
         # A request alone must always fit, or preemption could loop forever.
         self.max_model_len = min(max_model_len, kv_cache_manager.capacity_tokens)
@@ -128,7 +135,21 @@ class Scheduler:
         out.sampling = [last and not r.score_only
                         for r, last in zip(out.requests, out.last_chunk)]
         out.finished, self._finished = self._finished, []
+        if self.enable_cascade_attention:
+            out.cascade_groups = self._cascade_groups(out)
         return out
+
+    def _cascade_groups(self, out: SchedulerOutput) -> list[CascadeGroup]:
+        """The step's single-token requests grouped by the leading full blocks they share
+        (:func:`common_prefix_groups`), as indices into ``out.requests``."""
+        one = [i for i, n in enumerate(out.num_scheduled_tokens) if n == 1]
+        if len(one) < 2:
+            return []
+        bs = self.kv_cache_manager.block_size
+        reqs = [out.requests[i] for i in one]
+        groups = common_prefix_groups([r.block_table for r in reqs],
+                                      [r.num_computed_tokens // bs for r in reqs])
+        return [CascadeGroup(tuple(one[j] for j in g.indices), g.num_blocks) for g in groups]
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         deferred: list[Request] = []

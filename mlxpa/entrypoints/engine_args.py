@@ -32,6 +32,7 @@ ENGINE_ARGS: dict[str, str] = {
     "kernel": "kernel",
     "kv_cache_dtype": "kv_cache_dtype",
     "kv_group_size": "kv_group_size",
+    "disable_cascade_attn": "enable_cascade_attention",
 }
 
 
@@ -49,6 +50,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "kv_cache_memory_bytes": _gib,
     "dtype": lambda d: None if d == "auto" else d,  # vLLM's "auto": the model's choice
     "kv_cache_dtype": lambda d: "auto" if d is None else d,
+    # vLLM's switch is the negation of the field (a non-bool is left for the field's check).
+    "disable_cascade_attn": lambda v: (not v) if isinstance(v, bool) else v,
 }
 # vLLM options mlxpa does not have, and what to do instead.
 VLLM_ONLY: dict[str, str] = {

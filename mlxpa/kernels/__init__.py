@@ -21,6 +21,14 @@ group size) it runs each variant on a small random case with rows of 0, 1,
 compares them with the float32 reference on the CPU; on a mismatch, or when the kernel fails
 to compile or run, it warns once and that class uses the reference from then on. So a kernel
 that was never run on real hardware cannot silently give wrong numbers.
+
+``cascade_attention`` (decode rows sharing leading blocks: the shared prefix once per group,
+each row's own keys apart, merged by their log-sum-exp; ``reference.cascade_attention`` is
+the specification) runs the CPU kernel's own version on the CPU. On Metal or CUDA the rows'
+own keys go through the kernels' ``_lse`` twins (checked at first use like the others, as a
+shape class of their own, output and log-sum-exp) and the shared prefixes through MLX ops
+(one matrix product per group and KV head); elsewhere, or when the check fails, the
+reference.
 """
 
 from __future__ import annotations
@@ -79,27 +87,58 @@ def resolve_backend(kernel: str) -> str:
 
 
 def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, window: int,
-               q_heads: int, kv_heads: int,
-               quant: tuple[int, int, int] | None = None) -> str | None:
+               q_heads: int, kv_heads: int, quant: tuple[int, int, int] | None = None,
+               lse: bool = False) -> str | None:
     """Run ``backend``'s variants (v1, and v2 where it may be picked) on a random case of this
-    shape class (``quant``: ``(kbits, vbits, group_size)`` of quantized pools) against the
-    reference; return why one fails (mismatch or exception text), or None when all match."""
+    shape class (``quant``: ``(kbits, vbits, group_size)`` of quantized pools; ``lse``: the
+    ``_lse`` twins, on rows whose keys start 0-2 blocks in, output and log-sum-exp) against
+    the reference; return why one fails (mismatch or exception text), or None when all
+    match."""
     module = _load_backend(backend)
     lens = [0, 1, block_size + 1, 600]
     case = _cases.random_case(0, dtype, head_dim, block_size, q_heads, kv_heads, lens,
-                              window=window or None, trim=bool(window), quant=quant)
+                              window=window or None, trim=bool(window), quant=quant,
+                              skip_blocks=[0, 0, 1, 2] if lse else None)
     tol = CHECK_TOLERANCE[dtype]
+    extra = {"lse": True} if lse else {}
     try:
-        ref = _cases.reference_f32(case)
+        ref = _cases.reference_f32(case, lse)
         for variant in _common.variants(q_heads, kv_heads, head_dim):
-            out = module.paged_attention(*case.args, **case.kwargs, variant=variant)
+            out = module.paged_attention(*case.args, **case.kwargs, variant=variant, **extra)
             mx.eval(out)
-            why = _cases.mismatch(out, ref, case.args[4], tol, tol)
+            why = (_cases.lse_mismatch if lse else _cases.mismatch)(out, ref, case.args[4], tol,
+                                                                     tol)
             if why:
-                return f"{variant}: {why}"
+                return f"{variant}{'_lse' if lse else ''}: {why}"
     except Exception as e:  # noqa: BLE001 - a compile error must fall back, not crash
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def _checked(backend: str, q: mx.array, key_cache: mx.array | QuantizedPool,
+             value_cache: mx.array | QuantizedPool, sliding_window: int | None,
+             lse: bool = False) -> bool:
+    """Whether ``backend``'s native kernel serves this call: a supported shape whose class
+    passed its first-use :func:`self_check` (run now when new; a failure warns once)."""
+    if not _common.supported(q, key_cache, value_cache):
+        return False
+    window = sliding_window or 0
+    quant = _common.pool_quant(key_cache, value_cache)
+    cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
+           key_cache.shape[1], quant, lse)
+    if cls not in _verified:
+        why = self_check(*cls)
+        _verified[cls] = why is None
+        if why:
+            pools = "" if quant is None else ", pools {}-bit K / {}-bit V, group {}".format(
+                *quant)
+            what = "cascade (log-sum-exp) " if lse else ""
+            _warn_once(("check",) + cls,
+                       f"{backend} {what}paged-attention kernel failed its check against the "
+                       f"reference for dtype={q.dtype}, head_dim={cls[2]}, block_size="
+                       f"{cls[3]}, window={window}, heads={cls[5]}/{cls[6]}{pools} "
+                       f"({why}); using the reference")
+    return _verified[cls]
 
 
 def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
@@ -124,30 +163,46 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         return _load_backend("cpu").paged_attention(
             q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
             sliding_window=sliding_window, key_start=key_start, sinks=sinks)
-    if backend != "reference" and sinks is None and _common.supported(q, key_cache,
-                                                                       value_cache):
-        window = sliding_window or 0
-        quant = _common.pool_quant(key_cache, value_cache)
-        cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
-               key_cache.shape[1], quant)
-        if cls not in _verified:
-            why = self_check(*cls)
-            _verified[cls] = why is None
-            if why:
-                pools = "" if quant is None else ", pools {}-bit K / {}-bit V, group {}".format(
-                    *quant)
-                _warn_once(("check",) + cls,
-                           f"{backend} paged-attention kernel failed its check against the "
-                           f"reference for dtype={q.dtype}, head_dim={cls[2]}, block_size="
-                           f"{cls[3]}, window={window}, heads={cls[5]}/{cls[6]}{pools} "
-                           f"({why}); using the reference")
-        if _verified[cls]:
-            return _load_backend(backend).paged_attention(
-                q, key_cache, value_cache, block_tables, context_lens, query_start,
-                scale=scale, sliding_window=sliding_window, key_start=key_start)
+    if (backend != "reference" and sinks is None
+            and _checked(backend, q, key_cache, value_cache, sliding_window)):
+        return _load_backend(backend).paged_attention(
+            q, key_cache, value_cache, block_tables, context_lens, query_start,
+            scale=scale, sliding_window=sliding_window, key_start=key_start)
     return reference.paged_attention(q, key_cache, value_cache, block_tables, context_lens,
                                      query_start, scale=scale, sliding_window=sliding_window,
                                      key_start=key_start, sinks=sinks)
 
 
-__all__ = ["KERNELS", "paged_attention", "resolve_backend", "self_check"]
+def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                      context_lens: mx.array, query_start: mx.array,
+                      prefix: reference.CascadePrefix, *, scale: float,
+                      sliding_window: int | None = None, key_start: mx.array | None = None,
+                      kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
+    """Cascade attention of decode rows through the chosen back end; arguments, shapes and
+    the result as ``reference.cascade_attention`` (Hydragen, Juravsky et al. 2024;
+    FlashInfer's cascade inference), pools float or quantized, sinks counted once in the
+    merge on every back end (see the module docstring for who runs what).
+
+    Raises:
+        ValueError: Unknown ``kernel``.
+    """
+    backend = resolve_backend(kernel)
+    args = (q, key_cache, value_cache, block_tables, context_lens, query_start, prefix)
+    if backend == "cpu":
+        return _load_backend("cpu").cascade_attention(
+            *args, scale=scale, sliding_window=sliding_window, key_start=key_start,
+            sinks=sinks)
+    if backend != "reference" and _checked(backend, q, key_cache, value_cache,
+                                           sliding_window, lse=True):
+        out, lse = _load_backend(backend).paged_attention(
+            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
+            sliding_window=sliding_window, key_start=key_start, lse=True)
+        return reference.cascade_merge(q, key_cache, value_cache, query_start, prefix, out,
+                                       lse, scale=scale, sliding_window=sliding_window,
+                                       sinks=sinks)
+    return reference.cascade_attention(*args, scale=scale, sliding_window=sliding_window,
+                                       key_start=key_start, sinks=sinks)
+
+
+__all__ = ["KERNELS", "cascade_attention", "paged_attention", "resolve_backend", "self_check"]

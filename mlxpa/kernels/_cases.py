@@ -11,7 +11,7 @@ import numpy as np
 
 from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.quant import QuantizedPool, quantize
-from mlxpa.kernels.reference import paged_attention
+from mlxpa.kernels.reference import paged_attention, paged_attention_lse
 
 
 class Case(NamedTuple):
@@ -23,18 +23,23 @@ class Case(NamedTuple):
 
 def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_heads: int,
                 kv_heads: int, lens: list[int], window: int | None = None, trim: bool = False,
-                pad_blocks: int = 1, quant: tuple[int, int, int] | None = None) -> Case:
+                pad_blocks: int = 1, quant: tuple[int, int, int] | None = None,
+                skip_blocks: list[int] | None = None) -> Case:
     """Random pool and ragged rows of ``lens`` keys, the query at position ``len - 1``.
 
     Blocks are shuffled, tables padded with the null block 0, and every slot of the pool
     (block 0 included) holds random values, so reading a wrong key changes the result.
     ``trim`` cuts the tables to the window as the engine does (``key_start`` a multiple of
-    the block size). ``quant``: ``(kbits, vbits, group_size)``: the pools are
-    ``mx.quantize``'d (:class:`QuantizedPool`, scales in ``dtype``).
+    the block size). ``skip_blocks``: per row, leading blocks left out of its table (as
+    cascade attention's own-keys part, after a shared prefix; ``key_start`` set; with
+    ``trim``, the later of the two starts). ``quant``: ``(kbits, vbits, group_size)``: the
+    pools are ``mx.quantize``'d (:class:`QuantizedPool`, scales in ``dtype``).
     """
     rng = np.random.default_rng(seed)
     starts = [max(0, n - window) // block_size * block_size if trim and window else 0
               for n in lens]
+    if skip_blocks is not None:
+        starts = [max(s, k * block_size) for s, k in zip(starts, skip_blocks)]
     counts = [cdiv(n - s, block_size) if n > s else 0 for n, s in zip(lens, starts)]
     num_blocks = 1 + sum(counts) + 2
     perm = rng.permutation(np.arange(1, num_blocks)).tolist()
@@ -52,7 +57,8 @@ def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_he
         kc, vc = quantize(kc, kbits, group_size), quantize(vc, vbits, group_size)
     lens_np = np.array(lens, np.int32)
     kwargs = {"scale": head_dim ** -0.5, "sliding_window": window,
-              "key_start": mx.array(np.array(starts, np.int32)) if trim else None}
+              "key_start": (mx.array(np.array(starts, np.int32))
+                            if trim or skip_blocks is not None else None)}
     return Case((normal(len(lens), q_heads, 1, head_dim), kc, vc, mx.array(table),
                  mx.array(lens_np), mx.array(np.maximum(lens_np - 1, 0))), kwargs)
 
@@ -66,14 +72,33 @@ def _f32(cache: mx.array | QuantizedPool) -> mx.array | QuantizedPool:
     return cache.astype(mx.float32)
 
 
-def reference_f32(case: Case) -> mx.array:
-    """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result)."""
+def reference_f32(case: Case, lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+    """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result), or
+    with ``lse`` ``reference.paged_attention_lse``'s output and log-sum-exps."""
     q, kc, vc, bt, cl, qs = case.args
+    fn = paged_attention_lse if lse else paged_attention
     with mx.stream(mx.cpu):
-        out = paged_attention(q.astype(mx.float32), _f32(kc), _f32(vc), bt, cl, qs,
-                              **case.kwargs)
+        out = fn(q.astype(mx.float32), _f32(kc), _f32(vc), bt, cl, qs, **case.kwargs)
         mx.eval(out)
     return out
+
+
+def lse_mismatch(out: tuple[mx.array, mx.array], ref: tuple[mx.array, mx.array],
+                 context_lens: mx.array, atol: float, rtol: float) -> str | None:
+    """Why a native ``_lse`` twin's ``(output, log-sum-exp)`` fails to match the float32
+    reference's (:func:`mismatch` on the outputs; the log-sum-exps within ``atol + rtol *
+    |ref|``, and at most ``-1e30`` on rows without keys), or None when both match."""
+    why = mismatch(out[0], ref[0], context_lens, atol, rtol)
+    if why:
+        return why
+    got, want = np.array(out[1].astype(mx.float32)), np.array(ref[1])
+    empty = np.array(context_lens) == 0
+    if not np.all(got[empty] <= -1e30):
+        return "rows without keys have a finite log-sum-exp"
+    err = np.abs(got[~empty] - want[~empty]) - rtol * np.abs(want[~empty])
+    if err.size and not np.all(err <= atol):   # NaN fails too
+        return f"log-sum-exp max error {np.nanmax(np.abs(got[~empty] - want[~empty])):.3g}"
+    return None
 
 
 def mismatch(out: mx.array, ref: mx.array, context_lens: mx.array, atol: float,

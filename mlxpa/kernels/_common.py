@@ -56,15 +56,18 @@ QUANT_INPUT_NAMES = ("q", "k_packed", "k_scales", "k_biases", "v_packed", "v_sca
                      "v_biases", *_ROW_INPUTS)
 _V2_OUTPUTS = ("partial_out", "max_logits", "exp_sums")
 KERNEL_INPUTS = {"v1": INPUT_NAMES, "v2": INPUT_NAMES, "qv1": QUANT_INPUT_NAMES,
-                 "qv2": QUANT_INPUT_NAMES, "reduce": (*_V2_OUTPUTS, "meta")}
+                 "qv2": QUANT_INPUT_NAMES, "reduce": (*_V2_OUTPUTS, "meta"),
+                 "v1_lse": INPUT_NAMES, "qv1_lse": QUANT_INPUT_NAMES,
+                 "reduce_lse": (*_V2_OUTPUTS, "meta")}
 KERNEL_OUTPUTS = {"v1": ("out",), "v2": _V2_OUTPUTS, "qv1": ("out",), "qv2": _V2_OUTPUTS,
-                  "reduce": ("out",)}
+                  "reduce": ("out",), "v1_lse": ("out", "lse"), "qv1_lse": ("out", "lse"),
+                  "reduce_lse": ("out", "lse")}
 
 
 class Launch(NamedTuple):
     """One kernel launch: grid and threadgroup in threads (MLX's dispatchThreads rule)."""
 
-    kind: str                                   # "v1" | "v2" | "qv1" | "qv2" | "reduce"
+    kind: str                                   # a key of KERNEL_INPUTS
     template: tuple[tuple[str, object], ...]
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
@@ -172,18 +175,21 @@ def choose_variant(shape: DecodeShape) -> str:
 
 
 def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
-         v2_simdgroups: int = V2_SIMDGROUPS) -> list[Launch]:
-    """The launches of one decode call, in order."""
+         v2_simdgroups: int = V2_SIMDGROUPS, lse: bool = False) -> list[Launch]:
+    """The launches of one decode call, in order (``lse``: the ``_lse`` twins, whose last
+    launch writes a float32 output and the ``[B, q_heads]`` log-sum-exp)."""
     s = shape
     common = (("T", s.dtype), ("D", s.head_dim), ("BS", s.block_size), ("WINDOW", s.window),
               ("HQ", s.q_heads), ("HKV", s.kv_heads))
     prefix, quant = ("q", (("KBITS", s.kbits), ("VBITS", s.vbits), ("GS", s.group_size))
                      ) if s.kbits else ("", ())
+    out = (s.batch, s.q_heads, s.head_dim)
+    outs, dtypes, tail = (((out, out[:2]), (mx.float32, mx.float32), "_lse") if lse
+                          else ((out,), (s.dtype,), ""))
     if variant == "v1":
         t = 32 * v1_simdgroups
-        return [Launch(prefix + "v1", common + (("NSG", v1_simdgroups),) + quant,
-                       (s.q_heads * t, s.batch, 1), (t, 1, 1),
-                       ((s.batch, s.q_heads, s.head_dim),), (s.dtype,))]
+        return [Launch(prefix + "v1" + tail, common + (("NSG", v1_simdgroups),) + quant,
+                       (s.q_heads * t, s.batch, 1), (t, 1, 1), outs, dtypes)]
     assert variant == "v2", variant
     t, p = 32 * v2_simdgroups, s.num_partitions
     rows = (s.batch, s.q_heads, p)
@@ -192,9 +198,8 @@ def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
                + quant,
                (s.kv_heads * t, s.batch, p), (t, 1, 1), (rows + (s.head_dim,), rows, rows),
                (mx.float32, mx.float32, mx.float32)),
-        Launch("reduce", (("T", s.dtype), ("D", s.head_dim), ("HQ", s.q_heads)),
-               (s.q_heads * s.head_dim, s.batch, 1), (s.head_dim, 1, 1),
-               ((s.batch, s.q_heads, s.head_dim),), (s.dtype,)),
+        Launch("reduce" + tail, (("T", s.dtype), ("D", s.head_dim), ("HQ", s.q_heads)),
+               (s.q_heads * s.head_dim, s.batch, 1), (s.head_dim, 1, 1), outs, dtypes),
     ]
 
 
@@ -219,21 +224,25 @@ def run_decode(get_kernel: Callable[[str], Callable], q: mx.array,
                key_cache: mx.array | QuantizedPool, value_cache: mx.array | QuantizedPool,
                block_tables: mx.array, context_lens: mx.array, query_start: mx.array, *,
                scale: float, sliding_window: int | None = None,
-               key_start: mx.array | None = None, variant: str | None = None) -> mx.array:
+               key_start: mx.array | None = None, variant: str | None = None,
+               lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """Decode attention through native kernels; arguments as ``reference.paged_attention``
     with ``L == 1``. ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable.
 
     Returns:
-        ``[B, q_heads, 1, head_dim]`` in ``q.dtype``.
+        ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; with ``lse``, as
+        ``reference.paged_attention_lse``: that output in float32 and ``[B, q_heads, 1]``
+        float32 log-sum-exps (about ``-3e38`` for a row with no visible key).
     """
     shape = decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
     inputs = decode_inputs(q, key_cache, value_cache, block_tables, context_lens, query_start,
                            key_start, scale, shape)
     outs: list[mx.array] = []
-    for launch in plan(shape, variant or choose_variant(shape)):
-        args = inputs if launch.kind != "reduce" else outs + [inputs[-2]]  # v2's, meta
+    for launch in plan(shape, variant or choose_variant(shape), lse=lse):
+        args = inputs if not launch.kind.startswith("reduce") else outs + [inputs[-2]]
         outs = get_kernel(launch.kind)(
             inputs=args, template=list(launch.template), grid=launch.grid,
             threadgroup=launch.threadgroup, output_shapes=list(launch.output_shapes),
             output_dtypes=list(launch.output_dtypes))
-    return outs[0].reshape(shape.batch, shape.q_heads, 1, shape.head_dim)
+    out = outs[0].reshape(shape.batch, shape.q_heads, 1, shape.head_dim)
+    return (out, outs[1].reshape(shape.batch, shape.q_heads, 1)) if lse else out

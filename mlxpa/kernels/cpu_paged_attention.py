@@ -40,10 +40,20 @@ import math
 
 import mlx.core as mx
 
+from mlxpa.kernels import reference
 from mlxpa.kernels.cpu_streams import cpu_streams
 from mlxpa.kernels.device import on_cpu
 from mlxpa.kernels.quant import QuantizedPool, dense
-from mlxpa.kernels.reference import attention_mask, gather_kv
+from mlxpa.kernels.reference import (
+    CascadePrefix,
+    attention_mask,
+    gather_kv,
+    merge_states,
+    prefix_mask,
+    slot_rows,
+    stack_queries,
+    unstack_queries,
+)
 
 _LOG2E = 1 / math.log(2)
 _MASKED = -1e30
@@ -56,11 +66,10 @@ def is_available() -> bool:
     return on_cpu()
 
 
-def softmax_exp2(s: mx.array, mask: mx.array, sink: mx.array | None = None) -> mx.array:
-    """``softmax`` over the last axis of base-2 logits ``s`` where ``mask`` is True; masked
-    entries get probability 0, fully masked rows finite garbage (``s``, ``mask``: broadcast
-    together, float32 / bool). ``sink``: base-2 sink logits broadcastable to ``s[..., :1]``,
-    one more term in the denominator (attention sinks, as gpt-oss), or None."""
+def _exp2(s: mx.array, mask: mx.array,
+          sink: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+    """The base-2 softmax's parts: ``(2^(s - top), top, total)`` (``top``, ``total``: ``[...,
+    1]``); see :func:`softmax_exp2`."""
     s = mx.where(mask, s, _MASKED)
     top = s.max(axis=-1, keepdims=True)
     if sink is not None:
@@ -69,7 +78,24 @@ def softmax_exp2(s: mx.array, mask: mx.array, sink: mx.array | None = None) -> m
     total = p.sum(axis=-1, keepdims=True)
     if sink is not None:
         total = total + mx.power(2.0, sink - top)
+    return p, top, total
+
+
+def softmax_exp2(s: mx.array, mask: mx.array, sink: mx.array | None = None) -> mx.array:
+    """``softmax`` over the last axis of base-2 logits ``s`` where ``mask`` is True; masked
+    entries get probability 0, fully masked rows finite garbage (``s``, ``mask``: broadcast
+    together, float32 / bool). ``sink``: base-2 sink logits broadcastable to ``s[..., :1]``,
+    one more term in the denominator (attention sinks, as gpt-oss), or None."""
+    p, _, total = _exp2(s, mask, sink)
     return p / total
+
+
+def softmax_exp2_lse(s: mx.array, mask: mx.array) -> tuple[mx.array, mx.array]:
+    """:func:`softmax_exp2` (no sink) and the natural log-sum-exp of the visible logits,
+    ``[...]`` (``s`` holds base-2 logits: ``lse = (top + log2(total)) ln 2``); a fully
+    masked row's is about ``-7e29``, which merges as ``-inf``."""
+    p, top, total = _exp2(s, mask)
+    return p / total, ((top + mx.log2(total)) * math.log(2))[..., 0]
 
 
 def _sink(sinks: mx.array | None, kv_heads: int, g: int, extra: int) -> mx.array | None:
@@ -155,8 +181,8 @@ def _block_matmul(x: mx.array, pool: mx.array | QuantizedPool, lhs: mx.array | N
 
 def decode_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                     mask: mx.array, scale: float,
-                     sinks: mx.array | None = None) -> mx.array:
+                     mask: mx.array, scale: float, sinks: mx.array | None = None,
+                     lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """Attention of ``[B, q_heads, 1, D]`` float32 queries over pool blocks read in place.
 
     Args:
@@ -169,9 +195,11 @@ def decode_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         mask: Boolean ``[B, 1, 1, nb * block_size]``; True where the query sees the key.
         scale: Softmax scale.
         sinks: ``[q_heads]`` per-head sink logits, or None.
+        lse: Also return each query's natural log-sum-exp ``[B, q_heads]`` (no sinks; one
+            part of a cascade).
 
     Returns:
-        ``[B, q_heads, 1, Dv]`` float32.
+        ``[B, q_heads, 1, Dv]`` float32 (and the log-sum-exp, float32).
     """
     b, heads, _, d = q.shape
     dv = value_cache.shape[3]
@@ -188,11 +216,14 @@ def decode_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     s = _block_matmul(qg, key_cache, lhs, rhs, transpose=True)              # [B*kvh*nb, g, bs]
     s = s.reshape(b, kv_heads, nb, g, bs).transpose(0, 1, 3, 2, 4).reshape(b, kv_heads, g,
                                                                            nb * bs)
-    p = softmax_exp2(s, mask, _sink(sinks, kv_heads, g, 1))                  # [B, kvh, g, S]
+    if lse:
+        p, sums = softmax_exp2_lse(s, mask)                                  # [B, kvh, g, S]
+    else:
+        p = softmax_exp2(s, mask, _sink(sinks, kv_heads, g, 1))
     p = p.reshape(b, kv_heads, g, nb, bs).transpose(0, 1, 3, 2, 4).reshape(-1, g, bs)
     out = _block_matmul(p, value_cache, None, rhs, transpose=False)
-    out = out.reshape(b, kv_heads, nb, g, dv).sum(axis=2)
-    return out.reshape(b, heads, 1, dv)
+    out = out.reshape(b, kv_heads, nb, g, dv).sum(axis=2).reshape(b, heads, 1, dv)
+    return (out, sums.reshape(b, heads)) if lse else out
 
 
 def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
@@ -224,3 +255,65 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                             sliding_window)
         out = sdpa_exp2_tiled(f32(q), k, v, mask, scale, ranges, sinks)
     return out.astype(dtype)
+
+
+def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                     value_cache: mx.array | QuantizedPool, query_start: mx.array,
+                     prefix: CascadePrefix, *, scale: float,
+                     sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
+    """:func:`mlxpa.kernels.reference.prefix_attention` with the base-2 softmax: each
+    group's shared blocks gathered (a quantized pool's dequantized) once, its stacked
+    queries one matrix product per KV head, the unnormalised probabilities multiplied by the
+    values and the ``[R * q_per_kv, Dv]`` product divided by the sums (not the ``[R *
+    q_per_kv, S]`` probabilities), the groups in two halves on the two CPU streams
+    (:func:`cpu_streams`). Same arguments and result."""
+    ng = prefix.rows.shape[0]
+    halves = [(0, ng)] if ng < 2 else [(0, ng // 2), (ng // 2, ng)]
+    streams, outs, sums = cpu_streams(), [], []
+    for t, (a, b) in enumerate(halves):
+        part = prefix._replace(block_tables=prefix.block_tables[a:b],
+                               key_start=prefix.key_start[a:b],
+                               prefix_end=prefix.prefix_end[a:b], rows=prefix.rows[a:b])
+        with mx.stream(streams[t % len(streams)]):
+            k, v = (_f32(dense(gather_kv(c, part.block_tables)))
+                    for c in (key_cache, value_cache))
+            qg = stack_queries(q * (scale * _LOG2E), part.rows, k.shape[1])
+            s = qg @ k.swapaxes(-1, -2)                                    # [g, kvh, R*G, S]
+            mask = prefix_mask(query_start, part, k.shape[2], sliding_window)
+            p, top, total = _exp2(s.reshape(b - a, k.shape[1], part.rows.shape[1], -1,
+                                            k.shape[2]), mask)
+            outs.append((p.reshape(s.shape) @ v) / total.reshape(*s.shape[:3], 1))
+            sums.append(((top + mx.log2(total)) * math.log(2))[..., 0])
+    out, lse = (outs[0], sums[0]) if len(outs) == 1 else (mx.concatenate(outs),
+                                                          mx.concatenate(sums))
+    return unstack_queries(out, lse, q.shape[1])
+
+
+def _f32(x: mx.array) -> mx.array:
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+
+
+def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix,
+                      *, scale: float, sliding_window: int | None = None,
+                      key_start: mx.array | None = None, sinks: mx.array | None = None,
+                      ) -> mx.array:
+    """Cascade attention on the CPU; arguments, shapes and result as
+    :func:`mlxpa.kernels.reference.cascade_attention`. The rows' own keys are read in place
+    (:func:`decode_attention` with its log-sum-exp), the shared prefixes by
+    :func:`prefix_attention`, merged in float32 with the sinks counted once
+    (:func:`~mlxpa.kernels.reference.merge_states`). A half-precision pool takes the
+    reference."""
+    if key_cache.dtype != mx.float32:
+        return reference.cascade_attention(
+            q, key_cache, value_cache, block_tables, context_lens, query_start, prefix,
+            scale=scale, sliding_window=sliding_window, key_start=key_start, sinks=sinks)
+    num_keys = block_tables.shape[1] * key_cache.shape[2]
+    mask = attention_mask(query_start, 1, context_lens, num_keys, key_start, sliding_window)
+    own, own_lse = decode_attention(q.astype(mx.float32), key_cache, value_cache,
+                                    block_tables, mask, scale, lse=True)
+    out, lse = slot_rows(*prefix_attention(q, key_cache, value_cache, query_start, prefix,
+                                           scale=scale, sliding_window=sliding_window),
+                         prefix.row_slot)
+    return merge_states(own[:, :, 0], own_lse, out, lse, sinks)[:, :, None].astype(q.dtype)

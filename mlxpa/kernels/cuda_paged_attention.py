@@ -2,11 +2,12 @@
 
 Algorithm: PagedAttention (Kwon et al., SOSP 2023; vLLM), decode v1/v2 + reduce (and the
 quantized-pool ``qv1``/``qv2``) exactly as in ``metal_paged_attention`` (see its docstring):
-the same kernel bodies (``paged_attention_source``) compile as CUDA
-through ``CUDA_HEADER``, which maps the Metal names they use (threadgroup memory and
-barriers, simdgroup = warp, ``simd_sum`` as a butterfly of ``__shfl_xor_sync``,
-``metal::max/min/exp``). Kernels are built lazily in ``functools.cache`` factories: on MLX
-builds without CUDA, ``mx.fast.cuda_kernel`` raises at construction.
+the same kernel bodies (``paged_attention_source``; cascade attention's ``_lse`` twins
+included) compile as CUDA through ``CUDA_HEADER``, which maps the Metal names they use
+(threadgroup memory and barriers, simdgroup = warp, ``simd_sum`` as a butterfly of
+``__shfl_xor_sync``, ``metal::max/min/exp/log``). Kernels are built lazily in
+``functools.cache`` factories: on MLX builds without CUDA, ``mx.fast.cuda_kernel`` raises at
+construction.
 
 ``generated_source`` reproduces the source MLX's CUDA back end (``custom_kernel.cpp``,
 ``build_kernel``) generates for a launch, with a self-contained prelude in place of MLX's
@@ -40,6 +41,7 @@ __device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
 __device__ __forceinline__ float exp(float x) { return expf(x); }
+__device__ __forceinline__ float log(float x) { return logf(x); }
 __device__ __forceinline__ float simd_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -83,8 +85,9 @@ def kernel_name(kind: str) -> str:
 
 @functools.cache
 def kernel(kind: str):
-    """The cached ``cuda_kernel`` for ``kind`` (``v1``, ``v2``, ``reduce``, ``qv1``,
-    ``qv2``), built on first use. Raises ``RuntimeError`` on MLX builds without CUDA."""
+    """The cached ``cuda_kernel`` for ``kind`` (a key of ``SOURCES``: ``v1``, ``v2``,
+    ``reduce``, ``qv1``, ``qv2`` and the ``_lse`` twins), built on first use. Raises
+    ``RuntimeError`` on MLX builds without CUDA."""
     return mx.fast.cuda_kernel(
         name=kernel_name(kind), input_names=list(_common.KERNEL_INPUTS[kind]),
         output_names=list(_common.KERNEL_OUTPUTS[kind]), source=SOURCES[kind],
@@ -94,7 +97,7 @@ def kernel(kind: str):
 def input_dtypes(kind: str, dtype: mx.Dtype) -> tuple[mx.Dtype, ...]:
     """Input dtypes of ``kind`` when ``q`` and the pools (quantized: their scales) are
     ``dtype``."""
-    if kind == "reduce":
+    if kind.startswith("reduce"):
         return (mx.float32, mx.float32, mx.float32, mx.int32)
     pools = (mx.uint32, dtype, dtype) * 2 if kind.startswith("q") else (dtype, dtype)
     return (dtype, *pools) + (mx.int32,) * 5 + (mx.float32,)

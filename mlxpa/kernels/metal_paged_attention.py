@@ -18,6 +18,8 @@ straight from the pool, each key's block looked up in the block table as it is r
 
 - ``qv1`` / ``qv2``: the same over quantized pools (packed words, scales, biases), each
   element dequantized as it is read (``paged_attention_source``).
+- ``v1_lse`` / ``qv1_lse`` / ``reduce_lse``: cascade attention's own-keys part (keys from
+  ``key_start``): the same, writing the output in float32 and its log-sum-exp.
 
 Template parameters: ``T`` (float32, float16, bfloat16), ``D`` head dim (64, 128, 256),
 ``BS`` block size (8, 16, 32), ``WINDOW`` (0 or the sliding window), ``HQ``/``HKV`` heads,
@@ -43,9 +45,9 @@ def is_available() -> bool:
 
 
 def build_kernel(kind: str, source: str | None = None):
-    """Construct the ``metal_kernel`` for ``kind`` (``v1``, ``v2``, ``reduce``, ``qv1``,
-    ``qv2``); ``source`` overrides the body (tests plant bugs this way). Construction
-    compiles nothing."""
+    """Construct the ``metal_kernel`` for ``kind`` (a key of ``SOURCES``: ``v1``, ``v2``,
+    ``reduce``, ``qv1``, ``qv2`` and the ``_lse`` twins); ``source`` overrides the body
+    (tests plant bugs this way). Construction compiles nothing."""
     source = SOURCES[kind] if source is None else source
     return mx.fast.metal_kernel(
         name=_common.kernel_name(kind, source), input_names=list(_common.KERNEL_INPUTS[kind]),
@@ -62,7 +64,8 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                     value_cache: mx.array | QuantizedPool, block_tables: mx.array,
                     context_lens: mx.array, query_start: mx.array, *, scale: float,
                     sliding_window: int | None = None, key_start: mx.array | None = None,
-                    variant: str | None = None) -> mx.array:
+                    variant: str | None = None,
+                    lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """Decode attention over a paged K/V pool on an Apple GPU (PagedAttention, Kwon et al.
     2023; vLLM). Call only where ``_common.supported`` holds. Arguments as
     ``reference.paged_attention`` with ``L == 1``: ``q`` ``[B, q_heads, 1, head_dim]`` and
@@ -72,7 +75,10 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; rows with no visible key are zeros.
+        With ``lse`` (cascade attention's own-keys part): that output in float32 and the
+        ``[B, q_heads, 1]`` float32 log-sum-exps (``reference.paged_attention_lse``; about
+        ``-3e38`` for a row with no visible key).
     """
     return _common.run_decode(kernel, q, key_cache, value_cache, block_tables, context_lens,
                               query_start, scale=scale, sliding_window=sliding_window,
-                              key_start=key_start, variant=variant)
+                              key_start=key_start, variant=variant, lse=lse)

@@ -13,6 +13,11 @@ Lane ``l`` owns head-dim elements ``l, l + 32, ...``: element ``l + 32 i`` sits 
 group ``i * 32 / GS`` (``GS`` a multiple of 32), so a lane precomputes its shift once and reads
 one word per element. Extra template parameters: ``KBITS``, ``VBITS`` (4 or 8) and ``GS``
 (32, 64 or 128).
+
+``v1_lse``, ``qv1_lse`` and ``reduce_lse`` (:func:`with_lse`) are the twins cascade attention
+runs for each row's own keys (from ``key_start``, after its group's shared prefix): the same
+bodies writing the output in float32 and its log-sum-exp, which the merge with the shared
+part needs (``v2``/``qv2`` already write the partition maxima and sums ``reduce_lse`` reads).
 """
 
 from __future__ import annotations
@@ -294,5 +299,37 @@ def quantized(source: str) -> str:
     return source
 
 
+# Cascade attention's own-keys part: the output in float32 (not rounded to T before the
+# merge) and the natural log-sum-exp of each (row, query head): gm + log(gl), NEG (-3e38,
+# which merges as -inf) for a row with no visible key. (old, new) per body.
+_LSE_EDITS = {
+    "v1": ("op[c * CH + tid] = static_cast<T>(o * inv);", "op[c * CH + tid] = o * inv;",
+           "tid == 0"),
+    "reduce": ("= static_cast<T>(gl > 0.0f ? o / gl : 0.0f);", "= gl > 0.0f ? o / gl : 0.0f;",
+               "d == 0"),
+}
+_LSE_WRITE = """
+    if ({first}) {{
+      lse[int64_t(b) * HQ + hq] = gl > 0.0f ? gm + metal::log(gl) : NEG;
+    }}
+"""
+
+
+def with_lse(source: str, kind: str) -> str:
+    """The twin of a ``v1`` (or ``qv1``) or ``reduce`` body that writes a float32 output and
+    a second output ``lse`` ``[B, HQ]`` (the own-keys part of cascade attention, whose keys
+    start at ``key_start``; ``_common`` launches it with those outputs).
+
+    Raises:
+        ValueError: ``source`` lacks the output write of ``kind`` (an edited body).
+    """
+    old, new, first = _LSE_EDITS[kind]
+    if source.count(old) != 1:
+        raise ValueError(f"{kind} body lacks {old!r}")
+    return source.replace(old, new) + _LSE_WRITE.format(first=first)
+
+
 SOURCES = {"v1": _DECODE_V1_SOURCE, "v2": _DECODE_V2_SOURCE, "reduce": _REDUCE_SOURCE,
            "qv1": quantized(_DECODE_V1_SOURCE), "qv2": quantized(_DECODE_V2_SOURCE)}
+SOURCES |= {"v1_lse": with_lse(SOURCES["v1"], "v1"), "qv1_lse": with_lse(SOURCES["qv1"], "v1"),
+            "reduce_lse": with_lse(SOURCES["reduce"], "reduce")}

@@ -9,9 +9,20 @@ lengths, query positions and the sliding window. On the CPU it computes in float
 half-precision matmul is slower and less exact). A quantized pool
 (:class:`~mlxpa.kernels.quant.QuantizedPool`) is gathered packed and dequantized after the
 gather (dequantize-then-attend, the specification of every quantized kernel).
+
+Cascade attention (Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference and its
+``merge_state``): decode rows that share leading blocks attend over them once per group, the
+group's queries stacked into one matrix product (:func:`prefix_attention`), and over their own
+remaining keys apart (:func:`paged_attention_lse` from a key offset); each part returns its
+log-sum-exp, and :func:`merge_states` combines the two in float32 (``lse = logaddexp(lse_a,
+lse_b)``, ``o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)``), with the attention sinks
+counted once, in the merge. :func:`cascade_attention` is the specification of every
+back end's cascade path.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -141,3 +152,220 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         sinks = sinks.astype(q.dtype)
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     return out.astype(dtype)
+
+
+class CascadePrefix(NamedTuple):
+    """The shared prefixes of one decode batch in one layer (cascade attention).
+
+    The rows ``rows[g]`` of group ``g`` all see the keys at positions ``key_start[g]`` to
+    ``prefix_end[g] - 1``, held in the blocks ``block_tables[g]`` (the same blocks for every
+    member); a row's sliding window may mask the first of them.
+
+    Attributes:
+        block_tables: ``[G, max_blocks]`` int32 pool block ids of each group's shared keys
+            from position ``key_start[g]`` on (padding: any block; masked).
+        key_start: ``[G]`` int32 position of the first key in ``block_tables[g]`` (a multiple
+            of the block size).
+        prefix_end: ``[G]`` int32 position after the group's last shared key (a multiple of
+            the block size); its rows' own keys start there.
+        rows: ``[G, R]`` int32 batch rows of each group's members (padding: any row; what a
+            padding slot computes is never read).
+        row_slot: ``[B]`` int32 per batch row, ``g * R + r`` for its place in ``rows``, or
+            ``G * R`` for a row in no group.
+    """
+
+    block_tables: mx.array
+    key_start: mx.array
+    prefix_end: mx.array
+    rows: mx.array
+    row_slot: mx.array
+
+
+def _softmax_lse(s: mx.array, mask: mx.array) -> tuple[mx.array, mx.array]:
+    """Softmax over the last axis of float32 logits ``s`` where ``mask`` (broadcast) is True,
+    and the log-sum-exp of the visible logits (``[..., 1]``); rows without a visible logit
+    get probabilities 0 and log-sum-exp ``-inf``."""
+    s = mx.where(mask, s, -mx.inf)
+    top = s.max(axis=-1, keepdims=True)
+    top = mx.where(top == -mx.inf, 0.0, top)
+    p = mx.exp(s - top)
+    total = p.sum(axis=-1, keepdims=True)
+    lse = mx.where(total > 0, top + mx.log(total), -mx.inf)
+    return p / mx.where(total > 0, total, 1.0), lse
+
+
+def paged_attention_lse(q: mx.array, key_cache: mx.array | QuantizedPool,
+                        value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                        context_lens: mx.array, query_start: mx.array, *, scale: float,
+                        sliding_window: int | None = None, key_start: mx.array | None = None,
+                        ) -> tuple[mx.array, mx.array]:
+    """:func:`paged_attention` (no sinks) that also returns each query's log-sum-exp: one
+    part of a cascade, its keys starting at ``key_start``.
+
+    Arguments as :func:`paged_attention`.
+
+    Returns:
+        ``(out [B, q_heads, L, v_dim], lse [B, q_heads, L])``, both float32; ``lse`` is the
+        natural log of the softmax denominator over the visible keys of the scaled scores;
+        a query with no visible key gets output 0 and ``lse = -inf``.
+    """
+    k = dense(gather_kv(key_cache, block_tables)).astype(mx.float32)
+    v = dense(gather_kv(value_cache, block_tables)).astype(mx.float32)
+    b, heads, length, d = q.shape
+    kv_heads, num_keys = k.shape[1], k.shape[2]
+    g = heads // kv_heads
+    mask = attention_mask(query_start, length, context_lens, num_keys, key_start,
+                          sliding_window)                                  # [B, 1, L, S]
+    qg = q.astype(mx.float32).reshape(b, kv_heads, g * length, d)
+    s = (qg @ k.swapaxes(-1, -2) * scale).reshape(b, kv_heads, g, length, num_keys)
+    p, lse = _softmax_lse(s, mask[:, :, None])
+    out = p.reshape(b, kv_heads, g * length, num_keys) @ v
+    return out.reshape(b, heads, length, -1), lse.reshape(b, heads, length)
+
+
+def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                     value_cache: mx.array | QuantizedPool, query_start: mx.array,
+                     prefix: CascadePrefix, *, scale: float,
+                     sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
+    """Each group's rows over the group's shared keys: the group's blocks gathered (and
+    dequantized) once, its queries stacked into one ``[R * q_per_kv, D]`` operand per KV
+    head, so the scores are one matrix product per group instead of one matrix-vector
+    product per row (Hydragen's inter-sequence batching).
+
+    Args:
+        q: ``[B, q_heads, 1, head_dim]`` decode queries.
+        key_cache, value_cache: The layer's pools, as :func:`paged_attention`.
+        query_start: ``[B]`` int32 position of each row's query.
+        prefix: The groups (:class:`CascadePrefix`).
+        scale: Softmax scale.
+        sliding_window: The layer's window: a key at or before ``query - window`` is masked
+            for that row.
+
+    Returns:
+        ``(out [G, R, q_heads, v_dim], lse [G, R, q_heads])`` float32, per group slot.
+    """
+    k = dense(gather_kv(key_cache, prefix.block_tables)).astype(mx.float32)  # [G, kvh, S, D]
+    v = dense(gather_kv(value_cache, prefix.block_tables)).astype(mx.float32)
+    qg = stack_queries(q, prefix.rows, k.shape[1])
+    s = qg @ k.swapaxes(-1, -2) * scale                                    # [G, kvh, R*g, S]
+    ng, r = prefix.rows.shape
+    mask = prefix_mask(query_start, prefix, k.shape[2], sliding_window)   # [G, 1, R, 1, S]
+    p, lse = _softmax_lse(s.reshape(ng, k.shape[1], r, -1, k.shape[2]), mask)
+    return unstack_queries(p.reshape(s.shape) @ v, lse, q.shape[1])
+
+
+def stack_queries(q: mx.array, rows: mx.array, kv_heads: int) -> mx.array:
+    """Each group's decode queries (``q`` ``[B, q_heads, 1, D]``, ``rows`` ``[G, R]``)
+    stacked per KV head: ``[G, kv_heads, R * q_per_kv, D]`` float32, row ``r * q_per_kv +
+    j`` the query head ``j`` of the KV head of slot ``r``."""
+    _, heads, _, d = q.shape
+    ng, r = rows.shape
+    qr = q[:, :, 0].astype(mx.float32)[rows]                               # [G, R, H, D]
+    g = heads // kv_heads
+    return qr.reshape(ng, r, kv_heads, g, d).transpose(0, 2, 1, 3, 4).reshape(
+        ng, kv_heads, r * g, d)
+
+
+def unstack_queries(out: mx.array, lse: mx.array, heads: int) -> tuple[mx.array, mx.array]:
+    """:func:`stack_queries`'s layout undone: ``out`` ``[G, kv_heads, R * q_per_kv, Dv]`` and
+    ``lse`` (``G * R * q_heads`` values in that order) to ``[G, R, q_heads, Dv]`` and ``[G,
+    R, q_heads]``."""
+    ng, kv_heads, rows, dv = out.shape
+    r, g = rows * kv_heads // heads, heads // kv_heads
+    return (out.reshape(ng, kv_heads, r, g, dv).transpose(0, 2, 1, 3, 4).reshape(ng, r, heads,
+                                                                              dv),
+            lse.reshape(ng, kv_heads, r, g).transpose(0, 2, 1, 3).reshape(ng, r, heads))
+
+
+def prefix_mask(query_start: mx.array, prefix: CascadePrefix, num_keys: int,
+                sliding_window: int | None = None) -> mx.array:
+    """Boolean ``[G, 1, R, 1, S]`` mask of a group slot's query over its group's gathered
+    shared keys: inside the prefix, causal, inside the slot's row's window."""
+    kpos = (prefix.key_start[:, None] + mx.arange(num_keys)[None, :])[:, None, :]  # [G, 1, S]
+    qpos = query_start[prefix.rows][:, :, None]                                  # [G, R, 1]
+    mask = (kpos < prefix.prefix_end[:, None, None]) & (kpos <= qpos)
+    if sliding_window is not None:
+        mask = mask & (kpos > qpos - sliding_window)
+    return mask[:, None, :, None, :]
+
+
+def slot_rows(out: mx.array, lse: mx.array,
+              row_slot: mx.array) -> tuple[mx.array, mx.array]:
+    """Per batch row, its group slot's ``out`` (``[G, R, H, Dv]``) and ``lse`` (``[G, R,
+    H]``): ``[B, H, Dv]`` and ``[B, H]``; a row in no group (``row_slot == G * R``) gets 0
+    and ``-inf``."""
+    heads, dv = out.shape[2], out.shape[3]
+    flat_out = mx.concatenate([out.reshape(-1, heads, dv), mx.zeros((1, heads, dv), out.dtype)])
+    flat_lse = mx.concatenate([lse.reshape(-1, heads), mx.full((1, heads), -mx.inf, lse.dtype)])
+    return flat_out[row_slot], flat_lse[row_slot]
+
+
+def merge_states(out_a: mx.array, lse_a: mx.array, out_b: mx.array, lse_b: mx.array,
+                 sinks: mx.array | None = None) -> mx.array:
+    """Attention over the union of two disjoint key sets from each set's normalised output
+    and log-sum-exp, in float32 (FlashInfer's ``merge_state``): ``lse = logaddexp(lse_a,
+    lse_b)``, ``out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)``.
+
+    Args:
+        out_a, out_b: ``[..., Dv]`` float32 outputs of each part.
+        lse_a, lse_b: ``[...]`` float32 log-sum-exps (``-inf``: the part saw no key).
+        sinks: ``[H]`` sink logits broadcast against the last axis of ``lse`` (attention
+            sinks, as gpt-oss: one more term of the denominator, counted once here), or None.
+
+    Returns:
+        ``[..., Dv]`` float32; 0 where neither part saw a key (and no sink).
+    """
+    lse = mx.logaddexp(lse_a, lse_b)
+    if sinks is not None:
+        lse = mx.logaddexp(lse, sinks.astype(mx.float32))
+    lse = mx.where(lse == -mx.inf, 0.0, lse)   # no key at all: both weights exp(-inf) = 0
+    return (out_a * mx.exp(lse_a - lse)[..., None] + out_b * mx.exp(lse_b - lse)[..., None])
+
+
+def cascade_merge(q: mx.array, key_cache: mx.array | QuantizedPool,
+                  value_cache: mx.array | QuantizedPool, query_start: mx.array,
+                  prefix: CascadePrefix, suffix_out: mx.array, suffix_lse: mx.array, *,
+                  scale: float, sliding_window: int | None = None,
+                  sinks: mx.array | None = None) -> mx.array:
+    """The shared-prefix part of :func:`cascade_attention` (:func:`prefix_attention`) merged
+    with a suffix part computed by any back end: ``suffix_out [B, q_heads, 1, v_dim]`` and
+    ``suffix_lse [B, q_heads, 1]`` (float32). Returns ``[B, q_heads, 1, v_dim]`` in
+    ``q.dtype``."""
+    out, lse = prefix_attention(q, key_cache, value_cache, query_start, prefix, scale=scale,
+                                sliding_window=sliding_window)
+    out, lse = slot_rows(out, lse, prefix.row_slot)
+    merged = merge_states(suffix_out[:, :, 0].astype(mx.float32),
+                          suffix_lse[:, :, 0].astype(mx.float32), out, lse, sinks)
+    return merged[:, :, None].astype(q.dtype)
+
+
+def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
+                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
+                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix, *,
+                      scale: float, sliding_window: int | None = None,
+                      key_start: mx.array | None = None,
+                      sinks: mx.array | None = None) -> mx.array:
+    """Decode attention in two parts (cascade attention): each group's shared prefix once for
+    all its rows (:func:`prefix_attention`), each row's own keys apart
+    (:func:`paged_attention_lse`), merged by their log-sum-exp (:func:`merge_states`). Equal
+    to :func:`paged_attention` over each row's whole visible context.
+
+    Args:
+        q: ``[B, q_heads, 1, head_dim]`` decode queries.
+        key_cache, value_cache: The layer's pools (float or quantized).
+        block_tables: ``[B, max_blocks]`` int32 per row, the blocks of its own keys (a group
+            member: from its group's ``prefix_end`` on, or later where its window starts
+            after it; a row in no group: its whole visible context), from ``key_start[b]``.
+        context_lens, query_start, scale, sliding_window, sinks: As :func:`paged_attention`.
+        prefix: The groups' shared keys (:class:`CascadePrefix`).
+        key_start: ``[B]`` int32 position of the first key in ``block_tables`` (multiples
+            of the block size); None means 0.
+
+    Returns:
+        ``[B, q_heads, 1, v_dim]`` in ``q.dtype``.
+    """
+    out, lse = paged_attention_lse(q, key_cache, value_cache, block_tables, context_lens,
+                                   query_start, scale=scale, sliding_window=sliding_window,
+                                   key_start=key_start)
+    return cascade_merge(q, key_cache, value_cache, query_start, prefix, out, lse,
+                         scale=scale, sliding_window=sliding_window, sinks=sinks)

@@ -13,13 +13,14 @@ per-model code is needed (the vllm-metal design, without its per-model branches)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from mlxpa.kernels import paged_attention
+from mlxpa.kernels import cascade_attention, paged_attention
 from mlxpa.kernels.quant import dense
 from mlxpa.kernels.reference import gather_kv, gathered_attention
+from mlxpa.worker.cascade import CascadeTables
 from mlxpa.worker.kv_cache import PagedKVCache
 
 
@@ -46,6 +47,10 @@ class AttentionMetadata:
             take it as their ``query_start`` argument (the name in the pinned Metal sources).
         window_tables: Per sliding-window size, tables trimmed to that window.
         kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
+        cascade: Per layer kind (its sliding window, None for full attention), the groups of
+            a decode batch that attend over their shared prefix once and the tables of each
+            row's own keys (:class:`~mlxpa.worker.cascade.CascadeTables`); a kind without an
+            entry attends as usual.
     """
 
     slot_blocks: mx.array
@@ -55,6 +60,7 @@ class AttentionMetadata:
     offsets: mx.array
     window_tables: dict[int, WindowTables]
     kernel: str = "auto"
+    cascade: dict[int | None, CascadeTables] = field(default_factory=dict)
 
 
 class PagedLayerCache:
@@ -109,17 +115,25 @@ class PagedLayerCache:
     def attend(self, queries: mx.array, scale: float,
                sinks: mx.array | None = None) -> mx.array:
         """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool, float or
-        quantized (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss)."""
+        quantized (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss); in
+        two parts where the step's metadata has cascade tables for this layer's kind."""
         m = self.metadata
+        pools = (self.kv_cache.key_caches[self.layer_idx],
+                 self.kv_cache.value_caches[self.layer_idx])
+        cascade = m.cascade.get(self.sliding_window)
+        if cascade is not None:
+            return cascade_attention(
+                queries, *pools, cascade.block_tables, m.context_lens, m.offsets,
+                cascade.prefix, scale=scale, sliding_window=self.sliding_window,
+                key_start=cascade.key_start, kernel=m.kernel, sinks=sinks)
         tables, key_start = m.block_tables, None
         if self.sliding_window is not None and self.sliding_window in m.window_tables:
             w = m.window_tables[self.sliding_window]
             tables, key_start = w.block_tables, w.key_start
         return paged_attention(
-            queries, self.kv_cache.key_caches[self.layer_idx],
-            self.kv_cache.value_caches[self.layer_idx], tables, m.context_lens,
-            m.offsets, scale=scale, sliding_window=self.sliding_window,
-            key_start=key_start, kernel=m.kernel, sinks=sinks)
+            queries, *pools, tables, m.context_lens, m.offsets, scale=scale,
+            sliding_window=self.sliding_window, key_start=key_start, kernel=m.kernel,
+            sinks=sinks)
 
     def attend_gathered(self, queries: mx.array, keys: mx.array, values: mx.array,
                         scale: float, mask: mx.array | None,

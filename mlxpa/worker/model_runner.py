@@ -212,14 +212,16 @@ class ModelRunner:
         self._tables[req] = (arr, len(table), req.num_preemptions)
         return arr[:len(table)]
 
-    def _metadata(self, reqs: list[Request], counts: list[int]) -> tuple[mx.array, object]:
+    def _metadata(self, reqs: list[Request], counts: list[int],
+                  cascade_groups: list[tuple[list[int], int]] | None = None,
+                  ) -> tuple[mx.array, object]:
         tokens = np.zeros((len(reqs), max(counts)), np.int32)
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
         for row, (req, n) in enumerate(zip(reqs, counts)):
             tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
         tables = [self._block_table(r) for r in reqs]
         return build_metadata(tokens, counts, starts, tables, self.block_size, self.windows,
-                              self.config.kernel)
+                              self.config.kernel, cascade_groups or ())
 
     def seed_for(self, req: Request) -> int:
         """The request's seed (sample 0) or one derived from it and the sample index, or,
@@ -324,7 +326,7 @@ class ModelRunner:
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 starts = [r.num_computed_tokens for r in reqs]
-                tokens, meta = self._metadata(reqs, counts)
+                tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group))
                 rows = [k for k, i in enumerate(group) if out.sampling[i]]
                 extra = [(k, *c) for k, r in enumerate(reqs)
                          for c in score_columns(r, starts[k], counts[k])]
@@ -371,6 +373,14 @@ class _Reads(NamedTuple):
     score_features: list[mx.array]  # [N_k, H] per group: the head's inputs there
     targets: list[Request]  # requests whose targets are read
     target_features: list[mx.array]  # [T_k, H] per group: at their last prompt token
+
+
+def _rows_of(groups: list, batch: list[int]) -> list[tuple[list[int], int]]:
+    """The cascade groups (``SchedulerOutput.cascade_groups``) whose requests all run in
+    ``batch`` (indices into the step's requests), as rows of ``batch``."""
+    row = {i: k for k, i in enumerate(batch)}
+    return [([row[i] for i in g.indices], g.num_blocks) for g in groups
+            if all(i in row for i in g.indices)]
 
 
 def _joined(parts: list[mx.array]) -> mx.array | None:

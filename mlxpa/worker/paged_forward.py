@@ -6,7 +6,7 @@ runs exactly the code path the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -17,6 +17,7 @@ import numpy as np
 from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.device import on_cpu
 from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
+from mlxpa.worker.cascade import cascade_tables
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.patches import fused_cpu_ops, paged_attention
 
@@ -118,10 +119,12 @@ def _cache_list(caches):
 
 def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
                    block_tables: list[np.ndarray], block_size: int,
-                   windows: list[int | None], kernel: str) -> tuple[mx.array,
-                                                                    AttentionMetadata]:
-    """Step inputs for ``B`` rows: slot mapping, block tables, context lengths and
-    per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``).
+                   windows: list[int | None], kernel: str,
+                   cascade_groups: Sequence[tuple[Sequence[int], int]] = (),
+                   ) -> tuple[mx.array, AttentionMetadata]:
+    """Step inputs for ``B`` rows: slot mapping, block tables, context lengths,
+    per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``) and,
+    for decode rows sharing leading blocks, each layer kind's cascade tables.
 
     Args:
         tokens: ``[B, L]`` int32 token ids, right-padded.
@@ -131,6 +134,10 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
         block_size: Tokens per block.
         windows: Per cache entry, its sliding window or None.
         kernel: Paged-attention back end name.
+        cascade_groups: Groups of single-token rows sharing leading full blocks: their rows
+            and the number of blocks (``SchedulerOutput.cascade_groups``, in this batch's
+            rows); each layer kind keeps those its cost rule accepts
+            (:func:`~mlxpa.worker.cascade.cascade_tables`).
 
     Returns:
         ``(tokens as mx.array, AttentionMetadata)``.
@@ -151,10 +158,16 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
         for row in range(b):
             wt[row, :nblocks[row] - first[row]] = tables[row, first[row]:nblocks[row]]
         window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
+    cascade = {}
+    for w in set(windows) if cascade_groups else ():
+        layer_kind = cascade_tables(cascade_groups, starts, tables, nblocks, bs, w)
+        if layer_kind is not None:
+            cascade[w] = layer_kind
     slots = slots.reshape(-1)
     meta = AttentionMetadata(
         slot_blocks=mx.array((slots // bs).astype(np.int32)),
         slot_offsets=mx.array((slots % bs).astype(np.int32)),
         block_tables=mx.array(tables), context_lens=mx.array(ctx),
-        offsets=mx.array(starts), window_tables=window_tables, kernel=kernel)
+        offsets=mx.array(starts), window_tables=window_tables, kernel=kernel,
+        cascade=cascade)
     return mx.array(tokens), meta

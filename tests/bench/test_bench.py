@@ -109,3 +109,45 @@ def test_bench_progress_bars_go_to_stderr_only(folder, tmp_path):
     assert a["workload"] == b["workload"] and set(a["systems"]) == set(b["systems"])
     assert all(set(a["systems"][s]) == set(b["systems"][s]) for s in a["systems"])
     assert all(a["systems"][s]["generation_tokens"] == total for s in a["systems"])
+
+
+def test_bench_nocascade_system_and_decode_phase(folder, tmp_path):
+    """The shared-prefix workload against mlxpa-nocascade: both generate every token, both
+    report a decode-phase rate (steps that only decode), and the cascade line gives the
+    ratios."""
+    out_json = tmp_path / "c.json"
+    r = CliRunner().invoke(app, ["bench", "--model", folder, "--workload", "shared-prefix",
+                                 "--num-groups", "2", "--prompts-per-group", "4",
+                                 "--system-prompt-len", "40", "--question-len", "6",
+                                 "--output-len", "6", "--kv-memory", "0.01", "--baselines",
+                                 "mlxpa,mlxpa-nocascade,mlx-lm", "--json", str(out_json)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out_json.read_text())
+    systems = data["systems"]
+    assert set(systems) == {"mlxpa", "mlxpa-nocascade", "mlx-lm"}
+    for name in ("mlxpa", "mlxpa-nocascade"):
+        f = systems[name]
+        assert f["generation_tokens"] == 48
+        # Every request decodes 5 of its 6 tokens in steps that only decode (its first comes
+        # from its prefill), once all prefills are done.
+        assert 0 < f["decode_steps"] <= 6 and f["decode_output_tokens_per_s"] > 0
+    assert systems["mlx-lm"].get("decode_output_tokens_per_s") is None
+    ratio = systems["mlxpa"]["decode_output_tokens_per_s_ratio_to_mlxpa-nocascade"]
+    assert ratio == pytest.approx(systems["mlxpa"]["decode_output_tokens_per_s"]
+                                  / systems["mlxpa-nocascade"]["decode_output_tokens_per_s"])
+    assert f"decode-phase output tok/s {ratio:.2f}x" in " ".join(r.stderr.split())
+
+
+def test_no_cascade_attention_reaches_the_engine(folder, monkeypatch):
+    from mlxpa.bench import systems
+
+    seen = []
+    monkeypatch.setitem(systems.SYSTEMS, "mlxpa", lambda m, t, wl, config, advance: seen.append(
+        config.enable_cascade_attention) or systems.run_mlxpa(m, t, wl, config, advance))
+    for flag, want in (("--no-cascade-attention", False), ("--cascade-attention", True)):
+        seen.clear()
+        r = CliRunner().invoke(app, ["bench", "--model", folder, "--num-prompts", "2",
+                                     "--input-len", "8", "--output-len", "2", "--kv-memory",
+                                     "0.01", "--baselines", "mlxpa", flag])
+        assert r.exit_code == 0, r.output
+        assert seen and set(seen) == {want}

@@ -338,3 +338,28 @@ def test_existing_output_needs_overwrite_or_resume(tmp_path, tiny):
     assert read_jsonl(out)[0]["completion_tokens"] == 2
     r = invoke([src, "-o", str(tmp_path / "out.csv"), "--model", folder])
     assert r.exit_code == 1 and ".jsonl" in r.output and not (tmp_path / "out.csv").exists()
+
+
+def test_no_cascade_attention_reaches_the_engine_config(tmp_path, tiny, monkeypatch):
+    """``--no-cascade-attention`` turns EngineConfig.enable_cascade_attention off (on by
+    default); the run's output is the same either way."""
+    import importlib
+
+    run_cli = importlib.import_module("mlxpa.cli.run")  # the package binds `run` to the command
+    seen = []
+    command = run_cli._run_command
+
+    def spy(input, output, config, *args):
+        seen.append(config.enable_cascade_attention)
+        return command(input, output, config, *args)
+
+    monkeypatch.setattr(run_cli, "_run_command", spy)
+    folder, _, _ = tiny
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": PROMPT + f" {i}"} for i in range(3)])
+    texts = []
+    for flags in ([], ["--no-cascade-attention"]):
+        out = tmp_path / f"out{len(flags)}.jsonl"
+        r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "5", *flags])
+        assert r.exit_code == 0, r.output
+        texts.append([row["text"] for row in read_jsonl(out)])
+    assert seen == [True, False] and texts[0] == texts[1]

@@ -5,8 +5,10 @@
   register spills, no stack frame, registers that fit the launch's block size, and static
   shared memory under 48 KB. Instances: head_dim 256 with an 8-way GQA group (the most
   accumulators per lane v2 accepts) and head_dim 64, over float pools and over quantized
-  ones (``qv1``/``qv2``: k8v4 with groups of 64, int4 with groups of 32).
-- On a CUDA GPU (MLX's CUDA build): both variants match the reference.
+  ones (``qv1``/``qv2``: k8v4 with groups of 64, int4 with groups of 32); every kind,
+  cascade attention's ``_lse`` twins included.
+- On a CUDA GPU (MLX's CUDA build): both variants match the reference, and the ``_lse``
+  twins (keys from a block offset) the reference's output and log-sum-exp.
 - Without CUDA: constructing a ``cuda_kernel`` raises, and importing the module does not.
 """
 
@@ -41,7 +43,7 @@ except ImportError:  # pragma: no cover
 
 def _launches(dtype, d, bs, window, hq, hkv, quant=None):
     shape = _common.DecodeShape(8, hq, hkv, d, bs, 64, window, dtype, *(quant or (0, 0, 0)))
-    return _common.plan(shape, "v1") + _common.plan(shape, "v2")
+    return _gpu_check().all_launches(shape)
 
 
 def ptxas_report(stderr: str) -> dict[str, dict[str, int]]:
@@ -51,8 +53,7 @@ def ptxas_report(stderr: str) -> dict[str, dict[str, int]]:
     current = None
     for line in stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
-            kind = re.search(r"mlxpa_paged_(qv1|qv2|v1|v2|reduce)_", m.group(1))
-            current = report.setdefault(kind.group(1), {})
+            current = report.setdefault(_gpu_check().kernel_kind(m.group(1)), {})
         elif current is not None and (m := re.search(
                 r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                 line)):
@@ -91,7 +92,8 @@ def test_nvcc_sm90a_no_spills(nvcc_results, dtype_name, shape):
     error, report = nvcc_results[(dtype_name, shape)]
     assert not error, error[-3000:]
     threads = {ln.kind: ln.threadgroup[0] for ln in _launches(DTYPES[dtype_name], *shape)}
-    assert set(report) == ({"qv1", "qv2", "reduce"} if shape[5] else {"v1", "v2", "reduce"})
+    kinds = {"v1", "v2", "reduce", "v1_lse", "reduce_lse"}
+    assert set(report) == ({"q" + k if "v" in k[:2] else k for k in kinds} if shape[5] else kinds)
     for kind, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (kind, r)
         assert r["stack"] == 0, (kind, r)                  # no local-memory arrays
@@ -120,6 +122,38 @@ def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window, quant):
     out = cuda_paged_attention.paged_attention(*case.args, **case.kwargs, variant=variant)
     why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], tol, tol)
     assert why is None, why
+    own = _cases.random_case(1, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
+                             window, trim=window is not None, quant=quant,
+                             skip_blocks=[0, 0, 0, 1, 3, 2])
+    got = cuda_paged_attention.paged_attention(*own.args, **own.kwargs, variant=variant,
+                                               lse=True)
+    why = _cases.lse_mismatch(got, _cases.reference_f32(own, lse=True), own.args[4], 1e-4,
+                              1e-4)
+    assert why is None, why
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX with a CUDA GPU")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_cascade_attention_on_cuda_matches_reference(dtype):
+    """The dispatcher's CUDA cascade path (the _lse twins for each row's own keys, MLX ops
+    for the shared prefix) against the reference cascade on the CPU."""
+    import mlxpa.kernels as K
+    from mlxpa.kernels import reference
+    from tests.kernels.test_cascade import make_case
+
+    case = make_case(np.random.default_rng(3), [(40, [1, 9, 20, 33]), (3, [5, 16])], [7, 300],
+                     kv_heads=2, q_per_kv=4, head_dim=128, block_size=16, window=None)
+    c = case["cascade"]
+    args = (mx.array(case["q"].astype(np.float32)).astype(dtype),
+            case["kc"].astype(dtype), case["vc"].astype(dtype), c.block_tables,
+            mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), c.prefix)
+    got = K.cascade_attention(*args, scale=0.088, key_start=c.key_start, kernel="cuda")
+    with mx.stream(mx.cpu):
+        want = reference.cascade_attention(*(a.astype(mx.float32) if i < 3 else a
+                                             for i, a in enumerate(args)),
+                                           scale=0.088, key_start=c.key_start)
+    tol = 1e-4 if dtype == mx.float32 else 4e-3
+    assert _cases.mismatch(got, want, args[4], tol, tol) is None
 
 
 def _gpu_check():
@@ -144,7 +178,7 @@ def test_gpu_check_builds_without_mlx():
     r = subprocess.run([sys.executable, script, "--build-only", "--quick"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "built 6 instances" in r.stdout  # 5 float, 1 over quantized pools
+    assert "built 6 instances" in r.stdout  # 5 float, 1 over quantized pools; all kinds each
 
 
 def test_gpu_check_reference_matches_mlxpa_reference():
@@ -168,15 +202,15 @@ def test_gpu_check_reference_matches_mlxpa_reference():
 @pytest.mark.parametrize("quant", [None, (8, 4, 32)], ids=["float", "k8v4"])
 def test_gpu_check_launch_path_in_emulator(quant):
     """gpu_check's case (its own quantizer for quantized pools), launch chain (argument order,
-    grids, meta) and float64 check, with numpy for CuPy and the emulated Metal body for each
-    cubin kernel."""
+    grids, meta) and float64 check (output, and the ``_lse`` twins' log-sum-exp), with numpy
+    for CuPy and the emulated Metal body for each cubin kernel."""
     g = _gpu_check()
     inst = ("bfloat16", 64, 8, 2, 1, None)
     dt = mx.bfloat16
 
     def launcher(kind):
         shape = _common.DecodeShape(1, 2, 1, 64, 8, 4, 0, dt, *(quant or (0, 0, 0)))
-        launch = {ln.kind: ln for ln in _common.plan(shape, "v1") + _common.plan(shape, "v2")}[kind]
+        launch = {ln.kind: ln for ln in g.all_launches(shape)}[kind]
         n_out = len(launch.output_shapes)
 
         def fn(grid, block, args):
@@ -190,7 +224,9 @@ def test_gpu_check_launch_path_in_emulator(quant):
 
         return fn
 
-    kinds = ("qv1", "qv2", "reduce") if quant else ("v1", "v2", "reduce")
-    fns = {k: launcher(k) for k in kinds}
+    kinds = ("v1", "v2", "reduce", "v1_lse", "reduce_lse")
+    fns = {k: launcher(k) for k in (("q" + k if k[0] == "v" else k) if quant else k
+                                    for k in kinds)}
     for variant in ("v1", "v2"):
-        assert g.check_case(np, fns, inst, 0, variant, quant=quant) is None
+        for lse in (False, True):
+            assert g.check_case(np, fns, inst, 0, variant, quant=quant, lse=lse) is None

@@ -242,3 +242,82 @@ def test_emulated_quantized_kernel_passes_the_check_and_a_planted_bug_falls_back
     with pytest.warns(RuntimeWarning, match="pools 8-bit K / 4-bit V, group 64.*v1: max error"):
         out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
     assert mx.array_equal(out, _ref(case))
+
+
+# ---------------------------------------------------------------- cascade attention
+
+
+def _cascade_case(quant=None):
+    from tests.kernels.test_cascade import make_case
+
+    rng = np.random.default_rng(11)
+    case = make_case(rng, [(3, [1, 9, 20])], [5], kv_heads=1, q_per_kv=2, head_dim=64,
+                     block_size=16, quant=quant)
+    c = case["cascade"]
+    args = (mx.array(case["q"].astype(np.float32)), case["kc"], case["vc"], c.block_tables,
+            mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), c.prefix)
+    return args, {"scale": 0.125, "key_start": c.key_start}
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a Metal or CUDA device")
+def test_cascade_auto_is_the_cpu_kernel_without_gpu():
+    args, kwargs = _cascade_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.cascade_attention(*args, **kwargs, kernel="auto")
+    assert mx.array_equal(out, cpu_paged_attention.cascade_attention(*args, **kwargs))
+    assert mx.allclose(out, reference.cascade_attention(*args, **kwargs), atol=1e-5)
+
+
+def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
+    """The own-keys part runs the native kernel's `_lse` twin after its own check (both
+    variants, with `lse=True`); plain decode of the same shape is checked apart."""
+    calls = []
+
+    def impl(*args, lse=False, **kwargs):
+        calls.append(lse)
+        out = (reference.paged_attention_lse if lse else _zero_empty_rows)(*args, **kwargs)
+        if lse:   # rows without keys: zeros and a very negative log-sum-exp, as the kernels
+            empty = (args[4] == 0)[:, None, None]
+            return mx.where(empty[..., None], 0, out[0]), mx.where(empty, -3e38, out[1])
+        return out
+
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
+    args, kwargs = _cascade_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.cascade_attention(*args, **kwargs, kernel="cuda")
+        K.cascade_attention(*args, **kwargs, kernel="cuda")
+    assert calls == [True, True, True, True]          # v1, v2 checked once, then used twice
+    assert mx.allclose(out, reference.cascade_attention(*args, **kwargs), atol=1e-5)
+    assert len(K._verified) == 1 and list(K._verified)[0][-1] is True
+
+
+@pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
+def test_emulated_metal_lse_twins_serve_cascade_and_a_planted_bug_falls_back(monkeypatch):
+    """The real v1_lse / reduce_lse bodies (production sizes) in the emulator pass the
+    dispatcher's check and give the reference cascade's numbers; with the maximum dropped
+    from v1_lse's log-sum-exp the check fails, a warning says so, and cascade attention
+    returns the reference's numbers."""
+    from mlxpa.kernels.paged_attention_source import SOURCES
+
+    args, kwargs = _cascade_case()
+    want = reference.cascade_attention(*args, **kwargs)
+    calls = []
+    monkeypatch.setattr(K, "_load_backend",
+                        lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = K.cascade_attention(*args, **kwargs, kernel="metal")
+    assert calls == ["v1", "v2", None]
+    assert np.allclose(np.array(out), np.array(want), atol=1e-5, rtol=1e-5)
+
+    text = "gm + metal::log(gl)"
+    bad = {"v1_lse": SOURCES["v1_lse"].replace(text, "metal::log(gl)")}
+    assert bad["v1_lse"] != SOURCES["v1_lse"]
+    monkeypatch.setattr(K, "_verified", {})
+    monkeypatch.setattr(K, "_load_backend", lambda name: _fake(
+        lambda *a, **k: H.emulate_decode(*a, **k, sources=bad), pass_variant=True))
+    with pytest.warns(RuntimeWarning, match="cascade .*failed its check.*v1_lse: log-sum-exp"):
+        out = K.cascade_attention(*args, **kwargs, kernel="metal")
+    assert mx.array_equal(out, want)

@@ -137,20 +137,22 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
                    v1_simdgroups: int = _common.V1_SIMDGROUPS,
                    v2_simdgroups: int = _common.V2_SIMDGROUPS,
                    sources: dict[str, str] | None = None,
-                   capture_only: bool = False) -> mx.array | list[str]:
+                   capture_only: bool = False, lse: bool = False,
+                   ) -> mx.array | tuple[mx.array, mx.array] | list[str]:
     """``metal_paged_attention.paged_attention`` run in the emulator; ``sources`` overrides
-    kernel bodies by kind. Returns ``[B, q_heads, 1, head_dim]`` in ``q.dtype``, or with
+    kernel bodies by kind. Returns ``[B, q_heads, 1, head_dim]`` in ``q.dtype`` (``lse``: the
+    ``_lse`` twins' float32 output and ``[B, q_heads, 1]`` log-sum-exps), or with
     ``capture_only`` the generated sources of the launches without running them."""
     shape = _common.decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
     inputs = _common.decode_inputs(q, key_cache, value_cache, block_tables, context_lens,
                                    query_start, key_start, scale, shape)
     launches = _common.plan(shape, variant or _common.choose_variant(shape), v1_simdgroups,
-                            v2_simdgroups)
+                            v2_simdgroups, lse=lse)
     if capture_only:
         srcs, prev = [], launches[0]
         for launch in launches:
             args = inputs
-            if launch.kind == "reduce":   # v2's outputs, then meta
+            if launch.kind.startswith("reduce"):   # v2's outputs, then meta
                 args = [mx.zeros(s, d) for s, d in zip(prev.output_shapes, prev.output_dtypes)]
                 args.append(inputs[-2])
             srcs.append(capture(launch.kind, launch, args, (sources or {}).get(launch.kind)))
@@ -161,12 +163,13 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     np_outs: list[np.ndarray] = []
     for launch in launches:
         args, np_args = inputs, np_inputs
-        if launch.kind == "reduce":
+        if launch.kind.startswith("reduce"):
             args, np_args = outs + [inputs[-2]], np_outs + [np_inputs[-2]]
         src = capture(launch.kind, launch, args, (sources or {}).get(launch.kind))
         np_outs = run_launch(src, launch, np_args)
         outs = [from_numpy(o, d) for o, d in zip(np_outs, launch.output_dtypes)]
-    return outs[0].reshape(shape.batch, shape.q_heads, 1, shape.head_dim)
+    out = outs[0].reshape(shape.batch, shape.q_heads, 1, shape.head_dim)
+    return (out, outs[1].reshape(shape.batch, shape.q_heads, 1)) if lse else out
 
 
 def prebuild(sources: list[str]) -> None:
