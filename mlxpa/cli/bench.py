@@ -10,26 +10,7 @@ import typer
 from rich.console import Console
 
 from mlxpa.bench.workloads import WORKLOADS
-from mlxpa.cli.options import (
-    AdapterPathOpt,
-    BenchKVMemoryOpt,
-    BlasOpt,
-    BlockSizeOpt,
-    CascadeAttentionOpt,
-    KeepQuantizedOpt,
-    Kernel,
-    KernelOpt,
-    KVCacheDtype,
-    KVCacheDtypeOpt,
-    KVGroupSizeOpt,
-    MaxBatchedOpt,
-    MaxNumSeqsOpt,
-    ModelOpt,
-    RevisionOpt,
-    choices,
-    engine_config,
-    fail,
-)
+from mlxpa.cli import options as opt
 from mlxpa.data.inputs import plural
 
 BENCH_EXAMPLES = """\b
@@ -47,16 +28,16 @@ Examples:
 """
 
 LIMITS = "limits"
-Workload = choices("Workload", (*WORKLOADS, LIMITS))
+Workload = opt.choices("Workload", (*WORKLOADS, LIMITS))
 ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade on request
 
 
 def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
-    model: ModelOpt = None,
-    revision: RevisionOpt = None,
-    adapter_path: AdapterPathOpt = None,
-    keep_quantized: KeepQuantizedOpt = False,
+    model: opt.ModelOpt = None,
+    revision: opt.RevisionOpt = None,
+    adapter_path: opt.AdapterPathOpt = None,
+    keep_quantized: opt.KeepQuantizedOpt = False,
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     num_prompts: Annotated[int, typer.Option(
         help="random, annotation: prompts (file: every valid row).")] = 128,
@@ -73,19 +54,19 @@ def bench(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
         "mlxpa-nocascade, mlx-lm, static (default: all but mlxpa-nocascade).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
-    block_size: BlockSizeOpt = 16,
-    kv_memory: BenchKVMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 128,
-    max_num_batched_tokens: MaxBatchedOpt = 2048,
-    kernel: KernelOpt = Kernel.auto,
-    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
-    kv_group_size: KVGroupSizeOpt = 64,
-    cascade_attention: CascadeAttentionOpt = True,
+    block_size: opt.BlockSizeOpt = 16,
+    kv_memory: opt.BenchKVMemoryOpt = None,
+    max_num_seqs: opt.MaxNumSeqsOpt = 128,
+    max_num_batched_tokens: opt.MaxBatchedOpt = 2048,
+    kernel: opt.KernelOpt = opt.Kernel.auto,
+    kv_cache_dtype: opt.KVCacheDtypeOpt = opt.KVCacheDtype.auto,
+    kv_group_size: opt.KVGroupSizeOpt = 64,
+    cascade_attention: opt.CascadeAttentionOpt = True,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress bars (the results are still printed).")] = False,
-    blas: BlasOpt = "auto",
+    blas: opt.BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
     With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
@@ -100,11 +81,11 @@ def bench(
     console = _console()
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
-        config = engine_config(model, block_size, kv_memory, max_num_seqs,
-                               max_num_batched_tokens, kernel, revision=revision,
-                               adapter_path=adapter_path, keep_quantized=keep_quantized,
-                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
-                               enable_cascade_attention=cascade_attention)
+        config = opt.engine_config(model, block_size, kv_memory, max_num_seqs,
+                                   max_num_batched_tokens, kernel, revision=revision,
+                                   adapter_path=adapter_path, keep_quantized=keep_quantized,
+                                   kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
+                                   enable_cascade_attention=cascade_attention)
         files = ModelFiles(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
@@ -122,9 +103,9 @@ def bench(
         with BenchProgress(console, enabled=not quiet) as progress:
             figures, last = run_bench(mdl, tok, wl, config, systems, repeats, progress=progress)
     except InputError as e:
-        fail(console, e, 2)
+        opt.fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
-        fail(console, e, 1)
+        opt.fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
 
 
