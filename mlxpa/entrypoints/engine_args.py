@@ -32,7 +32,8 @@ ENGINE_ARGS: dict[str, str] = {
     "kernel": "kernel",
     "kv_cache_dtype": "kv_cache_dtype",
     "kv_group_size": "kv_group_size",
-    "disable_cascade_attn": "enable_cascade_attention",
+    "disable_cascade_attn": "enable_cascade_attention",  # vLLM's name (negated)
+    "enable_cascade_attention": "enable_cascade_attention",  # the field's (issue 23's) name
 }
 
 
@@ -83,9 +84,13 @@ def engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
     if model is not None and not isinstance(model, str):
         raise TypeError(f"model must be a path, a Hugging Face repo id or None, got "
                         f"{type(model).__name__}")
+    given = [k for k in options if ENGINE_ARGS[k] == "enable_cascade_attention"]
+    if len(given) > 1:
+        raise TypeError("LLM() takes one of disable_cascade_attn and enable_cascade_attention, "
+                        "not both")
     try:
         fields = {ENGINE_ARGS[k]: _CONVERT.get(k, lambda v: v)(v) for k, v in options.items()}
         return EngineConfig(model=model, **fields)
     except FieldError as e:
-        name = next((k for k, f in ENGINE_ARGS.items() if f == e.field), e.field)
+        name = next((k for k in options if ENGINE_ARGS[k] == e.field), e.field)
         raise ValueError(f"{name} must be {e.wanted}, got {show(options.get(name))}") from None

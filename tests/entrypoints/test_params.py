@@ -84,11 +84,15 @@ def test_llm_keywords_map_through_one_table():
     assert engine_config(None, {}) == EngineConfig()
 
 
-def test_vllms_disable_cascade_attn_is_the_negation_of_the_field():
+def test_cascade_attention_keywords_vllms_negated_and_the_fields():
     assert engine_config(None, {"disable_cascade_attn": True}).enable_cascade_attention is False
     assert engine_config(None, {"disable_cascade_attn": False}).enable_cascade_attention is True
     with pytest.raises(ValueError, match="disable_cascade_attn must be true or false, got 1"):
         engine_config(None, {"disable_cascade_attn": 1})
+    config = engine_config(None, {"enable_cascade_attention": False})
+    assert config.enable_cascade_attention is False
+    with pytest.raises(TypeError, match="not both"):
+        engine_config(None, {"disable_cascade_attn": True, "enable_cascade_attention": True})
 
 
 def test_import_mlxpa_exports_the_api_without_loading_mlx():
