@@ -11,9 +11,10 @@ command line refuses a bad folder before any input is read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from mlxpa.loader.json_file import read_json_object
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -44,12 +45,7 @@ def check_adapter_path(path: str | Path) -> Path:
             raise FileNotFoundError(f"--adapter-path {path}: no {name} in the folder (an "
                                     f"mlx-lm adapter folder holds {WEIGHTS} and {CONFIG})")
     where = folder / CONFIG
-    try:
-        config = json.loads(where.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: not a JSON file ({err})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{where}: must be a JSON object")
+    config = read_json_object(where)
     kind = config.get("fine_tune_type", "lora")
     if kind not in FINE_TUNE_TYPES:
         raise ValueError(f"{where}: fine_tune_type must be one of {', '.join(FINE_TUNE_TYPES)}, "

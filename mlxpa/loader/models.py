@@ -30,6 +30,7 @@ from mlxpa.loader.converted import (  # noqa: F401 (names the callers import fro
     converted_gguf,
     default_model,
 )
+from mlxpa.loader.json_file import read_json_object
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -239,14 +240,7 @@ def read_config(folder: Path) -> dict:
     Raises:
         ValueError: The file is not a JSON object (naming it).
     """
-    where = folder / "config.json"
-    try:
-        config = json.loads(where.read_text())
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{where}: not a JSON file ({err})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{where}: not a JSON object")
-    return config
+    return read_json_object(folder / "config.json")
 
 
 def _load_tokenizer(folder: Path, config: dict) -> TokenizerWrapper:
