@@ -111,7 +111,8 @@ def main() -> None:
     else:
         model, tok, _ = load_model(a.model)
     prompts = random_workload(tok, a.rows, a.prompt_len, 1, 0.0).prompts
-    max_tokens = a.rounds + 8
+    # room for the decode steps taken while later rows still prefill (chunked prefill)
+    max_tokens = a.rounds + 64
     vocab = int(model.args.vocab_size)
     plain = decoding_engine(model, tok, prompts,
                             SamplingParams(max_tokens=max_tokens, ignore_eos=True), a.kv_memory)
