@@ -13,6 +13,7 @@ run, on the default model (or ``--model``).
 
     python benchmarks/kv_quant_bench.py [--model FOLDER] [--num-prompts 64 --input-len 320
         --output-len 64 --max-num-seqs 64 --kv-fraction 0.4 --repeats 3] [--json out.json]
+        [--parts bytes,choice_logprobs,memory_limited,memory_ample]
 
 Timings are for a quiet machine; the script prints them and writes every figure to --json.
 """
@@ -106,17 +107,41 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--annotation", default=ANNOTATION)
     ap.add_argument("--choices", default="positive,negative,neutral")
+    ap.add_argument("--parts", default="bytes,choice_logprobs,memory_limited,memory_ample",
+                    help="comma-separated parts to run (default: all four)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    from mlxpa.bench.workloads import random_workload
-    from mlxpa.config import EngineConfig
-    from mlxpa.core.kv_sizing import kv_blocks_needed
     from mlxpa.loader.models import load_model
-    from mlxpa.worker.model_runner import model_block_bytes
 
+    parts = set(a.parts.split(","))
+    unknown = parts - {"bytes", "choice_logprobs", "memory_limited", "memory_ample"}
+    if unknown:
+        ap.error(f"unknown --parts: {', '.join(sorted(unknown))}")
     results: dict = {"args": vars(a)}
     model, tok, _ = load_model(a.model)
+    gs = a.kv_group_size
+    if "bytes" in parts:
+        bytes_part(a, model, results)
+    if "choice_logprobs" in parts:
+        logprobs = choice_logprobs(a.model, a.annotation, a.choices, gs)
+        results["choice_logprobs"] = logprobs
+        results["choice_logprobs_largest_difference"] = {
+            d: largest_difference(logprobs[d], logprobs["auto"]) for d in DTYPES if d != "auto"}
+        print("choice_logprobs, largest |difference| from auto (nats):",
+              json.dumps(results["choice_logprobs_largest_difference"]))
+    throughput_parts(a, model, tok, [p for p in ("memory_limited", "memory_ample") if p in parts],
+                     results)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def bytes_part(a, model, results: dict) -> None:
+    """Part 1: bytes per KV token of each dtype, in the compute dtype and in bfloat16."""
+    from mlxpa.loader.models import load_model
+
     gs = a.kv_group_size
     results["bytes_per_token"] = native = bytes_per_token(model, a.block_size, gs)
     bf16, _, _ = load_model(a.model, "bfloat16")
@@ -131,13 +156,15 @@ def main() -> int:
           + "; bfloat16 pools, times fewer than bfloat16: "
           + json.dumps({d: round(x, 2) for d, x in results["fewer_than_bfloat16"].items()}))
 
-    logprobs = choice_logprobs(a.model, a.annotation, a.choices, gs)
-    results["choice_logprobs"] = logprobs
-    results["choice_logprobs_largest_difference"] = {
-        d: largest_difference(logprobs[d], logprobs["auto"]) for d in DTYPES if d != "auto"}
-    print("choice_logprobs, largest |difference| from auto (nats):",
-          json.dumps(results["choice_logprobs_largest_difference"]))
 
+def throughput_parts(a, model, tok, names: list[str], results: dict) -> None:
+    """Parts 3 and 4: the random workload timed in auto and int8, memory the limit or not."""
+    from mlxpa.bench.workloads import random_workload
+    from mlxpa.config import EngineConfig
+    from mlxpa.core.kv_sizing import kv_blocks_needed
+    from mlxpa.worker.model_runner import model_block_bytes
+
+    gs = a.kv_group_size
     wl = random_workload(tok, a.num_prompts, a.input_len, a.output_len)
     need = kv_blocks_needed(((len(p), n, 1) for p, n in zip(wl.prompts, wl.output_lens)),
                             a.block_size, 1 << 40)
@@ -151,6 +178,8 @@ def main() -> int:
                                 kv_group_size=gs) for d in ("auto", "int8")}
 
     for name, gib in (("memory_limited", limited), ("memory_ample", ample)):
+        if name not in names:
+            continue
         figs = timed(model, tok, wl, configs(gib), a.repeats)
         figs["kv_memory_gib"] = gib
         figs["int8_speedup"] = (figs["int8"]["total_tokens_per_s"]
@@ -164,10 +193,6 @@ def main() -> int:
         if name == "memory_limited" and not any(figs["auto"]["num_preemptions"]):
             print("warning: the auto pool did not preempt; lower --kv-fraction or lengthen "
                   "the outputs (--output-len) for a memory-limited run")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":
