@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models import gemma3_text, llama
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -105,3 +106,11 @@ def save_tiny_model(folder, kind: str = "llama", chat_template: str | None = Non
         tok.chat_template = chat_template
     tok.save_pretrained(str(folder))
     return str(folder)
+
+
+def float64_log_softmax(model, ids: list[int]) -> np.ndarray:
+    """``[len(ids), V]`` float64 log-softmax of mlx-lm's own forward pass over ``ids`` (no
+    cache): the oracle of the log-probability tests."""
+    logits = np.array(model(mx.array(ids)[None])[0].astype(mx.float32), dtype=np.float64)
+    top = logits.max(axis=-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))

@@ -13,6 +13,7 @@ from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.worker import logprobs as logprobs_module
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
+from tests.tiny_models import float64_log_softmax as oracle
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 TOP = 4
@@ -22,12 +23,6 @@ TOP = 4
 def model(request):
     return tiny_llama() if request.param == "llama" else tiny_gemma3(sliding_window=8)
 
-
-def oracle(model, ids: list[int]) -> np.ndarray:
-    """``[len(ids), V]`` float64 log-softmax of mlx-lm's forward pass (no cache)."""
-    logits = np.array(model(mx.array(ids)[None])[0].astype(mx.float32), dtype=np.float64)
-    top = logits.max(axis=-1, keepdims=True)
-    return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
 
 
 def check(model, ids: list[int], got, top: int = TOP) -> None:

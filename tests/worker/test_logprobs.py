@@ -9,7 +9,6 @@ prompt position at once."""
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -19,6 +18,7 @@ from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.worker.model_runner import ModelRunner
+from tests.tiny_models import float64_log_softmax as oracle
 from tests.tiny_models import tiny_gemma3, tiny_llama
 
 BS = 8
@@ -30,12 +30,6 @@ TOP = 3
 def model(request):
     return tiny_llama() if request.param == "llama" else tiny_gemma3(sliding_window=8)
 
-
-def oracle(model, ids: list[int]) -> np.ndarray:
-    """``[len(ids), V]`` float64 log-softmax of mlx-lm's own forward pass (no cache)."""
-    logits = np.array(model(mx.array(ids)[None])[0].astype(mx.float32), dtype=np.float64)
-    top = logits.max(axis=-1, keepdims=True)
-    return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
 
 
 def run(model, config: EngineConfig, *batches: list[Request]) -> dict[Request, dict]:
