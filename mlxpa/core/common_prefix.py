@@ -1,12 +1,13 @@
-"""Groups of decode requests that share leading KV blocks (cascade attention's groups).
+"""Groups of requests that share leading KV blocks (cascade attention's groups).
 
 Pure Python (no mlx). Requests that share a prefix through the radix tree or a fork hold the
 same physical block ids at the start of their block tables, so a shared prefix is a run of
-leading block ids common to several tables; no tree walk is needed. Each decode step the
-scheduler partitions its decode requests into groups, each with the number of leading full
-blocks all its members share, and the model runner attends over a group's prefix once for all
-its rows (cascade attention: Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference;
-vLLM v1's ``num_common_prefix_blocks``, there one prefix for the whole batch).
+leading block ids common to several tables; no tree walk is needed. Each step the scheduler
+partitions its decode requests, and apart its prefill chunks, into groups, each with the
+number of leading full blocks all its members share, and the model runner attends over a
+group's prefix once for all its rows (cascade attention: Hydragen, Juravsky et al. 2024;
+FlashInfer's cascade inference; vLLM v1's ``num_common_prefix_blocks``, there one prefix for
+the whole batch).
 
 A request sits in one group at most (no nesting), and the partition maximises the block reads
 saved, ``sum((rows - 1) * blocks)`` over groups. Tables are bucketed by their first block (a

@@ -50,10 +50,11 @@ class SchedulerOutput:
     # Requests finished since the previous step (vLLM's finished_req_ids): the runner frees
     # its state of them.
     finished: list[Request] = field(default_factory=list)
-    # Single-token requests (decodes) sharing leading full blocks, as indices into
-    # `requests` and the number of blocks (vLLM's num_common_prefix_blocks, per group): the
-    # runner may attend over a group's prefix once for all its rows (cascade attention).
-    # Empty when cascade attention is off.
+    # Requests sharing leading full blocks written before this step (decodes among
+    # themselves, prefill chunks among themselves), as indices into `requests` and the
+    # number of blocks (vLLM's num_common_prefix_blocks, per group): the runner may attend
+    # over a group's prefix once for all its rows (cascade attention). Empty when cascade
+    # attention is off.
     cascade_groups: list[CascadeGroup] = field(default_factory=list)
 
 
@@ -140,16 +141,23 @@ class Scheduler:
         return out
 
     def _cascade_groups(self, out: SchedulerOutput) -> list[CascadeGroup]:
-        """The step's single-token requests grouped by the leading full blocks they share
-        (:func:`common_prefix_groups`), as indices into ``out.requests``."""
-        one = [i for i, n in enumerate(out.num_scheduled_tokens) if n == 1]
-        if len(one) < 2:
-            return []
+        """The step's requests grouped by the leading full blocks they share
+        (:func:`common_prefix_groups`), as indices into ``out.requests``: decode requests
+        among themselves and prefill chunks among themselves (the runner runs the two kinds
+        in separate batches). Only blocks written before this step count (a request's
+        ``num_computed_tokens``), so a chunk never shares a block its own step computes."""
         bs = self.kv_cache_manager.block_size
-        reqs = [out.requests[i] for i in one]
-        groups = common_prefix_groups([r.block_table for r in reqs],
-                                      [r.num_computed_tokens // bs for r in reqs])
-        return [CascadeGroup(tuple(one[j] for j in g.indices), g.num_blocks) for g in groups]
+        groups: list[CascadeGroup] = []
+        for decode in (True, False):
+            kind = [i for i, n in enumerate(out.num_scheduled_tokens) if (n == 1) == decode]
+            if len(kind) < 2:
+                continue
+            reqs = [out.requests[i] for i in kind]
+            groups.extend(CascadeGroup(tuple(kind[j] for j in g.indices), g.num_blocks)
+                          for g in common_prefix_groups(
+                              [r.block_table for r in reqs],
+                              [r.num_computed_tokens // bs for r in reqs]))
+        return groups
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         deferred: list[Request] = []

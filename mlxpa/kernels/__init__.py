@@ -22,13 +22,13 @@ compares them with the float32 reference on the CPU; on a mismatch, or when the 
 to compile or run, it warns once and that class uses the reference from then on. So a kernel
 that was never run on real hardware cannot silently give wrong numbers.
 
-``cascade_attention`` (decode rows sharing leading blocks: the shared prefix once per group,
-each row's own keys apart, merged by their log-sum-exp; ``reference.cascade_attention`` is
-the specification) runs the CPU kernel's own version on the CPU. On Metal or CUDA the rows'
+``cascade_attention`` (rows sharing leading blocks: the shared prefix once per group, each
+row's own keys apart, merged by their log-sum-exp; ``reference.cascade_attention`` is the
+specification) runs the CPU kernel's own version on the CPU. On Metal or CUDA decode rows'
 own keys go through the kernels' ``_lse`` twins (checked at first use like the others, as a
 shape class of their own, output and log-sum-exp) and the shared prefixes through MLX ops
-(one matrix product per group and KV head); elsewhere, or when the check fails, the
-reference.
+(one matrix product per group and KV head); prefill chunks (``L > 1``), other back ends,
+and classes whose check failed take the reference.
 """
 
 from __future__ import annotations

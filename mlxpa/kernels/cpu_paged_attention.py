@@ -48,6 +48,7 @@ from mlxpa.kernels.reference import (
     CascadePrefix,
     attention_mask,
     gather_kv,
+    head_sinks,
     merge_states,
     prefix_mask,
     slot_rows,
@@ -264,29 +265,61 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     """:func:`mlxpa.kernels.reference.prefix_attention` with the base-2 softmax: each
     group's shared blocks gathered (a quantized pool's dequantized) once, its stacked
     queries one matrix product per KV head, the unnormalised probabilities multiplied by the
-    values and the ``[R * q_per_kv, Dv]`` product divided by the sums (not the ``[R *
-    q_per_kv, S]`` probabilities), the groups in two halves on the two CPU streams
-    (:func:`cpu_streams`). Same arguments and result."""
-    ng = prefix.rows.shape[0]
-    halves = [(0, ng)] if ng < 2 else [(0, ng // 2), (ng // 2, ng)]
+    values and the ``[R * q_per_kv * L, Dv]`` product divided by the sums (not the ``[R *
+    q_per_kv * L, S]`` probabilities), on the two CPU streams (:func:`cpu_streams`): decode
+    groups in two halves; a prefill step's groups one at a time, each group's slots in
+    tiles of about :data:`PREFIX_TILE` stacked query rows. Same arguments and result."""
+    length, heads = q.shape[2], q.shape[1]
     streams, outs, sums = cpu_streams(), [], []
-    for t, (a, b) in enumerate(halves):
-        part = prefix._replace(block_tables=prefix.block_tables[a:b],
-                               key_start=prefix.key_start[a:b],
-                               prefix_end=prefix.prefix_end[a:b], rows=prefix.rows[a:b])
+    pieces = _prefix_pieces(prefix, length, heads // key_cache.shape[1])
+    t = 0
+    for a, b, tiles in pieces:
+        groups = prefix._replace(block_tables=prefix.block_tables[a:b],
+                                 key_start=prefix.key_start[a:b],
+                                 prefix_end=prefix.prefix_end[a:b], rows=prefix.rows[a:b])
         with mx.stream(streams[t % len(streams)]):
-            k, v = (_f32(dense(gather_kv(c, part.block_tables)))
+            k, v = (_f32(dense(gather_kv(c, groups.block_tables)))
                     for c in (key_cache, value_cache))
-            qg = stack_queries(q * (scale * _LOG2E), part.rows, k.shape[1])
-            s = qg @ k.swapaxes(-1, -2)                                    # [g, kvh, R*G, S]
-            mask = prefix_mask(query_start, part, k.shape[2], sliding_window)
-            p, top, total = _exp2(s.reshape(b - a, k.shape[1], part.rows.shape[1], -1,
-                                            k.shape[2]), mask)
-            outs.append((p.reshape(s.shape) @ v) / total.reshape(*s.shape[:3], 1))
-            sums.append(((top + mx.log2(total)) * math.log(2))[..., 0])
-    out, lse = (outs[0], sums[0]) if len(outs) == 1 else (mx.concatenate(outs),
-                                                          mx.concatenate(sums))
-    return unstack_queries(out, lse, q.shape[1])
+        tile_outs, tile_sums = [], []
+        for r0, r1 in tiles:
+            part = groups._replace(rows=groups.rows[:, r0:r1])
+            with mx.stream(streams[t % len(streams)]):
+                qg = stack_queries(q * (scale * _LOG2E), part.rows, k.shape[1])
+                s = qg @ k.swapaxes(-1, -2)                              # [g, kvh, R*G*L, S]
+                mask = prefix_mask(query_start, part, k.shape[2], sliding_window, length)
+                p, top, total = _exp2(s.reshape(b - a, k.shape[1], r1 - r0, -1, length,
+                                                k.shape[2]), mask)
+                out = (p.reshape(s.shape) @ v) / total.reshape(*s.shape[:3], 1)
+                o, lse = unstack_queries(out, ((top + mx.log2(total)) * math.log(2))[..., 0],
+                                         heads, length)
+            tile_outs.append(o)
+            tile_sums.append(lse)
+            t += 1
+        outs.append(tile_outs[0] if len(tiles) == 1 else mx.concatenate(tile_outs, axis=1))
+        sums.append(tile_sums[0] if len(tiles) == 1 else mx.concatenate(tile_sums, axis=1))
+    return (outs[0], sums[0]) if len(outs) == 1 else (mx.concatenate(outs),
+                                                      mx.concatenate(sums))
+
+
+# Stacked query rows (slots x query heads per KV head x L) per tile of a prefill step's
+# shared-prefix part: scores of 1,024 x 4,096 keys are 16 MiB.
+PREFIX_TILE = 1024
+
+
+def _prefix_pieces(prefix: CascadePrefix, length: int,
+                   q_per_kv: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """``(g0, g1, [(r0, r1), ...])`` per piece of :func:`prefix_attention`'s work: groups
+    ``[g0, g1)`` (their shared keys gathered once) and the tiles of their slots. Decode
+    (``L == 1``): the groups in two halves, one tile each. Prefill: each group apart, its
+    slots in tiles of about :data:`PREFIX_TILE` stacked query rows (two at least when it
+    has two slots, so both streams work)."""
+    ng, r = prefix.rows.shape
+    if length == 1:
+        halves = [(0, ng)] if ng < 2 else [(0, ng // 2), (ng // 2, ng)]
+        return [(a, b, [(0, r)]) for a, b in halves]
+    per = max(1, min(PREFIX_TILE // (q_per_kv * length), -(-r // 2)))
+    tiles = [(r0, min(r0 + per, r)) for r0 in range(0, r, per)]
+    return [(g, g + 1, tiles) for g in range(ng)]
 
 
 def _f32(x: mx.array) -> mx.array:
@@ -301,19 +334,27 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       ) -> mx.array:
     """Cascade attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.cascade_attention`. The rows' own keys are read in place
-    (:func:`decode_attention` with its log-sum-exp), the shared prefixes by
-    :func:`prefix_attention`, merged in float32 with the sinks counted once
-    (:func:`~mlxpa.kernels.reference.merge_states`). A half-precision pool takes the
+    for decode (:func:`decode_attention` with its log-sum-exp), gathered for prefill chunks
+    (:func:`mlxpa.kernels.reference.paged_attention_lse`: a chunk's own keys are few), the
+    shared prefixes by :func:`prefix_attention`, merged in float32 with the sinks counted
+    once (:func:`~mlxpa.kernels.reference.merge_states`). A half-precision pool takes the
     reference."""
     if key_cache.dtype != mx.float32:
         return reference.cascade_attention(
             q, key_cache, value_cache, block_tables, context_lens, query_start, prefix,
             scale=scale, sliding_window=sliding_window, key_start=key_start, sinks=sinks)
-    num_keys = block_tables.shape[1] * key_cache.shape[2]
-    mask = attention_mask(query_start, 1, context_lens, num_keys, key_start, sliding_window)
-    own, own_lse = decode_attention(q.astype(mx.float32), key_cache, value_cache,
-                                    block_tables, mask, scale, lse=True)
+    if q.shape[2] == 1:
+        num_keys = block_tables.shape[1] * key_cache.shape[2]
+        mask = attention_mask(query_start, 1, context_lens, num_keys, key_start,
+                              sliding_window)
+        own, own_lse = decode_attention(q.astype(mx.float32), key_cache, value_cache,
+                                        block_tables, mask, scale, lse=True)
+        own_lse = own_lse[..., None]
+    else:
+        own, own_lse = reference.paged_attention_lse(
+            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
+            sliding_window=sliding_window, key_start=key_start)
     out, lse = slot_rows(*prefix_attention(q, key_cache, value_cache, query_start, prefix,
                                            scale=scale, sliding_window=sliding_window),
                          prefix.row_slot)
-    return merge_states(own[:, :, 0], own_lse, out, lse, sinks)[:, :, None].astype(q.dtype)
+    return merge_states(own, own_lse, out, lse, head_sinks(sinks)).astype(q.dtype)

@@ -11,7 +11,8 @@ half-precision matmul is slower and less exact). A quantized pool
 gather (dequantize-then-attend, the specification of every quantized kernel).
 
 Cascade attention (Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference and its
-``merge_state``): decode rows that share leading blocks attend over them once per group, the
+``merge_state``): rows that share leading blocks (decode rows, and prefill chunks over a
+prefix cached before the step) attend over them once per group, the
 group's queries stacked into one matrix product (:func:`prefix_attention`), and over their own
 remaining keys apart (:func:`paged_attention_lse` from a key offset); each part returns its
 log-sum-exp, and :func:`merge_states` combines the two in float32 (``lse = logaddexp(lse_a,
@@ -228,75 +229,86 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                      prefix: CascadePrefix, *, scale: float,
                      sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
     """Each group's rows over the group's shared keys: the group's blocks gathered (and
-    dequantized) once, its queries stacked into one ``[R * q_per_kv, D]`` operand per KV
-    head, so the scores are one matrix product per group instead of one matrix-vector
-    product per row (Hydragen's inter-sequence batching).
+    dequantized) once, its queries stacked into one ``[R * q_per_kv * L, D]`` operand per KV
+    head, so the scores are one matrix product per group instead of one product per row
+    (Hydragen's inter-sequence batching; FlashInfer's cascade attention takes several query
+    tokens per request the same way).
 
     Args:
-        q: ``[B, q_heads, 1, head_dim]`` decode queries.
+        q: ``[B, q_heads, L, head_dim]`` queries: decode rows (``L == 1``) or prefill chunks
+            whose shared keys were all written before this step (a row's query ``i`` sits at
+            ``query_start + i``; padding queries past a row's chunk compute values no one
+            reads).
         key_cache, value_cache: The layer's pools, as :func:`paged_attention`.
-        query_start: ``[B]`` int32 position of each row's query.
+        query_start: ``[B]`` int32 position of each row's first query.
         prefix: The groups (:class:`CascadePrefix`).
         scale: Softmax scale.
         sliding_window: The layer's window: a key at or before ``query - window`` is masked
-            for that row.
+            for that query.
 
     Returns:
-        ``(out [G, R, q_heads, v_dim], lse [G, R, q_heads])`` float32, per group slot.
+        ``(out [G, R, q_heads, L, v_dim], lse [G, R, q_heads, L])`` float32, per group slot.
     """
     k = dense(gather_kv(key_cache, prefix.block_tables)).astype(mx.float32)  # [G, kvh, S, D]
     v = dense(gather_kv(value_cache, prefix.block_tables)).astype(mx.float32)
     qg = stack_queries(q, prefix.rows, k.shape[1])
-    s = qg @ k.swapaxes(-1, -2) * scale                                    # [G, kvh, R*g, S]
+    s = qg @ k.swapaxes(-1, -2) * scale                                  # [G, kvh, R*g*L, S]
     ng, r = prefix.rows.shape
-    mask = prefix_mask(query_start, prefix, k.shape[2], sliding_window)   # [G, 1, R, 1, S]
-    p, lse = _softmax_lse(s.reshape(ng, k.shape[1], r, -1, k.shape[2]), mask)
-    return unstack_queries(p.reshape(s.shape) @ v, lse, q.shape[1])
+    length = q.shape[2]
+    mask = prefix_mask(query_start, prefix, k.shape[2], sliding_window, length)
+    p, lse = _softmax_lse(s.reshape(ng, k.shape[1], r, -1, length, k.shape[2]), mask)
+    return unstack_queries(p.reshape(s.shape) @ v, lse, q.shape[1], length)
 
 
 def stack_queries(q: mx.array, rows: mx.array, kv_heads: int) -> mx.array:
-    """Each group's decode queries (``q`` ``[B, q_heads, 1, D]``, ``rows`` ``[G, R]``)
-    stacked per KV head: ``[G, kv_heads, R * q_per_kv, D]`` float32, row ``r * q_per_kv +
-    j`` the query head ``j`` of the KV head of slot ``r``."""
-    _, heads, _, d = q.shape
+    """Each group's queries (``q`` ``[B, q_heads, L, D]``, ``rows`` ``[G, R]``) stacked per
+    KV head: ``[G, kv_heads, R * q_per_kv * L, D]`` float32, row ``(r * q_per_kv + j) * L +
+    i`` the query ``i`` of query head ``j`` of the KV head, of slot ``r``."""
+    _, heads, length, d = q.shape
     ng, r = rows.shape
-    qr = q[:, :, 0].astype(mx.float32)[rows]                               # [G, R, H, D]
+    qr = q.astype(mx.float32)[rows]                                     # [G, R, H, L, D]
     g = heads // kv_heads
-    return qr.reshape(ng, r, kv_heads, g, d).transpose(0, 2, 1, 3, 4).reshape(
-        ng, kv_heads, r * g, d)
+    return qr.reshape(ng, r, kv_heads, g, length, d).transpose(0, 2, 1, 3, 4, 5).reshape(
+        ng, kv_heads, r * g * length, d)
 
 
-def unstack_queries(out: mx.array, lse: mx.array, heads: int) -> tuple[mx.array, mx.array]:
-    """:func:`stack_queries`'s layout undone: ``out`` ``[G, kv_heads, R * q_per_kv, Dv]`` and
-    ``lse`` (``G * R * q_heads`` values in that order) to ``[G, R, q_heads, Dv]`` and ``[G,
-    R, q_heads]``."""
+def unstack_queries(out: mx.array, lse: mx.array, heads: int,
+                    length: int = 1) -> tuple[mx.array, mx.array]:
+    """:func:`stack_queries`'s layout undone: ``out`` ``[G, kv_heads, R * q_per_kv * L, Dv]``
+    and ``lse`` (``G * R * q_heads * L`` values in that order) to ``[G, R, q_heads, L, Dv]``
+    and ``[G, R, q_heads, L]``."""
     ng, kv_heads, rows, dv = out.shape
-    r, g = rows * kv_heads // heads, heads // kv_heads
-    return (out.reshape(ng, kv_heads, r, g, dv).transpose(0, 2, 1, 3, 4).reshape(ng, r, heads,
-                                                                              dv),
-            lse.reshape(ng, kv_heads, r, g).transpose(0, 2, 1, 3).reshape(ng, r, heads))
+    g = heads // kv_heads
+    r = rows // (g * length)
+    return (out.reshape(ng, kv_heads, r, g, length, dv).transpose(0, 2, 1, 3, 4, 5).reshape(
+                ng, r, heads, length, dv),
+            lse.reshape(ng, kv_heads, r, g, length).transpose(0, 2, 1, 3, 4).reshape(
+                ng, r, heads, length))
 
 
 def prefix_mask(query_start: mx.array, prefix: CascadePrefix, num_keys: int,
-                sliding_window: int | None = None) -> mx.array:
-    """Boolean ``[G, 1, R, 1, S]`` mask of a group slot's query over its group's gathered
-    shared keys: inside the prefix, causal, inside the slot's row's window."""
-    kpos = (prefix.key_start[:, None] + mx.arange(num_keys)[None, :])[:, None, :]  # [G, 1, S]
-    qpos = query_start[prefix.rows][:, :, None]                                  # [G, R, 1]
-    mask = (kpos < prefix.prefix_end[:, None, None]) & (kpos <= qpos)
+                sliding_window: int | None = None, length: int = 1) -> mx.array:
+    """Boolean ``[G, 1, R, 1, L, S]`` mask of a group slot's queries over its group's
+    gathered shared keys: inside the prefix, causal, inside each query's window."""
+    kpos = prefix.key_start[:, None] + mx.arange(num_keys)[None, :]              # [G, S]
+    qpos = (query_start[prefix.rows][:, :, None]
+            + mx.arange(length, dtype=mx.int32)[None, None, :])[..., None]   # [G, R, L, 1]
+    kpos = kpos[:, None, None, :]                                             # [G, 1, 1, S]
+    mask = (kpos < prefix.prefix_end[:, None, None, None]) & (kpos <= qpos)
     if sliding_window is not None:
         mask = mask & (kpos > qpos - sliding_window)
-    return mask[:, None, :, None, :]
+    return mask[:, None, :, None]
 
 
 def slot_rows(out: mx.array, lse: mx.array,
               row_slot: mx.array) -> tuple[mx.array, mx.array]:
-    """Per batch row, its group slot's ``out`` (``[G, R, H, Dv]``) and ``lse`` (``[G, R,
-    H]``): ``[B, H, Dv]`` and ``[B, H]``; a row in no group (``row_slot == G * R``) gets 0
-    and ``-inf``."""
-    heads, dv = out.shape[2], out.shape[3]
-    flat_out = mx.concatenate([out.reshape(-1, heads, dv), mx.zeros((1, heads, dv), out.dtype)])
-    flat_lse = mx.concatenate([lse.reshape(-1, heads), mx.full((1, heads), -mx.inf, lse.dtype)])
+    """Per batch row, its group slot's ``out`` (``[G, R, H, L, Dv]``) and ``lse`` (``[G, R,
+    H, L]``): ``[B, H, L, Dv]`` and ``[B, H, L]``; a row in no group (``row_slot == G * R``)
+    gets 0 and ``-inf``."""
+    tail = out.shape[2:]
+    flat_out = mx.concatenate([out.reshape(-1, *tail), mx.zeros((1, *tail), out.dtype)])
+    flat_lse = mx.concatenate([lse.reshape(-1, *tail[:-1]),
+                               mx.full((1, *tail[:-1]), -mx.inf, lse.dtype)])
     return flat_out[row_slot], flat_lse[row_slot]
 
 
@@ -309,8 +321,9 @@ def merge_states(out_a: mx.array, lse_a: mx.array, out_b: mx.array, lse_b: mx.ar
     Args:
         out_a, out_b: ``[..., Dv]`` float32 outputs of each part.
         lse_a, lse_b: ``[...]`` float32 log-sum-exps (``-inf``: the part saw no key).
-        sinks: ``[H]`` sink logits broadcast against the last axis of ``lse`` (attention
-            sinks, as gpt-oss: one more term of the denominator, counted once here), or None.
+        sinks: Sink logits broadcast against ``lse`` (attention sinks, as gpt-oss: one more
+            term of the denominator, counted once here; ``[H, 1]`` for ``[B, H, L]``
+            log-sum-exps), or None.
 
     Returns:
         ``[..., Dv]`` float32; 0 where neither part saw a key (and no sink).
@@ -322,21 +335,27 @@ def merge_states(out_a: mx.array, lse_a: mx.array, out_b: mx.array, lse_b: mx.ar
     return (out_a * mx.exp(lse_a - lse)[..., None] + out_b * mx.exp(lse_b - lse)[..., None])
 
 
+def head_sinks(sinks: mx.array | None) -> mx.array | None:
+    """``[q_heads]`` sink logits shaped ``[q_heads, 1]`` to merge ``[B, q_heads, L]``
+    log-sum-exps (:func:`merge_states`), or None."""
+    return None if sinks is None else sinks[:, None]
+
+
 def cascade_merge(q: mx.array, key_cache: mx.array | QuantizedPool,
                   value_cache: mx.array | QuantizedPool, query_start: mx.array,
                   prefix: CascadePrefix, suffix_out: mx.array, suffix_lse: mx.array, *,
                   scale: float, sliding_window: int | None = None,
                   sinks: mx.array | None = None) -> mx.array:
     """The shared-prefix part of :func:`cascade_attention` (:func:`prefix_attention`) merged
-    with a suffix part computed by any back end: ``suffix_out [B, q_heads, 1, v_dim]`` and
-    ``suffix_lse [B, q_heads, 1]`` (float32). Returns ``[B, q_heads, 1, v_dim]`` in
+    with a suffix part computed by any back end: ``suffix_out [B, q_heads, L, v_dim]`` and
+    ``suffix_lse [B, q_heads, L]`` (float32). Returns ``[B, q_heads, L, v_dim]`` in
     ``q.dtype``."""
     out, lse = prefix_attention(q, key_cache, value_cache, query_start, prefix, scale=scale,
                                 sliding_window=sliding_window)
     out, lse = slot_rows(out, lse, prefix.row_slot)
-    merged = merge_states(suffix_out[:, :, 0].astype(mx.float32),
-                          suffix_lse[:, :, 0].astype(mx.float32), out, lse, sinks)
-    return merged[:, :, None].astype(q.dtype)
+    merged = merge_states(suffix_out.astype(mx.float32), suffix_lse.astype(mx.float32), out,
+                          lse, head_sinks(sinks))
+    return merged.astype(q.dtype)
 
 
 def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
@@ -345,13 +364,14 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       scale: float, sliding_window: int | None = None,
                       key_start: mx.array | None = None,
                       sinks: mx.array | None = None) -> mx.array:
-    """Decode attention in two parts (cascade attention): each group's shared prefix once for
+    """Attention in two parts (cascade attention): each group's shared prefix once for
     all its rows (:func:`prefix_attention`), each row's own keys apart
     (:func:`paged_attention_lse`), merged by their log-sum-exp (:func:`merge_states`). Equal
     to :func:`paged_attention` over each row's whole visible context.
 
     Args:
-        q: ``[B, q_heads, 1, head_dim]`` decode queries.
+        q: ``[B, q_heads, L, head_dim]`` queries: decode rows, or prefill chunks whose
+            group's shared keys were all written before this step.
         key_cache, value_cache: The layer's pools (float or quantized).
         block_tables: ``[B, max_blocks]`` int32 per row, the blocks of its own keys (a group
             member: from its group's ``prefix_end`` on, or later where its window starts
@@ -362,7 +382,7 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
             of the block size); None means 0.
 
     Returns:
-        ``[B, q_heads, 1, v_dim]`` in ``q.dtype``.
+        ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
     out, lse = paged_attention_lse(q, key_cache, value_cache, block_tables, context_lens,
                                    query_start, scale=scale, sliding_window=sliding_window,

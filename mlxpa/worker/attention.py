@@ -48,7 +48,7 @@ class AttentionMetadata:
         window_tables: Per sliding-window size, tables trimmed to that window.
         kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
         cascade: Per layer kind (its sliding window, None for full attention), the groups of
-            a decode batch that attend over their shared prefix once and the tables of each
+            the batch that attend over their shared prefix once and the tables of each
             row's own keys (:class:`~mlxpa.worker.cascade.CascadeTables`); a kind without an
             entry attends as usual.
     """

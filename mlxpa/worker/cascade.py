@@ -1,5 +1,6 @@
-"""Cascade attention's per-layer inputs: which groups of a decode batch attend over their shared
-prefix once, and the tables of each row's own keys (numpy, converted once per step).
+"""Cascade attention's per-layer inputs: which groups of a batch (decode rows, or prefill
+chunks over a prefix cached before the step) attend over their shared prefix once, and the
+tables of each row's own keys (numpy, converted once per step).
 
 The scheduler reports the groups (``SchedulerOutput.cascade_groups``: rows sharing leading
 full blocks). For each layer kind (full attention, or a sliding window of a given size) the
@@ -22,7 +23,7 @@ from mlxpa.kernels.reference import CascadePrefix
 
 @dataclass(frozen=True, slots=True)
 class CascadeTables:
-    """One layer kind's cascade inputs for a decode batch of ``B`` rows.
+    """One layer kind's cascade inputs for a batch of ``B`` rows.
 
     Attributes:
         block_tables: ``[B, max_blocks]`` int32 blocks of each row's own keys.
@@ -77,7 +78,7 @@ def cascade_tables(groups: Sequence[tuple[Sequence[int], int]], starts: np.ndarr
     Args:
         groups: Per group, its rows (indices into the batch) and the leading full blocks
             they share (the same block ids).
-        starts: ``[B]`` int32 position of each row's query.
+        starts: ``[B]`` int32 position of each row's (first) query.
         tables: ``[B, max_blocks]`` int32 block tables (right-padded).
         num_blocks: ``[B]`` blocks each row's context fills after this step's write.
         block_size: Tokens per block.

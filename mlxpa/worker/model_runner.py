@@ -376,11 +376,12 @@ class _Reads(NamedTuple):
 
 
 def _rows_of(groups: list, batch: list[int]) -> list[tuple[list[int], int]]:
-    """The cascade groups (``SchedulerOutput.cascade_groups``) whose requests all run in
-    ``batch`` (indices into the step's requests), as rows of ``batch``."""
+    """The cascade groups (``SchedulerOutput.cascade_groups``) as rows of ``batch`` (indices
+    into the step's requests): each group's members that run in ``batch``, where at least
+    two do (prefill chunks of one group may fall into batches of different lengths)."""
     row = {i: k for k, i in enumerate(batch)}
-    return [([row[i] for i in g.indices], g.num_blocks) for g in groups
-            if all(i in row for i in g.indices)]
+    kept = (([row[i] for i in g.indices if i in row], g.num_blocks) for g in groups)
+    return [(rows, n) for rows, n in kept if len(rows) > 1]
 
 
 def _joined(parts: list[mx.array]) -> mx.array | None:

@@ -124,7 +124,7 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
                    ) -> tuple[mx.array, AttentionMetadata]:
     """Step inputs for ``B`` rows: slot mapping, block tables, context lengths,
     per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``) and,
-    for decode rows sharing leading blocks, each layer kind's cascade tables.
+    for rows sharing leading blocks, each layer kind's cascade tables.
 
     Args:
         tokens: ``[B, L]`` int32 token ids, right-padded.
@@ -134,7 +134,7 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
         block_size: Tokens per block.
         windows: Per cache entry, its sliding window or None.
         kernel: Paged-attention back end name.
-        cascade_groups: Groups of single-token rows sharing leading full blocks: their rows
+        cascade_groups: Groups of rows sharing leading full blocks: their rows
             and the number of blocks (``SchedulerOutput.cascade_groups``, in this batch's
             rows); each layer kind keeps those its cost rule accepts
             (:func:`~mlxpa.worker.cascade.cascade_tables`).

@@ -165,13 +165,15 @@ def test_scheduler_groups_requests_sharing_a_cached_prompt_prefix():
         sched.add_request(r)
     prefill, decode = _run(sched, 2)
     # The first request computes the document; the others wait for it (in-batch prefix
-    # deduplication), so step 1 is request 0's and the other's prefill: no decode.
+    # deduplication), so step 1 is request 0's and the other's prefill: no decode, and no
+    # block written before the step (a chunk never shares what its own step computes).
     assert prefill.cascade_groups == []
     # Step 2: request 0 and the other decode, requests 1 and 2 prefill their own tokens
     # after hitting the cached document (3 full blocks of request 0 are cached, 2 shared).
     assert [r.request_id for r in decode.requests] == [0, 9, 1, 2]
     assert decode.num_scheduled_tokens == [1, 1, 4, 4]
-    assert decode.cascade_groups == []              # one decode per prefix
+    # One decode per prefix; the two prefill chunks share the document's cached blocks.
+    assert decode.cascade_groups == [CascadeGroup((2, 3), 2)]
     third = _run(sched, 1)[0]
     assert [r.request_id for r in third.requests] == [0, 9, 1, 2]
     assert third.num_scheduled_tokens == [1, 1, 1, 1]

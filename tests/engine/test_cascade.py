@@ -1,6 +1,7 @@
 """Cascade attention end to end on tiny models: every step's logits with cascade attention on
 are those with it off (within 1e-4, float32), so the greedy tokens are identical, over groups
-of 2 to 128 rows, shared prompt prefixes ending on and off a block boundary, sliding-window
+of 2 to 128 rows (decode rows, and prefill chunks over a prefix cached by an earlier step),
+shared prompt prefixes ending on and off a block boundary, sliding-window
 layers (Gemma 3) whose windows reach into the prefix, forks (``n > 1``) and preemption in a
 tiny pool. The cost rule is set to accept every group here (the tiny models' groups would not
 pay on real hardware), and the tests check that cascade attention ran, at which group sizes
@@ -34,7 +35,7 @@ def _prompts(doc: list[int], count: int, seed: int) -> list[list[int]]:
 @pytest.fixture
 def spies(monkeypatch):
     """Every group kept; records each step's (requests, logits) and each cascade call's
-    group sizes and window."""
+    group sizes, window and query length (1: decode rows; more: prefill chunks)."""
     monkeypatch.setattr(cascade, "worth_cascading", lambda rows, blocks: True)
     steps, calls = [], []
     sample, attend = model_runner.sample_step, attention.cascade_attention
@@ -49,7 +50,8 @@ def spies(monkeypatch):
         prefix = args[6]
         sizes = (np.array(prefix.row_slot)[:, None] // prefix.rows.shape[1]
                  == np.arange(prefix.rows.shape[0])[None]).sum(axis=0)
-        calls.append((tuple(sorted(sizes.tolist())), kwargs["sliding_window"]))
+        calls.append((tuple(sorted(sizes.tolist())), kwargs["sliding_window"],
+                      args[0].shape[2]))
         return attend(*args, **kwargs)
 
     monkeypatch.setattr(model_runner, "sample_step", sample_spy)
@@ -96,23 +98,26 @@ def test_llama_groups_on_and_off_block_boundaries_with_forks(spies):
     prompts = (_prompts(DOC_OFF, 40, 1) + _prompts(DOC_ON, 3, 2) + _prompts(DOC_ON[:9], 2, 3)
                + [RNG.integers(3, 250, 20).tolist()])
     ran, _ = _compare(tiny_llama(), _items(prompts, n={41: 3, 44: 2}), spies)
-    sizes = Counter(s for group_sizes, _ in ran for s in group_sizes)
+    sizes = Counter(s for group_sizes, _, length in ran if length == 1 for s in group_sizes)
     assert max(sizes) == 40 and 2 in sizes and 5 in sizes   # 3 + 3 samples (1 forked twice)
+    # The prompts after the first of each document prefill over its cached blocks in groups.
+    assert any(length > 1 for _, _, length in ran)
 
 
 def test_llama_one_group_of_128(spies):
     ran, _ = _compare(tiny_llama(), _items(_prompts(DOC_ON, 128, 4), max_tokens=6), spies)
-    assert any(sizes == (128,) for sizes, _ in ran)
+    assert any(sizes == (128,) for sizes, _, length in ran if length == 1)
 
 
 def test_gemma3_sliding_windows_reach_into_the_prefix(spies):
     # A 24-token window: early decode steps see part of the 4-5 shared blocks.
     prompts = _prompts(DOC_OFF, 6, 5) + _prompts(DOC_ON, 4, 6)
     ran, _ = _compare(tiny_gemma3(sliding_window=24), _items(prompts, n={7: 2}), spies)
-    assert {w for _, w in ran} == {None, 24}
+    assert {w for _, w, _ in ran} == {None, 24}
+    assert {w for _, w, length in ran if length > 1} == {None, 24}
     # In window layers members leave the group as their windows pass the prefix.
-    assert Counter(sizes for sizes, w in ran if w == 24) != Counter(
-        sizes for sizes, w in ran if w is None)
+    assert Counter(sizes for sizes, w, _ in ran if w == 24) != Counter(
+        sizes for sizes, w, _ in ran if w is None)
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])

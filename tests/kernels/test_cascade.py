@@ -2,12 +2,14 @@
 their log-sum-exp) in the reference and the CPU kernel, against a float64 numpy computation of
 plain attention over each row's whole context.
 
-Cases: groups of 2 to 128 rows, several groups of different prefix lengths beside rows in no
-group, own parts of 1 key up to several blocks (a member's query may sit anywhere in its own
-blocks), sliding windows that reach into the prefix for some members only (members at
-different positions), attention sinks (counted once), quantized pools (int8, int4, k8v4:
-the oracle reads their dequantized values), GQA ratios 1, 4 and 8. The cascade inputs come
-from the runner's builder (``mlxpa.worker.cascade.cascade_tables``) with every group kept.
+Cases: decode rows and prefill chunks (several queries a row, over a prefix cached before
+the step; shorter chunks padded), groups of 2 to 128 rows, several groups of different
+prefix lengths beside rows in no group, own parts of 1 key up to several blocks (a member's
+query may sit anywhere in its own blocks), sliding windows that reach into the prefix for
+some members only (members at different positions), attention sinks (counted once),
+quantized pools (int8, int4, k8v4: the oracle reads their dequantized values), GQA ratios 1,
+4 and 8. The cascade inputs come from the runner's builder
+(``mlxpa.worker.cascade.cascade_tables``) with every group kept.
 Every pool entry no row owns holds large values, so a key read outside a row's context shows.
 """
 
@@ -32,9 +34,12 @@ def _always(rows: int, blocks: int) -> bool:
 
 
 def make_case(rng, groups: list[tuple[int, list[int]]], singles: list[int], *, kv_heads=1,
-              q_per_kv=4, head_dim=32, block_size=16, window=None, quant=None, v_dim=None):
+              q_per_kv=4, head_dim=32, block_size=16, window=None, quant=None, v_dim=None,
+              length=1):
     """Rows of ``groups`` (``(prefix_blocks, own lengths of its members)``) then ``singles``
-    (own lengths of rows in no group); a row's query is its last key."""
+    (own lengths of rows in no group); a row's queries are its last ``min(length, own
+    length)`` keys (a prefill chunk after its cached prefix; ``length == 1``: a decode row),
+    right-padded to ``length``."""
     bs = block_size
     dv = v_dim or head_dim
     rows = [(g, n) for g, (_, owns) in enumerate(groups) for n in owns] + [
@@ -61,33 +66,38 @@ def make_case(rng, groups: list[tuple[int, list[int]]], singles: list[int], *, k
     full = np.zeros((len(rows), width), np.int32)
     for r, t in enumerate(tables):
         full[r, :len(t)] = t
-    starts = np.array(ctx, np.int32) - 1
+    counts = [min(length, n) for _, n in rows]
+    starts = np.array(ctx, np.int32) - np.array(counts, np.int32)
     members = [[r for r, (g, _) in enumerate(rows) if g == k] for k in range(len(groups))]
     cascade = cascade_tables([(m, p) for m, (p, _) in zip(members, groups)], starts, full,
                              np.array([len(t) for t in tables]), bs, window, _always)
-    q = rng.standard_normal((len(rows), kv_heads * q_per_kv, 1, head_dim))
+    q = rng.standard_normal((len(rows), kv_heads * q_per_kv, length, head_dim))
     return {"q": q, "kc": kc, "vc": vc, "tables": tables, "full": full, "ctx": ctx,
-            "starts": starts, "cascade": cascade, "window": window, "bs": bs}
+            "starts": starts, "counts": counts, "cascade": cascade, "window": window,
+            "bs": bs}
 
 
 def oracle(case, scale, sinks=None) -> np.ndarray:
-    """Plain attention over each row's whole context, float64: ``[B, H, 1, Dv]``."""
+    """Plain causal attention of each row's queries over its whole context, float64:
+    ``[B, H, L, Dv]`` (padding queries: 0)."""
     kc = np.array(dense(case["kc"]).astype(mx.float32), np.float64)
     vc = np.array(dense(case["vc"]).astype(mx.float32), np.float64)
     q, bs, window = case["q"], case["bs"], case["window"]
     heads, group = q.shape[1], q.shape[1] // kc.shape[1]
-    out = np.zeros((len(q), heads, 1, vc.shape[-1]))
-    for r, (table, c) in enumerate(zip(case["tables"], case["ctx"])):
-        pos = np.arange(c)
-        visible = pos > c - 1 - window if window else pos >= 0
-        blocks = np.array(table)[pos // bs]
-        k = kc[blocks, :, pos % bs][visible]                             # [n, kvh, D]
-        v = vc[blocks, :, pos % bs][visible]
-        for h in range(heads):
-            s = k[:, h // group] @ q[r, h, 0] * scale
-            terms = np.append(s, sinks[h]) if sinks is not None else s
-            w = np.exp(s - terms.max())
-            out[r, h, 0] = w @ v[:, h // group] / np.exp(terms - terms.max()).sum()
+    out = np.zeros((*q.shape[:3], vc.shape[-1]))
+    for r, (table, start, n) in enumerate(zip(case["tables"], case["starts"],
+                                              case["counts"])):
+        for i in range(n):
+            pos = np.arange(start + i + 1)
+            visible = pos > start + i - window if window else pos >= 0
+            blocks = np.array(table)[pos // bs]
+            k = kc[blocks, :, pos % bs][visible]                         # [n, kvh, D]
+            v = vc[blocks, :, pos % bs][visible]
+            for h in range(heads):
+                s = k[:, h // group] @ q[r, h, i] * scale
+                terms = np.append(s, sinks[h]) if sinks is not None else s
+                w = np.exp(s - terms.max())
+                out[r, h, i] = w @ v[:, h // group] / np.exp(terms - terms.max()).sum()
     return out
 
 
@@ -99,7 +109,10 @@ def run(impl, case, scale, sinks=None, dtype=mx.float32) -> np.ndarray:
                       sliding_window=case["window"], key_start=c.key_start,
                       sinks=None if sinks is None else mx.array(sinks.astype(np.float32)))
     assert out.dtype == dtype and out.shape == (*case["q"].shape[:3], case["vc"].shape[-1])
-    return np.array(out.astype(mx.float32))
+    got = np.array(out.astype(mx.float32))
+    for r, n in enumerate(case["counts"]):
+        got[r, :, n:] = 0      # padding queries: no one reads them
+    return got
 
 
 @pytest.fixture(params=sorted(IMPLS))
@@ -154,9 +167,34 @@ def test_window_keeps_only_members_that_reach_the_prefix():
     assert np.array(case["cascade"].key_start).tolist() == [64, 64, 80]
 
 
-def test_sinks_count_once(impl):
+@pytest.mark.parametrize("length", [2, 16, 37])
+@pytest.mark.parametrize("window", [None, 21])
+def test_prefill_chunks_over_a_cached_prefix(impl, length, window):
+    """Prefill chunks (``L`` queries a row, shorter chunks padded) whose group's prefix was
+    cached before the step: each query is causal over its row's own keys and sees the
+    prefix through its own window."""
+    rng = np.random.default_rng(length * 7 + (window or 0))
+    case = make_case(rng, [(4, [1, 15, 40, 37]), (2, [16, 60])], [9, 45], kv_heads=2,
+                     q_per_kv=2, window=window, length=length)
+    assert case["cascade"] is not None
+    np.testing.assert_allclose(run(impl, case, 0.25), oracle(case, 0.25), atol=1e-5)
+
+
+def test_prefill_chunks_of_one_large_group_in_tiles(monkeypatch):
+    """The CPU kernel splits a prefill group's stacked queries into tiles (both streams):
+    tiles of 1, 3 and all slots give the oracle's values."""
+    rng = np.random.default_rng(11)
+    case = make_case(rng, [(3, [12, 7, 12, 12, 3, 12, 12])], [], length=12, window=30)
+    want = oracle(case, 0.3)
+    for tile in (1, 12 * 4 * 3, 12 * 4 * 7):
+        monkeypatch.setattr(cpu_paged_attention, "PREFIX_TILE", tile)
+        np.testing.assert_allclose(run("cpu", case, 0.3), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("length", [1, 6])
+def test_sinks_count_once(impl, length):
     rng = np.random.default_rng(3)
-    case = make_case(rng, [(3, [1, 9, 20])], [5], kv_heads=2, q_per_kv=2)
+    case = make_case(rng, [(3, [1, 9, 20])], [5], kv_heads=2, q_per_kv=2, length=length)
     sinks = rng.standard_normal(4) * 2
     want = oracle(case, 0.3, sinks)
     np.testing.assert_allclose(run(impl, case, 0.3, sinks), want, atol=1e-5)
@@ -165,10 +203,11 @@ def test_sinks_count_once(impl):
 
 @pytest.mark.parametrize("quant", [(8, 8, 32), (4, 4, 32), (8, 4, 32)],
                          ids=["int8", "int4", "k8v4"])
-def test_quantized_pools(impl, quant):
+@pytest.mark.parametrize("length", [1, 5])
+def test_quantized_pools(impl, quant, length):
     rng = np.random.default_rng(sum(quant))
     case = make_case(rng, [(4, [1, 17, 30]), (2, [3, 3])], [12], kv_heads=2, window=50,
-                     quant=quant)
+                     quant=quant, length=length)
     np.testing.assert_allclose(run(impl, case, 0.2), oracle(case, 0.2), atol=1e-5)
 
 
