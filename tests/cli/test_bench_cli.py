@@ -5,21 +5,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.cli.helpers import ROBOT, cli, write_jsonl
-from tests.tiny_models import STRICT_TEMPLATE, save_tiny_model, save_tokenizer_only
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny", chat_template=STRICT_TEMPLATE)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_only(tmp_path_factory):
-    """A model folder without weights: anything that loads the model fails."""
-    return save_tokenizer_only(tmp_path_factory.mktemp("m") / "noweights")
 
 
 def test_bench_checks_json_and_plot_paths_before_any_work(tmp_path, tokenizer_only):

@@ -6,16 +6,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.cli.helpers import ROBOT, cli, write_jsonl
-from tests.tiny_models import save_tokenizer_only
-
-
-@pytest.fixture(scope="module")
-def tokenizer_only(tmp_path_factory):
-    """A model folder without weights: anything that loads the model fails."""
-    return save_tokenizer_only(tmp_path_factory.mktemp("m") / "noweights")
 
 
 def plan_json(src, model, *more):

@@ -10,20 +10,8 @@ import pytest
 
 import mlxpa
 from tests.cli.helpers import ROBOT, cli, write_jsonl
-from tests.tiny_models import STRICT_TEMPLATE, save_tiny_model, save_tokenizer_only
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(mlxpa.__file__)))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("m") / "tiny", chat_template=STRICT_TEMPLATE)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_only(tmp_path_factory):
-    """A model folder without weights: anything that loads the model fails."""
-    return save_tokenizer_only(tmp_path_factory.mktemp("m") / "noweights")
 
 
 def test_run_refuses_a_rejected_chat_row_before_the_model_loads(tmp_path, tokenizer_only):

@@ -17,27 +17,16 @@ from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data import InputError
 from mlxpa.engine import LLMEngine
+from tests.engine.test_input_bounds import A_PROMPT, B_PROMPT, _engine, _greedy
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
 QUIET = RunOptions(show_progress=False)
 SKIP = RunOptions(show_progress=False, skip_invalid=True)
-A_PROMPT, B_PROMPT = "Here is a short list of fruits: apple, banana,", "One, two, three,"
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_llama(), byte_tokenizer(eos_id=-1)
-
-
-
-def _engine(model, tok) -> LLMEngine:
-    return LLMEngine(EngineConfig(num_blocks=64), model, tok)
-
-
-
-def _greedy(model, tok, prompt: str, n: int) -> list[int]:
-    ids = mx.array(tok.encode(prompt))
-    return [int(t) for t, _ in generate_step(ids, model, max_tokens=n)]
 
 
 
