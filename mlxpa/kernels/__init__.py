@@ -179,10 +179,10 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       prefix: reference.CascadePrefix, *, scale: float,
                       sliding_window: int | None = None, key_start: mx.array | None = None,
                       kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
-    """Cascade attention of decode rows through the chosen back end; arguments, shapes and
-    the result as ``reference.cascade_attention`` (Hydragen, Juravsky et al. 2024;
-    FlashInfer's cascade inference), pools float or quantized, sinks counted once in the
-    merge on every back end (see the module docstring for who runs what).
+    """Cascade attention of decode rows or prefill chunks through the chosen back end;
+    arguments, shapes and the result as ``reference.cascade_attention`` (Hydragen, Juravsky
+    et al. 2024; FlashInfer's cascade inference), pools float or quantized, sinks counted once
+    in the merge on every back end (see the module docstring for who runs what).
 
     Raises:
         ValueError: Unknown ``kernel``.

@@ -156,7 +156,8 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
 
 
 class CascadePrefix(NamedTuple):
-    """The shared prefixes of one decode batch in one layer (cascade attention).
+    """The shared prefixes of one batch (decode rows, or prefill chunks) in one layer
+    (cascade attention).
 
     The rows ``rows[g]`` of group ``g`` all see the keys at positions ``key_start[g]`` to
     ``prefix_end[g] - 1``, held in the blocks ``block_tables[g]`` (the same blocks for every
