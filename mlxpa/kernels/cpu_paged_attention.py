@@ -272,6 +272,7 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     length, heads = q.shape[2], q.shape[1]
     streams, outs, sums = cpu_streams(), [], []
     pieces = _prefix_pieces(prefix, length, heads // key_cache.shape[1])
+    q2 = q * (scale * _LOG2E)   # base-2 logits, scaled once for every tile
     t = 0
     for a, b, tiles in pieces:
         groups = prefix._replace(block_tables=prefix.block_tables[a:b],
@@ -284,7 +285,7 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         for r0, r1 in tiles:
             part = groups._replace(rows=groups.rows[:, r0:r1])
             with mx.stream(streams[t % len(streams)]):
-                qg = stack_queries(q * (scale * _LOG2E), part.rows, k.shape[1])
+                qg = stack_queries(q2, part.rows, k.shape[1])
                 s = qg @ k.swapaxes(-1, -2)                              # [g, kvh, R*G*L, S]
                 mask = prefix_mask(query_start, part, k.shape[2], sliding_window, length)
                 p, top, total = _exp2(s.reshape(b - a, k.shape[1], r1 - r0, -1, length,
