@@ -23,7 +23,7 @@ to compile or run, it warns once and that class uses the reference from then on.
 that was never run on real hardware cannot silently give wrong numbers.
 
 ``cascade_attention`` (rows sharing leading blocks: the shared prefix once per group, each
-row's own keys apart, merged by their log-sum-exp; ``reference.cascade_attention`` is the
+row's own keys apart, merged by their log-sum-exp; ``cascade_reference.cascade_attention`` is the
 specification) runs the CPU kernel's own version on the CPU. On Metal or CUDA decode rows'
 own keys go through the kernels' ``_lse`` twins (checked at first use like the others, as a
 shape class of their own, output and log-sum-exp) and the shared prefixes through MLX ops
@@ -39,7 +39,7 @@ import warnings
 import mlx.core as mx
 
 from mlxpa.config import KERNELS
-from mlxpa.kernels import _cases, _common, reference
+from mlxpa.kernels import _cases, _common, cascade_reference, reference
 from mlxpa.kernels.quant import QuantizedPool
 
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
@@ -176,13 +176,13 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
 def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       value_cache: mx.array | QuantizedPool, block_tables: mx.array,
                       context_lens: mx.array, query_start: mx.array,
-                      prefix: reference.CascadePrefix, *, scale: float,
+                      prefix: cascade_reference.CascadePrefix, *, scale: float,
                       sliding_window: int | None = None, key_start: mx.array | None = None,
                       kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
     """Cascade attention of decode rows or prefill chunks through the chosen back end;
-    arguments, shapes and the result as ``reference.cascade_attention`` (Hydragen, Juravsky
-    et al. 2024; FlashInfer's cascade inference), pools float or quantized, sinks counted once
-    in the merge on every back end (see the module docstring for who runs what).
+    arguments, shapes and the result as ``cascade_reference.cascade_attention`` (Hydragen,
+    Juravsky et al. 2024; FlashInfer's cascade inference), pools float or quantized, sinks
+    counted once in the merge on every back end (see the module docstring for who runs what).
 
     Raises:
         ValueError: Unknown ``kernel``.
@@ -198,11 +198,12 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         out, lse = _load_backend(backend).paged_attention(
             q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
             sliding_window=sliding_window, key_start=key_start, lse=True)
-        return reference.cascade_merge(q, key_cache, value_cache, query_start, prefix, out,
-                                       lse, scale=scale, sliding_window=sliding_window,
-                                       sinks=sinks)
-    return reference.cascade_attention(*args, scale=scale, sliding_window=sliding_window,
-                                       key_start=key_start, sinks=sinks)
+        return cascade_reference.cascade_merge(
+            q, key_cache, value_cache, query_start, prefix, out, lse, scale=scale,
+            sliding_window=sliding_window, sinks=sinks)
+    return cascade_reference.cascade_attention(*args, scale=scale,
+                                               sliding_window=sliding_window,
+                                               key_start=key_start, sinks=sinks)
 
 
 __all__ = ["KERNELS", "cascade_attention", "paged_attention", "resolve_backend", "self_check"]

@@ -10,8 +10,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.core.block_pool import cdiv
+from mlxpa.kernels.cascade_reference import paged_attention_lse
 from mlxpa.kernels.quant import QuantizedPool, quantize
-from mlxpa.kernels.reference import paged_attention, paged_attention_lse
+from mlxpa.kernels.reference import paged_attention
 
 
 class Case(NamedTuple):
@@ -74,7 +75,7 @@ def _f32(cache: mx.array | QuantizedPool) -> mx.array | QuantizedPool:
 
 def reference_f32(case: Case, lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result), or
-    with ``lse`` ``reference.paged_attention_lse``'s output and log-sum-exps."""
+    with ``lse`` ``cascade_reference.paged_attention_lse``'s output and log-sum-exps."""
     q, kc, vc, bt, cl, qs = case.args
     fn = paged_attention_lse if lse else paged_attention
     with mx.stream(mx.cpu):

@@ -231,7 +231,7 @@ def run_decode(get_kernel: Callable[[str], Callable], q: mx.array,
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; with ``lse``, as
-        ``reference.paged_attention_lse``: that output in float32 and ``[B, q_heads, 1]``
+        ``cascade_reference.paged_attention_lse``: that output in float32 and ``[B, q_heads, 1]``
         float32 log-sum-exps (about ``-3e38`` for a row with no visible key).
     """
     shape = decode_shape(q, key_cache, block_tables, sliding_window, value_cache)

@@ -40,14 +40,9 @@ import math
 
 import mlx.core as mx
 
-from mlxpa.kernels import reference
-from mlxpa.kernels.cpu_streams import cpu_streams
-from mlxpa.kernels.device import on_cpu
-from mlxpa.kernels.quant import QuantizedPool, dense
-from mlxpa.kernels.reference import (
+from mlxpa.kernels import cascade_reference
+from mlxpa.kernels.cascade_reference import (
     CascadePrefix,
-    attention_mask,
-    gather_kv,
     head_sinks,
     merge_states,
     prefix_mask,
@@ -55,6 +50,10 @@ from mlxpa.kernels.reference import (
     stack_queries,
     unstack_queries,
 )
+from mlxpa.kernels.cpu_streams import cpu_streams
+from mlxpa.kernels.device import on_cpu
+from mlxpa.kernels.quant import QuantizedPool, dense
+from mlxpa.kernels.reference import attention_mask, gather_kv
 
 _LOG2E = 1 / math.log(2)
 _MASKED = -1e30
@@ -262,7 +261,7 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                      value_cache: mx.array | QuantizedPool, query_start: mx.array,
                      prefix: CascadePrefix, *, scale: float,
                      sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
-    """:func:`mlxpa.kernels.reference.prefix_attention` with the base-2 softmax: each
+    """:func:`mlxpa.kernels.cascade_reference.prefix_attention` with the base-2 softmax: each
     group's shared blocks gathered (a quantized pool's dequantized) once, its stacked
     queries one matrix product per KV head, the unnormalised probabilities multiplied by the
     values and the ``[R * q_per_kv * L, Dv]`` product divided by the sums (not the ``[R *
@@ -334,14 +333,14 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       key_start: mx.array | None = None, sinks: mx.array | None = None,
                       ) -> mx.array:
     """Cascade attention on the CPU; arguments, shapes and result as
-    :func:`mlxpa.kernels.reference.cascade_attention`. The rows' own keys are read in place
+    :func:`mlxpa.kernels.cascade_reference.cascade_attention`. The rows' own keys are read in place
     for decode (:func:`decode_attention` with its log-sum-exp), gathered for prefill chunks
-    (:func:`mlxpa.kernels.reference.paged_attention_lse`: a chunk's own keys are few), the
+    (:func:`mlxpa.kernels.cascade_reference.paged_attention_lse`: a chunk's own keys are few), the
     shared prefixes by :func:`prefix_attention`, merged in float32 with the sinks counted
-    once (:func:`~mlxpa.kernels.reference.merge_states`). A half-precision pool takes the
+    once (:func:`~mlxpa.kernels.cascade_reference.merge_states`). A half-precision pool takes the
     reference."""
     if key_cache.dtype != mx.float32:
-        return reference.cascade_attention(
+        return cascade_reference.cascade_attention(
             q, key_cache, value_cache, block_tables, context_lens, query_start, prefix,
             scale=scale, sliding_window=sliding_window, key_start=key_start, sinks=sinks)
     if q.shape[2] == 1:
@@ -352,7 +351,7 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                                         block_tables, mask, scale, lse=True)
         own_lse = own_lse[..., None]
     else:
-        own, own_lse = reference.paged_attention_lse(
+        own, own_lse = cascade_reference.paged_attention_lse(
             q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
             sliding_window=sliding_window, key_start=key_start)
     out, lse = slot_rows(*prefix_attention(q, key_cache, value_cache, query_start, prefix,

@@ -76,7 +76,7 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; rows with no visible key are zeros.
         With ``lse`` (cascade attention's own-keys part): that output in float32 and the
-        ``[B, q_heads, 1]`` float32 log-sum-exps (``reference.paged_attention_lse``; about
+        ``[B, q_heads, 1]`` float32 log-sum-exps (``cascade_reference.paged_attention_lse``; about
         ``-3e38`` for a row with no visible key).
     """
     return _common.run_decode(kernel, q, key_cache, value_cache, block_tables, context_lens,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.kernels.reference import CascadePrefix
+from mlxpa.kernels.cascade_reference import CascadePrefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cpu_paged_attention, reference
+from mlxpa.kernels import cascade_reference, cpu_paged_attention
 from mlxpa.kernels.quant import dense, quantize
 from mlxpa.worker.cascade import cascade_tables
 
-IMPLS = {"reference": reference.cascade_attention, "cpu": cpu_paged_attention.cascade_attention}
+IMPLS = {"reference": cascade_reference.cascade_attention,
+         "cpu": cpu_paged_attention.cascade_attention}
 GARBAGE = 30.0  # large enough that one leaked key changes the result, finite when quantized
 
 
@@ -238,15 +239,15 @@ def test_merge_states_of_two_halves_is_the_whole():
 
     f32 = lambda a: mx.array(a.astype(np.float32))  # noqa: E731
     (oa, la), (ob, lb) = part(0, 4), part(4, 10)
-    got = reference.merge_states(f32(oa), f32(la), f32(ob), f32(lb), f32(sinks))
+    got = cascade_reference.merge_states(f32(oa), f32(la), f32(ob), f32(lb), f32(sinks))
     e = np.exp(s)
     want = np.einsum("bhk,bhkd->bhd", e, v) / (e.sum(-1) + np.exp(sinks))[..., None]
     np.testing.assert_allclose(np.array(got), want, atol=1e-5)
     # A part that saw nothing (-inf) drops out; neither part: zeros, not NaN.
     empty = mx.full((3, 2), -mx.inf)
-    np.testing.assert_allclose(np.array(reference.merge_states(f32(oa), f32(la), f32(ob),
+    np.testing.assert_allclose(np.array(cascade_reference.merge_states(f32(oa), f32(la), f32(ob),
                                                                empty)), oa, atol=1e-6)
-    assert np.all(np.array(reference.merge_states(f32(oa), empty, f32(ob), empty)) == 0)
+    assert np.all(np.array(cascade_reference.merge_states(f32(oa), empty, f32(ob), empty)) == 0)
 
 
 def test_lse_part_matches_float64(impl):
@@ -254,7 +255,7 @@ def test_lse_part_matches_float64(impl):
     rng = np.random.default_rng(7)
     case = make_case(rng, [(3, [1, 9, 20])], [5, 33], kv_heads=2)
     c = case["cascade"]
-    out, lse = reference.paged_attention_lse(
+    out, lse = cascade_reference.paged_attention_lse(
         mx.array(case["q"]).astype(mx.float32), case["kc"], case["vc"], c.block_tables,
         mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), scale=0.3,
         key_start=c.key_start)

@@ -138,7 +138,7 @@ def test_cascade_attention_on_cuda_matches_reference(dtype):
     """The dispatcher's CUDA cascade path (the _lse twins for each row's own keys, MLX ops
     for the shared prefix) against the reference cascade on the CPU."""
     import mlxpa.kernels as K
-    from mlxpa.kernels import reference
+    from mlxpa.kernels import cascade_reference
     from tests.kernels.test_cascade import make_case
 
     case = make_case(np.random.default_rng(3), [(40, [1, 9, 20, 33]), (3, [5, 16])], [7, 300],
@@ -149,9 +149,9 @@ def test_cascade_attention_on_cuda_matches_reference(dtype):
             mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), c.prefix)
     got = K.cascade_attention(*args, scale=0.088, key_start=c.key_start, kernel="cuda")
     with mx.stream(mx.cpu):
-        want = reference.cascade_attention(*(a.astype(mx.float32) if i < 3 else a
-                                             for i, a in enumerate(args)),
-                                           scale=0.088, key_start=c.key_start)
+        want = cascade_reference.cascade_attention(
+            *(a.astype(mx.float32) if i < 3 else a for i, a in enumerate(args)),
+            scale=0.088, key_start=c.key_start)
     tol = 1e-4 if dtype == mx.float32 else 4e-3
     assert _cases.mismatch(got, want, args[4], tol, tol) is None
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mlxpa.kernels as K
-from mlxpa.kernels import _cases, _common, cpu_paged_attention, reference
+from mlxpa.kernels import _cases, _common, cascade_reference, cpu_paged_attention, reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 import emu_harness as H  # noqa: E402
@@ -266,7 +266,7 @@ def test_cascade_auto_is_the_cpu_kernel_without_gpu():
         warnings.simplefilter("error")
         out = K.cascade_attention(*args, **kwargs, kernel="auto")
     assert mx.array_equal(out, cpu_paged_attention.cascade_attention(*args, **kwargs))
-    assert mx.allclose(out, reference.cascade_attention(*args, **kwargs), atol=1e-5)
+    assert mx.allclose(out, cascade_reference.cascade_attention(*args, **kwargs), atol=1e-5)
 
 
 def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
@@ -276,7 +276,7 @@ def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
 
     def impl(*args, lse=False, **kwargs):
         calls.append(lse)
-        out = (reference.paged_attention_lse if lse else _zero_empty_rows)(*args, **kwargs)
+        out = (cascade_reference.paged_attention_lse if lse else _zero_empty_rows)(*args, **kwargs)
         if lse:   # rows without keys: zeros and a very negative log-sum-exp, as the kernels
             empty = (args[4] == 0)[:, None, None]
             return mx.where(empty[..., None], 0, out[0]), mx.where(empty, -3e38, out[1])
@@ -289,7 +289,7 @@ def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
         out = K.cascade_attention(*args, **kwargs, kernel="cuda")
         K.cascade_attention(*args, **kwargs, kernel="cuda")
     assert calls == [True, True, True, True]          # v1, v2 checked once, then used twice
-    assert mx.allclose(out, reference.cascade_attention(*args, **kwargs), atol=1e-5)
+    assert mx.allclose(out, cascade_reference.cascade_attention(*args, **kwargs), atol=1e-5)
     assert len(K._verified) == 1 and list(K._verified)[0][-1] is True
 
 
@@ -302,7 +302,7 @@ def test_emulated_metal_lse_twins_serve_cascade_and_a_planted_bug_falls_back(mon
     from mlxpa.kernels.paged_attention_source import SOURCES
 
     args, kwargs = _cascade_case()
-    want = reference.cascade_attention(*args, **kwargs)
+    want = cascade_reference.cascade_attention(*args, **kwargs)
     calls = []
     monkeypatch.setattr(K, "_load_backend",
                         lambda name: _fake(H.emulate_decode, calls, pass_variant=True))

@@ -2,7 +2,7 @@
 ``qv2`` + ``reduce_lse``), run on the CPU in ``tests/tools/msl_emu``: rows whose keys start at
 a block offset (after a group's shared prefix), with windows on full and trimmed tables, over
 float and quantized pools, against the float32 reference's output and log-sum-exp
-(``reference.paged_attention_lse``); the whole cascade (the emulated part merged with the
+(``cascade_reference.paged_attention_lse``); the whole cascade (the emulated part merged with the
 reference's shared part) against the plain reference; and planted bugs in the new code must be
 caught.
 
@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_data"))
 import emu_harness as H  # noqa: E402
 
-from mlxpa.kernels import _cases, _common, reference  # noqa: E402
+from mlxpa.kernels import _cases, _common, cascade_reference, reference  # noqa: E402
 from mlxpa.kernels.paged_attention_source import SOURCES  # noqa: E402
 
 pytestmark = [pytest.mark.slow,  # the emulator's C++ builds
@@ -134,7 +134,7 @@ def test_cascade_with_the_emulated_part_equals_plain_attention(variant):
     full[group, 0] = full[5, 0]
     plain = reference.paged_attention(q, kc, vc, mx.array(full), lens, qstart,
                                       scale=64 ** -0.5)
-    prefix = reference.CascadePrefix(
+    prefix = cascade_reference.CascadePrefix(
         mx.array(full[5:, :1]), mx.array([0], mx.int32), mx.array([bs], mx.int32),
         mx.array([group], mx.int32), mx.array([4, 4, 0, 1, 2, 3], mx.int32))
     own = full.copy()
@@ -145,7 +145,7 @@ def test_cascade_with_the_emulated_part_equals_plain_attention(variant):
         part = H.emulate_decode(q, kc, vc, mx.array(own), lens, qstart, scale=64 ** -0.5,
                                 key_start=key_start, variant=variant, v1_simdgroups=4,
                                 lse=True)
-    got = reference.cascade_merge(q, kc, vc, qstart, prefix, *part, scale=64 ** -0.5)
+    got = cascade_reference.cascade_merge(q, kc, vc, qstart, prefix, *part, scale=64 ** -0.5)
     assert _cases.mismatch(got, plain, lens, 1e-5, 1e-5) is None
 
 
