@@ -238,6 +238,10 @@ SYSTEMS: dict[str, Callable[..., SystemResult]] = {
 }
 
 
+# The figures each timed run keeps in ``figures[system]["runs"]`` when a bench repeats.
+RUN_KEYS = ("total_tokens_per_s", "decode_output_tokens_per_s", "elapsed_s", "decode_s")
+
+
 def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
               systems: tuple[str, ...] = tuple(SYSTEMS), repeats: int = 1,
               warmup: bool = True, progress: BenchProgress | None = None,
@@ -250,8 +254,10 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
     Returns:
         ``(figures, last)``: per system the median of each figure over repeats, plus
         ``ratio_to_<baseline>`` of the throughput figures (the decode phase's where both
-        systems measure it) to every other system; and the last raw result per system (for
-        plots).
+        systems measure it) to every other system, and with ``repeats > 1`` ``runs``: each
+        timed run's place in the sequence (1-based) and its headline figures
+        (:data:`RUN_KEYS`), so drift and noise between runs stay visible; and the last raw
+        result per system (for plots).
     """
     progress = progress or BenchProgress(enabled=False)
     if warmup:
@@ -263,6 +269,7 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
             run_system(name, model, tokenizer, small, config, bar.advance)
         bar.done("")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    order_of: dict[str, list[int]] = {s: [] for s in systems}
     last: dict[str, SystemResult] = {}
     for r in range(repeats):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
@@ -271,8 +278,13 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
                                wl.num_output_tokens)
             last[name] = run_system(name, model, tokenizer, wl, config, bar.advance)
             runs[name].append(last[name].figures())
+            order_of[name].append(r * len(systems) + i + 1)
             bar.done(f"{runs[name][-1]['total_tokens_per_s']:.1f} total tok/s")
     figures = {s: _median(runs[s]) for s in systems}
+    if repeats > 1:
+        for s in systems:
+            figures[s]["runs"] = [{"run": n, **{k: f.get(k) for k in RUN_KEYS}}
+                                  for n, f in zip(order_of[s], runs[s])]
     for s in systems:
         for b in systems:
             if b == s:

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload
 from mlxpa.cli import app
+from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from tests.tiny_models import save_tiny_model
 
@@ -151,3 +152,41 @@ def test_no_cascade_attention_reaches_the_engine(folder, monkeypatch):
                                      "0.01", "--baselines", "mlxpa", flag])
         assert r.exit_code == 0, r.output
         assert seen and set(seen) == {want}
+
+
+def test_repeats_keep_each_run_in_rotating_order(folder, monkeypatch):
+    """With ``repeats > 1`` each system's figures keep every timed run (its place in the
+    sequence and headline figures): the order rotates (mlxpa first, then second, then
+    first), the medians are those of the runs, and one repeat adds no ``runs``."""
+    from mlxpa.bench import systems
+
+    model, tok, _ = load_model(folder)
+    wl = random_workload(tok, 2, 8, 2, 0.0)
+    config = EngineConfig(kv_memory_gib=0.01)
+    place = iter(range(1, 100))
+    real = dict(systems.SYSTEMS)
+
+    def timed(name):
+        def run(m, t, w, c, advance):   # a real run, its time set to total tok/s = 10 x place
+            result = real[name](m, t, w, c, advance)
+            if w is wl:                 # a timed run, not the warm-up
+                tokens = result.prompt_tokens + result.generation_tokens
+                result.elapsed_s = tokens / (10.0 * next(place))
+            return result
+        return run
+
+    for name in ("mlxpa", "mlxpa-nocascade"):
+        monkeypatch.setitem(systems.SYSTEMS, name, timed(name))
+    figures, _ = systems.run_bench(model, tok, wl, config, ("mlxpa", "mlxpa-nocascade"),
+                                   repeats=3)
+    mine, other = figures["mlxpa"], figures["mlxpa-nocascade"]
+    assert [r["run"] for r in mine["runs"]] == [1, 4, 5]
+    assert [r["run"] for r in other["runs"]] == [2, 3, 6]
+    assert [r["total_tokens_per_s"] for r in mine["runs"]] == pytest.approx([10, 40, 50])
+    assert mine["total_tokens_per_s"] == pytest.approx(40.0)
+    assert other["total_tokens_per_s"] == pytest.approx(30.0)
+    assert mine["total_tokens_per_s_ratio_to_mlxpa-nocascade"] == pytest.approx(40 / 30)
+    assert set(mine["runs"][0]) == {"run", *systems.RUN_KEYS}
+    assert all(r["decode_output_tokens_per_s"] > 0 for r in mine["runs"])
+    once, _ = systems.run_bench(model, tok, wl, config, ("mlxpa",), warmup=False)
+    assert "runs" not in once["mlxpa"]
