@@ -162,7 +162,7 @@ def throughput_parts(a, model, tok, names: list[str], results: dict) -> None:
     from mlxpa.bench.workloads import random_workload
     from mlxpa.config import EngineConfig
     from mlxpa.core.kv_sizing import kv_blocks_needed
-    from mlxpa.worker.model_runner import model_block_bytes
+    from mlxpa.worker.kv_budget import model_block_bytes
 
     gs = a.kv_group_size
     wl = random_workload(tok, a.num_prompts, a.input_len, a.output_len)

@@ -44,7 +44,7 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
     """
     from mlxpa.loader.models import load_model
     from mlxpa.structured.matchers import start_grammar_tokenizer
-    from mlxpa.worker.model_runner import kv_budget_bytes
+    from mlxpa.worker.kv_budget import kv_budget_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype,
                                      start_grammar_tokenizer if constrained else None,
@@ -79,7 +79,7 @@ def sized_config(config: EngineConfig, model, lengths: Iterable[tuple[int, int, 
     Returns:
         The configuration with ``kv_blocks_needed`` set.
     """
-    from mlxpa.worker.model_runner import kv_budget_blocks, model_block_bytes
+    from mlxpa.worker.kv_budget import kv_budget_blocks, model_block_bytes
 
     if config.num_blocks is not None or more:
         return config

@@ -76,7 +76,7 @@ def bench(
     from mlxpa.bench.workloads import make_workload
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model
-    from mlxpa.worker.model_runner import kv_budget_bytes
+    from mlxpa.worker.kv_budget import kv_budget_bytes
 
     console = _console()
     try:

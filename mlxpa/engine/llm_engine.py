@@ -21,7 +21,8 @@ from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
-from mlxpa.worker.model_runner import ModelRunner, kv_budget_bytes
+from mlxpa.worker.kv_budget import kv_budget_bytes
+from mlxpa.worker.model_runner import ModelRunner
 from mlxpa.worker.outputs import StepResult
 
 

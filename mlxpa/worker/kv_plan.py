@@ -84,9 +84,9 @@ def plan_kv(spec: str | None, block_size: int = 16, kv_cache_dtype: str = "auto"
 
     from mlxpa.kernels.device import on_cpu
     from mlxpa.loader.models import resolve_model
+    from mlxpa.worker.kv_budget import kv_budget_blocks
     from mlxpa.worker.kv_storage import kv_storage
     from mlxpa.worker.model_probe import probe_model
-    from mlxpa.worker.model_runner import kv_budget_blocks
 
     config = EngineConfig(model=spec, block_size=block_size, kv_memory_gib=kv_memory_gib,
                           kv_cache_dtype=kv_cache_dtype, kv_group_size=kv_group_size,

@@ -1,4 +1,4 @@
-"""Model runner: KV pool sizing, step inputs, one forward pass per group of requests, sampling.
+"""Model runner: KV pool set-up, step inputs, one forward pass per group of requests, sampling.
 
 The runner reads a :class:`SchedulerOutput` and returns a :class:`StepResult`; it never mutates
 requests, blocks or the scheduler. It owns the runner-side state of requests (block-table
@@ -32,11 +32,11 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.blas import host_memory_bytes
 from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
+from mlxpa.worker.kv_budget import kv_budget_blocks
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import kv_storage
 from mlxpa.worker.load_check import check_paged_path
@@ -50,34 +50,6 @@ from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
-
-
-def default_kv_bytes() -> int:
-    """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
-    total = host_memory_bytes() or 8 * 2**30
-    return int(min(4 * 2**30, 0.15 * total))
-
-
-def kv_budget_bytes(config: EngineConfig) -> int:
-    """The KV pool's memory budget in bytes: ``--kv-memory``, else :func:`default_kv_bytes`."""
-    if config.kv_memory_gib is not None:
-        return int(config.kv_memory_gib * 2**30)
-    return default_kv_bytes()
-
-
-def kv_budget_blocks(one_block_bytes: int, config: EngineConfig) -> int:
-    """Blocks (null block included) the memory budget allows: ``config.num_blocks``, else
-    :func:`kv_budget_bytes` over ``one_block_bytes`` (all layers, K and V)."""
-    if config.num_blocks:
-        return config.num_blocks
-    return max(2, kv_budget_bytes(config) // one_block_bytes + 1)
-
-
-def model_block_bytes(model, block_size: int, kv_cache_dtype: str = "auto",
-                      kv_group_size: int = 64) -> int:
-    """Bytes one KV block of ``model`` takes (all layers, K and V) stored as
-    ``kv_cache_dtype``, from a probe forward."""
-    return kv_storage(probe_model(model), kv_cache_dtype, kv_group_size).block_bytes(block_size)
 
 
 def vocab_size(model, logits_width: int) -> int:
@@ -139,7 +111,8 @@ class ModelRunner:
     Attributes:
         num_blocks: Blocks per pool, null block included:
             ``min(budget_blocks, config.kv_blocks_needed)``.
-        budget_blocks: Blocks the memory budget allows (:func:`kv_budget_blocks`).
+        budget_blocks: Blocks the memory budget allows
+            (:func:`~mlxpa.worker.kv_budget.kv_budget_blocks`).
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
             model or used as a logits index is below it; the grammar bitmask's width.
