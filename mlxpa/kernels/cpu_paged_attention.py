@@ -66,6 +66,10 @@ def is_available() -> bool:
     return on_cpu()
 
 
+def _f32(x: mx.array) -> mx.array:
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+
+
 def _exp2(s: mx.array, mask: mx.array,
           sink: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
     """The base-2 softmax's parts: ``(2^(s - top), top, total)`` (``top``, ``total``: ``[...,
@@ -242,19 +246,17 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     num_keys = block_tables.shape[1] * key_cache.shape[2]
     mask = attention_mask(query_start, length, context_lens, num_keys, key_start,
                           sliding_window)
-    dtype = q.dtype
-    f32 = (lambda a: a) if dtype == mx.float32 else (lambda a: a.astype(mx.float32))
     if length == 1 and key_cache.dtype == mx.float32:
-        out = decode_attention(f32(q), key_cache, value_cache, block_tables, mask, scale,
+        out = decode_attention(_f32(q), key_cache, value_cache, block_tables, mask, scale,
                                sinks)
     else:
-        k = f32(dense(gather_kv(key_cache, block_tables)))
-        v = f32(dense(gather_kv(value_cache, block_tables)))
+        k = _f32(dense(gather_kv(key_cache, block_tables)))
+        v = _f32(dense(gather_kv(value_cache, block_tables)))
         rel = query_start if key_start is None else query_start - key_start
         ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
                             sliding_window)
-        out = sdpa_exp2_tiled(f32(q), k, v, mask, scale, ranges, sinks)
-    return out.astype(dtype)
+        out = sdpa_exp2_tiled(_f32(q), k, v, mask, scale, ranges, sinks)
+    return out.astype(q.dtype)
 
 
 def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
@@ -322,10 +324,6 @@ def _prefix_pieces(prefix: CascadePrefix, length: int,
     return [(g, g + 1, tiles) for g in range(ng)]
 
 
-def _f32(x: mx.array) -> mx.array:
-    return x if x.dtype == mx.float32 else x.astype(mx.float32)
-
-
 def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                       value_cache: mx.array | QuantizedPool, block_tables: mx.array,
                       context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix,
@@ -347,7 +345,7 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         num_keys = block_tables.shape[1] * key_cache.shape[2]
         mask = attention_mask(query_start, 1, context_lens, num_keys, key_start,
                               sliding_window)
-        own, own_lse = decode_attention(q.astype(mx.float32), key_cache, value_cache,
+        own, own_lse = decode_attention(_f32(q), key_cache, value_cache,
                                         block_tables, mask, scale, lse=True)
         own_lse = own_lse[..., None]
     else:
