@@ -27,10 +27,11 @@ import mlx.core as mx
 
 from mlxpa.batch.setup import sized_config
 from mlxpa.bench.workloads import shared_prefix_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.attention import PagedLayerCache
 from mlxpa.worker.model_runner import _rows_of
 from mlxpa.worker.paged_forward import paged_context

@@ -27,9 +27,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.bench.workloads import random_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
 
 

@@ -20,10 +20,11 @@ import mlx.core as mx
 from mlxpa.bench.flops import model_flops
 from mlxpa.bench.limits import gemm_flops_per_s
 from mlxpa.bench.workloads import random_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.kernels import cpu_fused, cpu_paged_attention, cpu_streams
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 
 B, L, REPEATS = (int(a) for a in (sys.argv[1:] + ["4", "512", "5"][len(sys.argv) - 1:]))
 model, tok, _ = load_model(None)

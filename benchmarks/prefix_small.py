@@ -19,10 +19,11 @@ import statistics
 import time
 
 from mlxpa.bench.workloads import shared_prefix_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 
 
 def run_once(model, tok, prompts, output_len, variant):

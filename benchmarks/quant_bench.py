@@ -52,9 +52,10 @@ def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: 
 
     from mlxpa.bench.systems import run_mlxpa
     from mlxpa.bench.workloads import random_workload
-    from mlxpa.config import EngineConfig, SamplingParams
+    from mlxpa.config import EngineConfig
     from mlxpa.engine import LLMEngine, PromptInput
     from mlxpa.loader.models import load_model, model_dtype
+    from mlxpa.sampling_params import SamplingParams
 
     model, tok, _ = load_model(folder, keep_quantized=keep_quantized,
                                kv_bytes=int(kv_memory * 2**30))

@@ -27,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mlxpa.batch.run import RunOptions, run_file  # noqa: E402
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload  # noqa: E402
-from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
+from mlxpa.config import EngineConfig  # noqa: E402
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
+from mlxpa.sampling_params import SamplingParams  # noqa: E402
 
 
 def write_file(path: str, workload, tokenizer) -> None:

@@ -15,11 +15,12 @@ import json
 import time
 
 from mlxpa.bench.workloads import shared_prefix_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.metrics import summarize
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 
 
 def run(model, tok, wl, prefix_caching: bool) -> tuple[dict, dict]:

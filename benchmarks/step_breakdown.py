@@ -18,12 +18,13 @@ import mlx.core as mx
 
 from mlxpa.bench.limits import gemm_flops_per_s
 from mlxpa.bench.workloads import random_workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.kernels import cpu_fused
 from mlxpa.kernels import cpu_paged_attention as cpa
 from mlxpa.kernels.reference import attention_mask, gather_kv
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import model_runner
 from mlxpa.worker.attention import PagedLayerCache
 from mlxpa.worker.paged_forward import paged_context

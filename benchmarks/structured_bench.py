@@ -95,7 +95,8 @@ def check_row(row: dict, result: dict) -> bool:
 
 def validity(model: str | None, n: int, workdir: str) -> dict:
     from mlxpa.batch.run import RunOptions, run_file
-    from mlxpa.config import EngineConfig, SamplingParams
+    from mlxpa.config import EngineConfig
+    from mlxpa.sampling_params import SamplingParams
 
     src, out = os.path.join(workdir, "mix.jsonl"), os.path.join(workdir, "mix.out.jsonl")
     data = rows(n)
@@ -124,11 +125,11 @@ def validity(model: str | None, n: int, workdir: str) -> dict:
 
 
 def overhead(model: str | None, n: int) -> dict:
-    from mlxpa.config import EngineConfig, SamplingParams
+    from mlxpa.config import EngineConfig
     from mlxpa.engine import LLMEngine, PromptInput
     from mlxpa.engine.metrics import summarize
     from mlxpa.loader.models import load_model
-    from mlxpa.structured.spec import StructuredOutput
+    from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
     mdl, tok, _ = load_model(model)
     so = StructuredOutput.make("json", SCHEMAS["nested"])

@@ -20,9 +20,9 @@ from mlxpa._blas import preload as _preload_blas
 
 _preload_blas()
 
-from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
+from mlxpa.config import EngineConfig  # noqa: E402
 from mlxpa.entrypoints.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
-from mlxpa.structured.spec import StructuredOutputsParams  # noqa: E402
+from mlxpa.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 
 if TYPE_CHECKING:
     from mlxpa.entrypoints.llm import LLM

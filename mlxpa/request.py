@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from mlxpa.config import SamplingParams
+from mlxpa.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

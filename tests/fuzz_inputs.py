@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
 from mlxpa.batch.run import RunOptions, run_file
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import InputError, InputOptions
 from mlxpa.engine import LLMEngine
+from mlxpa.sampling_params import SamplingParams
 
 CONTROL = ["<eos>", "<bos>", "<pad>", "<start_of_turn>", "<end_of_turn>\n<start_of_turn>model",
            "<|im_start|>", "<|endoftext|>"]

@@ -15,11 +15,11 @@ from rich.table import Table
 
 from mlxpa.batch.requests import feed, over_context
 from mlxpa.batch.source import Source
-from mlxpa.config import SamplingParams
-from mlxpa.core.block_pool import cdiv
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data.validate import Validation
+from mlxpa.sampling_params import SamplingParams
+from mlxpa.utils import cdiv
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper

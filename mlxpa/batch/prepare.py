@@ -15,11 +15,11 @@ from rich.console import Console
 from mlxpa.batch.options import RunOptions
 from mlxpa.batch.prompts import prompt_checker
 from mlxpa.batch.source import Source
-from mlxpa.config import SamplingParams
 from mlxpa.data import output_format
 from mlxpa.data.records import resolve_output_format
 from mlxpa.data.resume import Existing, cut, read_existing
 from mlxpa.data.validate import Validation, check, validate
+from mlxpa.sampling_params import SamplingParams
 
 
 class Prepared(NamedTuple):

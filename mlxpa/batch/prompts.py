@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable
 
 from mlxpa.data import Row
+from mlxpa.sampling_params import StructuredOutput
 from mlxpa.structured.labels import choice_label_checker
-from mlxpa.structured.spec import StructuredOutput
 
 
 def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) -> list[int]:

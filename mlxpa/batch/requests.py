@@ -11,11 +11,11 @@ from typing import NamedTuple
 
 from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.batch.source import Source
-from mlxpa.config import SamplingParams
 from mlxpa.data import InputOptions, Row
 from mlxpa.data.resume import id_key
 from mlxpa.data.validate import Validation
 from mlxpa.engine import PromptInput
+from mlxpa.sampling_params import SamplingParams
 
 
 def to_request(row: Row, defaults: SamplingParams, tokenizer, inputs: InputOptions,

@@ -39,10 +39,11 @@ from mlxpa.batch.report import final_report
 from mlxpa.batch.requests import Fed, feed, windows
 from mlxpa.batch.setup import build_engine
 from mlxpa.batch.source import Source
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import STDIN, InputOptions, ResultWriter
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
+from mlxpa.sampling_params import SamplingParams
 
 __all__ = ["OptionError", "RunOptions", "run_file"]
 

@@ -28,9 +28,10 @@ import mlx.core as mx
 
 from mlxpa.bench.progress import BenchProgress
 from mlxpa.bench.workloads import Workload
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import plural
 from mlxpa.engine.metrics import percentile
+from mlxpa.sampling_params import SamplingParams
 
 Advance = Callable[[int], None]  # told each batch of output tokens as it is generated
 

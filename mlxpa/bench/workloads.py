@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.sampling_params import StructuredOutput
 
 LABELS = ("positive", "negative", "neutral")
 _SHOTS = (("Awful, it stopped working on day two.", "negative"),
@@ -116,8 +116,8 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
     from mlxpa.batch.prepare import prepare
     from mlxpa.batch.requests import feed
     from mlxpa.batch.source import Source
-    from mlxpa.config import SamplingParams
     from mlxpa.data import InputError
+    from mlxpa.sampling_params import SamplingParams
 
     defaults = SamplingParams(max_tokens=output_len)
     with Source.open(path) as src:

@@ -125,7 +125,7 @@ def _kv_plan(model: str | None, revision: str | None, block_size: int, kv_cache_
 def _plan_settings(max_tokens: int, skip_invalid: bool):
     """The sampling defaults and run options a plan reads the input with."""
     from mlxpa.batch.options import RunOptions
-    from mlxpa.config import SamplingParams
+    from mlxpa.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens), RunOptions(skip_invalid=skip_invalid,
                                                              show_progress=False)

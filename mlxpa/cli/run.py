@@ -38,8 +38,9 @@ from mlxpa.cli.options import (
     fail,
     input_options,
 )
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import InputOptions
+from mlxpa.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from mlxpa.batch.run import RunOptions

@@ -14,12 +14,6 @@ from collections.abc import Iterable
 NULL_BLOCK = 0
 
 
-def cdiv(a, b):
-    """Ceiling division ``-(-a // b)`` (ints or numpy arrays): blocks for ``a`` tokens of
-    ``b`` per block."""
-    return -(-a // b)
-
-
 class NoFreeBlocksError(RuntimeError):
     """Raised by :meth:`BlockPool.allocate` when fewer blocks are free than asked for."""
 

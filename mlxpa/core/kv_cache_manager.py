@@ -20,9 +20,10 @@ concurrently, the tree keeps the first and the others keep their duplicates unti
 
 from __future__ import annotations
 
-from mlxpa.core.block_pool import BlockPool, cdiv
+from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.request import Request
+from mlxpa.utils import cdiv
 
 _NO_HIT = PrefixMatch([], 0, None)
 

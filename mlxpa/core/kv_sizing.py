@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mlxpa.core.block_pool import cdiv
+from mlxpa.utils import cdiv
 
 
 def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, NamedTuple
 
-from mlxpa.config import bad, show
 from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
+from mlxpa.messages import field_error_text, quote_value
 
 OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
@@ -113,7 +113,7 @@ def field_problem(name: str, key: str, value: Any) -> str | None:
     if any(_same(value, d) for d in rule.defaults):
         return None
     if key == "stream":
-        return f'field "{name}" must be false (a batch does not stream), got {show(value)}'
+        return f'field "{name}" must be false (a batch does not stream), got {quote_value(value)}'
     return f'field "{name}" is not supported by mlxpa: {rule.reason}'
 
 
@@ -130,15 +130,15 @@ def check_openai(obj: dict, problems: list[str]) -> str | None:
     absent or wrong); problems with ``custom_id``, ``method`` and ``url`` are appended."""
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid:
-        problems.append(bad("custom_id", "a non-empty string", cid))
+        problems.append(field_error_text("custom_id", "a non-empty string", cid))
     method = obj.get("method")
     if method is not None and method != "POST":
-        problems.append(bad("method", '"POST"', method))
+        problems.append(field_error_text("method", '"POST"', method))
     url = obj.get("url")
     if url is None:
         return None
     if url not in OPENAI_URLS:
-        problems.append(bad("url", " or ".join(f'"{u}"' for u in OPENAI_URLS), url))
+        problems.append(field_error_text("url", " or ".join(f'"{u}"' for u in OPENAI_URLS), url))
         return None
     return OPENAI_URLS[url]
 
@@ -164,4 +164,4 @@ def unknown_field(name: str, key: str) -> str:
     """``field "x": unknown sampling field`` with the closest sampling field as a hint."""
     close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
-    return f'field {show(name)}: unknown sampling field{hint}'
+    return f'field {quote_value(name)}: unknown sampling field{hint}'

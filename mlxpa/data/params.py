@@ -1,9 +1,10 @@
 """Per-row sampling fields: parsed from JSON types, checked by :class:`SamplingParams` itself.
 
-Each field of :data:`SAMPLING_FIELDS` maps onto :class:`~mlxpa.config.SamplingParams`; a row
-sets only what it needs, and the run's defaults (the CLI options) fill the rest. The ranges
-are :class:`~mlxpa.config.SamplingParams`' own (one definition): a row's field is checked by
-building the parameters from it alone (:func:`mlxpa.config.sampling_field_problem`).
+Each field of :data:`SAMPLING_FIELDS` maps onto
+:class:`~mlxpa.sampling_params.SamplingParams`; a row sets only what it needs, and the run's
+defaults (the CLI options) fill the rest. The ranges are ``SamplingParams``' own (one
+definition): a row's field is checked by building the parameters from it alone
+(:func:`mlxpa.sampling_params.sampling_field_problem`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxpa.config import bad, sampling_field_problem, token_id_problem
+from mlxpa.messages import field_error_text, token_id_problem
+from mlxpa.sampling_params import sampling_field_problem
 from mlxpa.structured.fields import JSON_TEXT_FIELDS
 
 # A row's prompt fields beside its prompt and messages columns: vLLM's TokensPrompt
@@ -46,7 +48,7 @@ def parse_params(fields: dict, prefix: str, problems: list[str]) -> dict[str, An
         wanted = sampling_field_problem(
             "max_tokens" if name == "max_completion_tokens" else name, v)
         if wanted is not None:
-            problems.append(bad(prefix + name, wanted, value))
+            problems.append(field_error_text(prefix + name, wanted, value))
             continue
         params[name] = v
     if "max_completion_tokens" in params:
@@ -64,7 +66,7 @@ def check_token_ids(params: dict[str, Any], vocab_size: int, prefix: str = "") -
         prefix: Put before field names (``"body."`` for OpenAI Batch lines).
 
     Returns:
-        One message per offending field (:func:`mlxpa.config.token_id_problem`).
+        One message per offending field (:func:`mlxpa.messages.token_id_problem`).
     """
     found = (token_id_problem(prefix + name, params.get(name) or (), vocab_size)
              for name in TOKEN_ID_FIELDS)
@@ -76,7 +78,7 @@ def _from_json(name: str, value: Any) -> Any:
     integral float such as ``10.0`` for an int field, an int for a float field; one
     ``stop`` string or one stop id as a list; ``logit_bias``' keys, strings in JSON, as
     ints where they spell one); anything else unchanged, for
-    :class:`~mlxpa.config.SamplingParams` to judge."""
+    :class:`~mlxpa.sampling_params.SamplingParams` to judge."""
     if name in _FLOATS and isinstance(value, int) and not isinstance(value, bool):
         try:
             return float(value)

@@ -24,7 +24,6 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from mlxpa.config import bad, show
 from mlxpa.data.fields import (
     FIELD_SUPPORT,
     check_body_fields,
@@ -34,6 +33,7 @@ from mlxpa.data.fields import (
 )
 from mlxpa.data.inputs import RowSpec, sampling_like, where
 from mlxpa.data.params import PROMPT_FIELDS, parse_params
+from mlxpa.messages import field_error_text, quote_value
 from mlxpa.structured.fields import parse_structured
 
 
@@ -98,7 +98,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
         fields, prefix, id_field = obj.get("body"), "body.", "custom_id"
         kind = check_openai(obj, problems)
         if not isinstance(fields, dict):
-            problems.append(bad("body", "an object", fields))
+            problems.append(field_error_text("body", "an object", fields))
             fields = {}
         check_body_fields(fields, problems)
     else:
@@ -109,7 +109,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     elif row_id is None:
         row_id = index
     elif isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
-        problems.append(bad(id_field, "a string or an integer", row_id))
+        problems.append(field_error_text(id_field, "a string or an integer", row_id))
         row_id = index
     ids = None if openai else fields.get(TOKENS)
     if ids is None:
@@ -120,7 +120,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
         kind = "chat" if messages is not None else "completions"
     if kind is not None and (messages is None) != (kind == "completions") and not problems:
         want = spec.options.messages_column if kind == "chat" else spec.options.prompt_column
-        problems.append(f'field "url" {show(obj.get("url"))} needs field "{prefix}{want}"')
+        problems.append(f'field "url" {quote_value(obj.get("url"))} needs field "{prefix}{want}"')
     if spec.options.system is not None and ids is not None:
         problems.append('field "prompt_token_ids": --system needs a text prompt or messages')
     elif spec.options.system is not None:
@@ -174,7 +174,8 @@ def _parse_token_ids(fields: dict, spec: RowSpec, problems: list[str]) -> list[i
         problems.append(f'give field "{given[0]}" or field "{TOKENS}", not both')
     elif not (isinstance(ids, list) and ids and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-        problems.append(bad(TOKENS, "a non-empty list of token ids (integers >= 0)", ids))
+        problems.append(field_error_text(TOKENS, "a non-empty list of token ids (integers >= 0)",
+                                         ids))
     else:
         return ids
     return None
@@ -193,12 +194,13 @@ def _template_kwargs(fields: dict, prefix: str, chat: bool,
         problems.append(f'field "{prefix}{found[0]}" needs field "{prefix}messages"')
         return None
     if gen is not None and not isinstance(gen, bool):
-        problems.append(bad(prefix + "add_generation_prompt", "true or false", gen))
+        problems.append(field_error_text(prefix + "add_generation_prompt", "true or false", gen))
         return None
     if kwargs is not None and not (isinstance(kwargs, dict) and all(
             isinstance(k, str) and k not in _NOT_TEMPLATE_KWARGS for k in kwargs)):
-        problems.append(bad(prefix + "chat_template_kwargs", "an object of template variables "
-                            f"(not {', '.join(sorted(_NOT_TEMPLATE_KWARGS))})", kwargs))
+        problems.append(field_error_text(
+            prefix + "chat_template_kwargs", "an object of template variables "
+            f"(not {', '.join(sorted(_NOT_TEMPLATE_KWARGS))})", kwargs))
         return None
     return {**({} if gen is None else {"add_generation_prompt": gen}), **(kwargs or {})}
 
@@ -224,27 +226,30 @@ def _parse_input(fields: dict, prefix: str, spec: RowSpec,
     if messages is None:
         if isinstance(prompt, str) and prompt.strip():
             return prompt, None
-        problems.append(bad(pc, "a non-empty string", prompt))
+        problems.append(field_error_text(pc, "a non-empty string", prompt))
         return None, None
     if not isinstance(messages, list) or not messages:
-        problems.append(bad(mc, 'a non-empty list of {"role", "content"} objects', messages))
+        problems.append(field_error_text(mc, 'a non-empty list of {"role", "content"} objects',
+                                         messages))
         return None, None
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            problems.append(bad(f"{mc}[{i}]", 'an object with "role" and "content"', m))
+            problems.append(field_error_text(f"{mc}[{i}]", 'an object with "role" and "content"',
+                                             m))
             return None, None
         m = {k: v for k, v in m.items() if v is not None}
         if isinstance(m.get("content"), list):
             text = _text_parts(m["content"])
             if text is None:
-                problems.append(bad(f"{mc}[{i}].content", 'a string or a list of {"type": '
-                                    '"text", "text": string} parts', m["content"]))
+                problems.append(field_error_text(
+                    f"{mc}[{i}].content", 'a string or a list of {"type": "text", "text": '
+                    'string} parts', m["content"]))
                 return None, None
             m["content"] = text
         for key in ("role", "content"):
             if not isinstance(m.get(key), str):
-                problems.append(bad(f"{mc}[{i}].{key}", "a string", m.get(key)))
+                problems.append(field_error_text(f"{mc}[{i}].{key}", "a string", m.get(key)))
                 return None, None
         clean.append(m)
     return None, clean

@@ -14,11 +14,12 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from mlxpa.config import SamplingParams, token_id_problem
 from mlxpa.data.inputs import InputError, where
 from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
 from mlxpa.data.resume import Existing, id_key
 from mlxpa.data.rows import Row
+from mlxpa.messages import token_id_problem
+from mlxpa.sampling_params import SamplingParams
 
 MAX_PROBLEMS = 20
 

@@ -20,7 +20,7 @@ What else a row's fields mean here: ``max_tokens`` below the chosen label's toke
 cuts the label to its first ``max_tokens`` tokens (finish reason ``length``, as a decoded
 choice cut by ``max_tokens`` in vLLM); the label is still chosen from every label's whole
 score. ``stop``, ``stop_token_ids``, ``min_tokens`` and ``ignore_eos`` do not apply: the text
-is a whole label; ``prompt_logprobs`` is refused (:class:`~mlxpa.config.SamplingParams`).
+is a whole label; ``prompt_logprobs`` is refused (:class:`~mlxpa.sampling_params.SamplingParams`).
 ``logprobs`` gives the chosen label's per-token teacher-forced values (``logprobs``
 alternatives at each of its positions). ``completion_tokens`` counts the
 chosen label's tokens (those it takes over from the prompt's end included).
@@ -50,9 +50,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxpa.config import SamplingParams, show
 from mlxpa.core.scheduler import SchedulerOutput
+from mlxpa.messages import quote_value
 from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.structured.labels import LabelJoiner, source_name
 from mlxpa.worker.outputs import StepResult
 from mlxpa.worker.sampling import sample_one
@@ -159,7 +160,7 @@ class ChoiceScores:
         for label, ids in zip(so.choices, joined.tokens):  # a longer label's request fits
             if len(ids) > 1 and joined.start + len(ids) >= self._max_model_len:
                 raise ValueError(
-                    f"{source_name(so)}: the prompt and label {show(label)} have "
+                    f"{source_name(so)}: the prompt and label {quote_value(label)} have "
                     f"{joined.start + len(ids)} tokens; the limit is {self._max_model_len - 1}")
         params = row.sampling_params
         prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
@@ -233,7 +234,7 @@ class ChoiceScores:
         if missing:  # never seen: every request of the row ran to its end
             for sample in samples:
                 sample.status = RequestStatus.FINISHED_ABORTED
-                sample.stop_reason = f"label {show(missing[0])} could not be scored"
+                sample.stop_reason = f"label {quote_value(missing[0])} could not be scored"
             return [self._output(sample, "") for sample in samples]
         scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
         probs, outside = label_probs(scores, state.tokens)

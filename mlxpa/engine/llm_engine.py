@@ -13,14 +13,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from mlxpa.config import EngineConfig, SamplingParams, token_id_problem
+from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.detokenizer import IncrementalDetokenizer
 from mlxpa.engine.metrics import Counters
+from mlxpa.messages import token_id_problem
 from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.kv_budget import kv_budget_bytes
 from mlxpa.worker.model_runner import ModelRunner
 from mlxpa.worker.outputs import StepResult
@@ -148,7 +150,7 @@ class LLMEngine:
 
         Raises:
             ValueError: Naming the field, the first bad id and the vocabulary size
-                (:func:`mlxpa.config.token_id_problem`).
+                (:func:`mlxpa.messages.token_id_problem`).
         """
         for name, ids in (("prompt_token_ids", req.prompt_token_ids),
                           ("stop_token_ids", req.sampling_params.stop_token_ids),

@@ -14,7 +14,8 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
-from mlxpa.config import EngineConfig, FieldError, show
+from mlxpa.config import EngineConfig
+from mlxpa.messages import FieldError, quote_value
 
 # LLM keyword -> EngineConfig field.
 ENGINE_ARGS: dict[str, str] = {
@@ -93,4 +94,5 @@ def engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
         return EngineConfig(model=model, **fields)
     except FieldError as e:
         name = next((k for k in options if ENGINE_ARGS[k] == e.field), e.field)
-        raise ValueError(f"{name} must be {e.wanted}, got {show(options.get(name))}") from None
+        raise ValueError(f"{name} must be {e.wanted}, got "
+                         f"{quote_value(options.get(name))}") from None

@@ -32,7 +32,6 @@ from mlxpa.batch.options import PREFIX_WINDOW
 from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.requests import Fed, windows
 from mlxpa.batch.stream import RowStream, in_input_order
-from mlxpa.config import SamplingParams
 from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.metrics import Counters
@@ -48,6 +47,7 @@ from mlxpa.entrypoints.prompts import (
     prompt_fed,
     prompt_list,
 )
+from mlxpa.sampling_params import SamplingParams
 
 
 class LLM:

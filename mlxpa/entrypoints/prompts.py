@@ -18,11 +18,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from mlxpa.batch.requests import Fed, to_request
-from mlxpa.config import SamplingParams, token_id_problem
 from mlxpa.data import InputOptions, Row
 from mlxpa.data.inputs import RowSpec
 from mlxpa.data.rows import parse_row
 from mlxpa.data.validate import run_problem
+from mlxpa.messages import token_id_problem
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.structured.spec import check
 
 INPUTS = InputOptions()

@@ -9,10 +9,10 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.cascade_reference import paged_attention_lse
 from mlxpa.kernels.quant import QuantizedPool, quantize
 from mlxpa.kernels.reference import paged_attention
+from mlxpa.utils import cdiv
 
 
 class Case(NamedTuple):

@@ -24,8 +24,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.ray.row_replica import RowReplica
+from mlxpa.sampling_params import SamplingParams
 
 PREFIX_KEY = "__mlxpa_prefix_key"
 

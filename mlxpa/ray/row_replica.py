@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from mlxpa.batch.requests import Fed, to_request
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import InputOptions, RowSpec
 from mlxpa.data.rows import parse_row
 from mlxpa.ray.replica import ReplicaEngine
+from mlxpa.sampling_params import SamplingParams
 
 SOURCE = "<dataset>"
 

@@ -29,13 +29,14 @@ from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.report import final_report
 from mlxpa.batch.requests import feed, windows
 from mlxpa.batch.source import Source
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import InputOptions, ResultWriter
 from mlxpa.engine.metrics import summarize
 from mlxpa.ray.cluster import ray_session, require_ray
 from mlxpa.ray.driver import ShardFeeder, shard_rows, start_replicas
 from mlxpa.ray.options import RayOptions
 from mlxpa.ray.stats import ClusterCounters, cluster_metrics
+from mlxpa.sampling_params import SamplingParams
 
 __all__ = ["RayOptions", "run_file_ray"]
 

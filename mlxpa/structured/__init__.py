@@ -1,7 +1,8 @@
 """Structured outputs (constrained decoding), one package as vLLM's ``v1/structured_output/``.
 
-* :mod:`~mlxpa.structured.spec`: :class:`StructuredOutput`, a row's constraint in canonical
-  text, checked by compiling it with llguidance (no mlx);
+* :mod:`~mlxpa.structured.spec`: a constraint
+  (:class:`~mlxpa.sampling_params.StructuredOutput`) checked by compiling it with llguidance
+  (no mlx);
 * :mod:`~mlxpa.structured.fields`: the row fields that give a constraint or ask for
   log-probabilities, and the run's ``--choice``/``--json-schema``/``--regex``/``--grammar``
   default (no mlx);
@@ -10,5 +11,5 @@
   runner);
 * :mod:`~mlxpa.structured.mask`: the bitmask applied to the logits in one fused MLX pass.
 
-This file imports nothing, so :mod:`mlxpa.config` can import the spec without loading mlx.
+The constraint types themselves are sampling parameters (:mod:`mlxpa.sampling_params`).
 """

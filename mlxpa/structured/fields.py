@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxpa.config import bad, sampling_field_problem, show
-from mlxpa.structured.spec import (
+from mlxpa.messages import field_error_text, quote_value
+from mlxpa.sampling_params import (
     JSON_OBJECT,
     PARAMS_FIELDS,
     StructuredOutput,
     StructuredOutputsParams,
-    check,
+    sampling_field_problem,
 )
+from mlxpa.structured.spec import check
 
 # vLLM's older per-kind constraint fields and the kind each gives.
 GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json",
@@ -57,7 +58,7 @@ def parse_structured(fields: dict, prefix: str, problems: list[str]) -> dict[str
         try:
             so = _constraint(name, value, prefix + name)
         except ValueError as e:
-            problems.append(bad(prefix + name, str(e), value))
+            problems.append(field_error_text(prefix + name, str(e), value))
             continue
         if so is not None:
             error = check(so)
@@ -105,11 +106,12 @@ def _logprobs(fields: dict, prefix: str, problems: list[str]) -> dict[str, Any]:
     asks nothing (``top_logprobs`` 0 alone)."""
     lp, top = fields.get("logprobs"), fields.get("top_logprobs")
     if lp is not None and not isinstance(lp, bool) and sampling_field_problem("logprobs", lp):
-        problems.append(bad(prefix + "logprobs", "true, false or an integer from 0 to 20", lp))
+        problems.append(field_error_text(prefix + "logprobs",
+                                         "true, false or an integer from 0 to 20", lp))
         lp = None
     if top is not None and sampling_field_problem("logprobs", top):
-        problems.append(bad(prefix + "top_logprobs", sampling_field_problem("logprobs", top),
-                            top))
+        problems.append(field_error_text(prefix + "top_logprobs",
+                                         sampling_field_problem("logprobs", top), top))
         top = None
     if lp is False:
         return {"logprobs": None}
@@ -165,7 +167,7 @@ def cli_constraint(choice: str | None, json_schema: str | None, regex: str | Non
     try:
         so = StructuredOutput.make(kind, value, option)
     except ValueError as e:
-        raise ValueError(f"{where}: must be {e}, got {show(value)}") from None
+        raise ValueError(f"{where}: must be {e}, got {quote_value(value)}") from None
     error = check(so)
     if error is not None:
         raise ValueError(f"{where}: {error}")

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from mlxpa.config import show
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.messages import quote_value
+from mlxpa.sampling_params import StructuredOutput
 
 # Most prompt tokens a label's join looks back over (the tail).
 TAIL_TOKENS = 16
@@ -105,10 +105,12 @@ class LabelJoiner:
         seen: dict[tuple[int, ...], str] = {}
         for label, ids in zip(labels, tokens):
             if len(ids) == 0:
-                raise ValueError(f"label {show(label)} has no token of its own after the prompt")
+                raise ValueError(f"label {quote_value(label)} has no token of its own after the "
+                                 "prompt")
             if ids in seen:
-                raise ValueError(f"labels {show(seen[ids])} and {show(label)} are the same "
-                                 f"tokens after the prompt ({list(ids)})")
+                first, this = quote_value(seen[ids]), quote_value(label)
+                raise ValueError(f"labels {first} and {this} are the same tokens after the "
+                                 f"prompt ({list(ids)})")
             seen[ids] = label
         return len(window) - keep, tokens
 

@@ -13,7 +13,7 @@ from functools import partial
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.core.block_pool import cdiv
+from mlxpa.utils import cdiv
 
 
 @partial(mx.compile, shapeless=True)

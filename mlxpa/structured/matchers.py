@@ -36,7 +36,8 @@ from typing import NamedTuple
 import numpy as np
 
 from mlxpa.request import Request
-from mlxpa.structured.spec import StructuredOutput, grammar_text
+from mlxpa.sampling_params import StructuredOutput
+from mlxpa.structured.spec import grammar_text
 
 
 @dataclass(slots=True)

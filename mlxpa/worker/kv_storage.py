@@ -20,11 +20,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxpa.config import KV_BITS
 from mlxpa.worker.kv_cache import PoolSpec, block_bytes
 from mlxpa.worker.model_probe import ModelGeometry
-
-# Bits per (key, value) element of each quantized ``--kv-cache-dtype``.
-KV_BITS = {"int8": (8, 8), "int4": (4, 4), "k8v4": (8, 4)}
 
 
 def _dtype_name(dtype: mx.Dtype) -> str:
@@ -103,7 +101,7 @@ def kv_storage(geometry: ModelGeometry, kv_cache_dtype: str = "auto",
     """The storage of ``geometry``'s cache entries for ``kv_cache_dtype``.
 
     Raises:
-        ValueError: ``kv_cache_dtype`` is not ``auto`` or one of :data:`KV_BITS`.
+        ValueError: ``kv_cache_dtype`` is not ``auto`` or one of :data:`mlxpa.config.KV_BITS`.
     """
     if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_BITS:
         raise ValueError(f"kv_cache_dtype must be auto or one of {', '.join(KV_BITS)}, got "

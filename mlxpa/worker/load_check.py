@@ -28,10 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.quant import dequantize
 from mlxpa.kernels.reference import gather_kv
 from mlxpa.loader.errors import UnsupportedModelError
+from mlxpa.utils import cdiv
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import KVStorage, kv_storage
 from mlxpa.worker.model_probe import ModelGeometry, cache_entries, reference_logits

@@ -14,8 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxpa.core.block_pool import cdiv
 from mlxpa.kernels.device import on_cpu
+from mlxpa.utils import cdiv
 from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.cascade import cascade_tables
 from mlxpa.worker.kv_cache import PagedKVCache

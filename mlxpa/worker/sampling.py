@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from mlxpa.config import SamplingParams
+from mlxpa.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 # The smallest top_p passed to mlx-lm's filter: it compares float32 masses with

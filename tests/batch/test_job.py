@@ -9,9 +9,10 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from mlxpa.batch.job import report_written
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine.metrics import Counters
 from mlxpa.request import Request, SampleOutput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 

@@ -8,10 +8,10 @@ import json
 
 from mlxpa.batch.requests import feed, over_context, to_request, windows
 from mlxpa.batch.source import Source
-from mlxpa.config import SamplingParams
 from mlxpa.data import InputOptions, Row
 from mlxpa.data.validate import validate
 from mlxpa.engine import PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer
 
 TOK = byte_tokenizer()

@@ -9,9 +9,10 @@ import json
 from rich.console import Console
 
 from mlxpa.batch.setup import build_engine
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import PromptInput
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 PROMPTS = ["hello there", "the cat sat on the mat and looked around", "x"]

@@ -12,9 +12,10 @@ from mlx_lm.generate import generate_step
 
 from mlxpa.batch.requests import Fed, windows
 from mlxpa.batch.stream import RowResult, RowStream, in_input_order
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import Row
 from mlxpa.engine import LLMEngine, Passthrough, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_llama
 
 TOK = byte_tokenizer(eos_id=-1)  # no EOS: every request runs max_tokens

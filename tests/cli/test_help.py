@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
-from mlxpa.config import SamplingParams
+from mlxpa.sampling_params import SamplingParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

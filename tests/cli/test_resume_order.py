@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from mlxpa.batch.run import RunOptions, run_file
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import InputOptions
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 NUM_ROWS = 12

@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 
 from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.cli import app
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import InputOptions
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 PROMPT = "the cat sat on the mat"

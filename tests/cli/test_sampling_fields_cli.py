@@ -17,9 +17,8 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxpa.config import SamplingParams
 from mlxpa.loader.models import load_model
-from mlxpa.structured.spec import StructuredOutputsParams
+from mlxpa.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.cli.test_run_cli import PROMPT, invoke, read_jsonl, write_jsonl
 from tests.tiny_models import save_tiny_model
 

@@ -14,9 +14,10 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxpa.batch.run import RunOptions, run_file
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import InputError
 from mlxpa.engine import LLMEngine
+from mlxpa.sampling_params import SamplingParams
 from tests.engine.test_input_bounds import A_PROMPT, B_PROMPT, _engine, _greedy
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 

@@ -3,9 +3,9 @@ block, so ids 1..10 can be handed out)."""
 
 from __future__ import annotations
 
-from mlxpa.config import SamplingParams
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
 
 BS = 4
 NB = 11

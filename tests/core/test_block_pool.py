@@ -12,7 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mlxpa.core.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError, cdiv
+from mlxpa.core.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError
+from mlxpa.utils import cdiv
 from tests.core.pool_helpers import BS, NB, USABLE, make_pool, ref_cnts, snapshot
 
 # ----------------------------------------------------------------------------- BlockPool basics

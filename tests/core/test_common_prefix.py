@@ -9,12 +9,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler
 from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
 
 
 def test_no_sharing_no_groups():

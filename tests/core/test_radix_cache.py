@@ -10,8 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mlxpa.core.block_pool import BlockPool, cdiv
+from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.radix_cache import RadixCache, RadixNode
+from mlxpa.utils import cdiv
 
 BS = 4
 

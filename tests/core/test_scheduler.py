@@ -13,11 +13,13 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from mlxpa.config import EngineConfig, SamplingParams
-from mlxpa.core.block_pool import BlockPool, cdiv
+from mlxpa.config import EngineConfig
+from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.request import Request, RequestStatus
+from mlxpa.sampling_params import SamplingParams
+from mlxpa.utils import cdiv
 
 BS = 4
 NB = 11

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mlxpa.batch.prompts import prompt_token_ids
-from mlxpa.config import SamplingParams
 from mlxpa.data import read_rows
 from mlxpa.data.inputs import InputOptions
 from mlxpa.data.validate import run_problem, validate
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer
 
 # A template that shows its variables: the generation prompt and a "style" variable.

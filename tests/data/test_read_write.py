@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxpa.config import SamplingParams
 from mlxpa.data import SAMPLING_FIELDS, InputError, ResultWriter, Row, read_rows
+from mlxpa.sampling_params import SamplingParams
 
 
 def write_lines(path, lines: list[str], bom: bool = False) -> str:

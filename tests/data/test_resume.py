@@ -226,7 +226,7 @@ def test_a_duplicate_id_is_never_done_on_resume(tmp_path):
 
 
 def test_sampling_fields_are_checked_against_the_defaults(tmp_path):
-    from mlxpa.config import SamplingParams
+    from mlxpa.sampling_params import SamplingParams
 
     src = tmp_path / "in.jsonl"
     src.write_text('{"prompt": "a", "min_tokens": 5, "max_tokens": 2}\n'

@@ -16,8 +16,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import attention, cascade, model_runner
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 

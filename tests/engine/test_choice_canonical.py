@@ -11,9 +11,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
 MERGED = [" r", " re", " red", " g", " gr", " gre", " gree", " green"]

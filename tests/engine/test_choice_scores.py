@@ -14,13 +14,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data.rows import Row
 from mlxpa.data.validate import validate
 from mlxpa.engine import LLMEngine, PromptInput
 from mlxpa.engine.choice_scores import choose_label, label_probs
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from mlxpa.structured.labels import LabelJoiner
-from mlxpa.structured.spec import StructuredOutput
 from tests.engine.test_choice_canonical import merged_tokenizer
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_gemma3, tiny_llama
 from tests.worker.test_logprobs import oracle

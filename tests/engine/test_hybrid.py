@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.engine.test_llm_engine import MAX_TOKENS, PROMPTS, mlx_lm_greedy, run_engine
 from tests.loader.tiny_archs import build
 from tests.tiny_models import byte_tokenizer

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data import read_rows
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.sampling import sample_one as sample_row
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 

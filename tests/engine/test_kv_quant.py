@@ -27,8 +27,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.engine.test_llm_engine import PROMPTS
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 

@@ -7,8 +7,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 PROMPTS = [
@@ -171,7 +172,7 @@ def test_stop_edge_cases(model_and_refs):
 def test_min_tokens_above_max_tokens_is_rejected():
     import pytest
 
-    from mlxpa.config import SamplingParams
+    from mlxpa.sampling_params import SamplingParams
 
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(max_tokens=2, min_tokens=5)

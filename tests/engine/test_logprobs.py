@@ -8,9 +8,9 @@ import math
 import mlx.core as mx
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 

@@ -8,8 +8,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_llama
 
 BS = 8

@@ -19,8 +19,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 MAX_TOKENS = 16
@@ -127,7 +128,7 @@ def test_a_bias_never_lifts_the_grammar_mask(model):
     penalty applies to what the grammar allows (the text still matches)."""
     import re
 
-    from mlxpa.structured.spec import StructuredOutput
+    from mlxpa.sampling_params import StructuredOutput
 
     tok = byte_tokenizer()
     digits = StructuredOutput.make("regex", "[0-9]{6}")
@@ -155,7 +156,7 @@ def test_a_repetition_penalty_beyond_float32_keeps_a_constrained_row_valid(model
     in the batch gets what it gets alone."""
     import re
 
-    from mlxpa.structured.spec import StructuredOutput
+    from mlxpa.sampling_params import StructuredOutput
 
     tok = byte_tokenizer()
     digits = StructuredOutput.make("regex", "[0-9]{6}")

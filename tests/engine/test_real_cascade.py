@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import attention, cascade
 
 pytestmark = pytest.mark.real_model

@@ -27,8 +27,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
 

@@ -15,9 +15,9 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.real_model
 

@@ -10,9 +10,10 @@ import re
 import jsonschema
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
-from mlxpa.structured.spec import StructuredOutput, check
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
+from mlxpa.structured.spec import check
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 SCHEMA = {"type": "object", "properties": {

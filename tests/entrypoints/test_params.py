@@ -17,7 +17,7 @@ from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import RowSpec
 from mlxpa.data.rows import parse_row
 from mlxpa.entrypoints.engine_args import ENGINE_ARGS, engine_config
-from mlxpa.structured.spec import JSON_OBJECT, StructuredOutput
+from mlxpa.sampling_params import JSON_OBJECT, StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
 

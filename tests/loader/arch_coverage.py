@@ -35,8 +35,9 @@ def _reference(model) -> list[list[int]]:
 
 
 def _engine(model) -> list[list[int]]:
-    from mlxpa.config import EngineConfig, SamplingParams
+    from mlxpa.config import EngineConfig
     from mlxpa.engine import LLMEngine, PromptInput
+    from mlxpa.sampling_params import SamplingParams
     from tests.tiny_models import byte_tokenizer
 
     eng = LLMEngine(EngineConfig(block_size=4, num_blocks=64), model, byte_tokenizer())

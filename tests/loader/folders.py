@@ -10,8 +10,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 PROMPTS = ["hello world, this is a test", "a", "The quick brown fox jumps over the lazy dog."]

@@ -15,8 +15,9 @@ from mlx_lm.convert import mixed_quant_predicate_builder
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import quantize_model
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.model_runner import ModelRunner
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 

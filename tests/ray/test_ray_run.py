@@ -21,9 +21,10 @@ from typer.testing import CliRunner  # noqa: E402
 
 from mlxpa.batch.run import RunOptions, run_file  # noqa: E402
 from mlxpa.cli import app  # noqa: E402
-from mlxpa.config import EngineConfig, SamplingParams  # noqa: E402
+from mlxpa.config import EngineConfig  # noqa: E402
 from mlxpa.ray import build_processor  # noqa: E402
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
+from mlxpa.sampling_params import SamplingParams  # noqa: E402
 from tests.tiny_models import STRICT_TEMPLATE, VOCAB, save_tiny_model  # noqa: E402
 
 SYSTEMS = ["You are a terse assistant; answer in one word. " * 2,

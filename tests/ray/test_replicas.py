@@ -12,11 +12,12 @@ import pytest
 from mlxpa.batch.requests import feed
 from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.batch.source import Source
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.data.validate import validate
 from mlxpa.ray import replica
 from mlxpa.ray.replica import ShardReplica
 from mlxpa.ray.row_replica import RowReplica
+from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 

@@ -1,14 +1,15 @@
-"""The constraint type, the row fields and the labels' join of ``mlxpa.structured`` are pure
-Python: importing them (and the package, which ``mlxpa.config`` imports through the spec) in a
-fresh interpreter loads no mlx; the matchers and the mask, which the runner uses, are the
-package's only mlx."""
+"""The constraint check, the row fields and the labels' join of ``mlxpa.structured`` are pure
+Python, as are the configuration, the sampling parameters (the constraint types) and the
+messages: importing them in a fresh interpreter loads no mlx; the matchers and the mask, which
+the runner uses, are the package's only mlx."""
 
 from __future__ import annotations
 
 from tests.core.test_no_mlx import loaded_mlx
 
 NO_MLX = ["mlxpa.structured", "mlxpa.structured.spec", "mlxpa.structured.fields",
-          "mlxpa.structured.labels", "mlxpa.config"]
+          "mlxpa.structured.labels", "mlxpa.config", "mlxpa.sampling_params", "mlxpa.messages",
+          "mlxpa.utils"]
 
 
 def test_spec_and_fields_import_no_mlx():

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, RequestStatus
-from mlxpa.structured.spec import StructuredOutput
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from mlxpa.worker.model_runner import ModelRunner, group_by_length, token_slice
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT
 from tests.tiny_models import byte_tokenizer, tiny_llama

@@ -10,8 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.config import SamplingParams
 from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
 from mlxpa.worker.sample_step import sample_step
 from mlxpa.worker.sampling import sample

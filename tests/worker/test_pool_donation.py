@@ -14,9 +14,10 @@ import time
 
 import mlx.core as mx
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.model_runner import ModelRunner, group_by_length
 from tests.tiny_models import tiny_llama

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.config import SamplingParams
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.sampling import request_key, sample, sample_one
 
 VOCAB = 50

@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxpa.config import EngineConfig, SamplingParams
+from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler
 from mlxpa.request import Request, RequestStatus
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.model_runner import ModelRunner
 from tests.tiny_models import tiny_gemma3, tiny_llama
 from tests.worker.test_logprobs import oracle
