@@ -11,7 +11,7 @@ process, it times (medians, ``mx.eval`` around each call):
 - each layer kind's attention as the model runs it (``PagedLayerCache.attend`` of the step's
   decode batch: full attention and each sliding window), with the step's cascade tables and
   without them, times the number of layers of that kind;
-- whole engine steps, cascade attention on and off alternately (``--no-cascade-attention``).
+- whole engine steps, cascade attention on and off alternately (``--disable-cascade-attn``).
 
 On a shared machine read the ratios, not the absolute seconds.
 """

@@ -173,7 +173,8 @@ def throughput_parts(a, model, tok, names: list[str], results: dict) -> None:
     ample = 2 * need * auto_bytes / 2**30
 
     def configs(kv_memory: float) -> dict[str, EngineConfig]:
-        return {d: EngineConfig(block_size=a.block_size, kv_memory_gib=kv_memory,
+        return {d: EngineConfig(block_size=a.block_size,
+                                kv_cache_memory_bytes=int(kv_memory * 2**30),
                                 max_num_seqs=a.max_num_seqs, kv_cache_dtype=d,
                                 kv_group_size=gs) for d in ("auto", "int8")}
 

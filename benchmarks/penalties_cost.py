@@ -43,7 +43,8 @@ def penalised_params(max_tokens: int, vocab: int) -> SamplingParams:
 
 def decoding_engine(model, tok, prompts, params, kv_gib: float) -> LLMEngine:
     """An engine whose every row has finished its prefill (all rows decode from here)."""
-    eng = LLMEngine(EngineConfig(kv_memory_gib=kv_gib, max_num_seqs=len(prompts)), model, tok)
+    config = EngineConfig(kv_cache_memory_bytes=int(kv_gib * 2**30), max_num_seqs=len(prompts))
+    eng = LLMEngine(config, model, tok)
     for i, p in enumerate(prompts):
         eng.add_request(i, p, params)
     while any(r.num_output_tokens == 0 for r in [*eng.scheduler.running,

@@ -41,7 +41,8 @@ def step_seconds(tile: int, split_rows: int, num_streams: int, shapeless: bool) 
     cpu_paged_attention.QUERY_TILE, cpu_streams.MIN_SPLIT_ROWS = tile, split_rows
     cpu_fused._FastNN.gelu_approx = staticmethod(GELU[shapeless])
     cpu_streams._LOCAL.streams = streams[:num_streams]
-    engine = LLMEngine(EngineConfig(kv_memory_gib=0.5, max_num_batched_tokens=B * L), model, tok)
+    engine = LLMEngine(EngineConfig(kv_cache_memory_bytes=2**29, max_num_batched_tokens=B * L),
+                       model, tok)
     for i, p in enumerate(wl.prompts):
         engine.add_request(i, p, SamplingParams(max_tokens=1, ignore_eos=True))
     t0 = time.perf_counter()

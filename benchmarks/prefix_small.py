@@ -27,7 +27,7 @@ from mlxpa.sampling_params import SamplingParams
 
 
 def run_once(model, tok, prompts, output_len, variant):
-    config = EngineConfig(enable_prefix_caching=variant != "noprefix", kv_memory_gib=1.0)
+    config = EngineConfig(enable_prefix_caching=variant != "noprefix", kv_cache_memory_bytes=2**30)
     engine = LLMEngine(config, model, tok)
     if variant == "prefix-nodefer":
         engine.scheduler._shares_uncached_prefix = lambda req, n: False

@@ -64,7 +64,7 @@ def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: 
                                                   max_tokens=wl.output_lens[i])]
             for i in range(min(check_prompts, num_prompts))}
     mx.reset_peak_memory()
-    config = EngineConfig(kv_memory_gib=kv_memory)
+    config = EngineConfig(kv_cache_memory_bytes=int(kv_memory * 2**30))
     result = run_mlxpa(model, tok, wl, config)
     engine = LLMEngine(config, model, tok)
     got = {o.request_id: o.token_ids for o in engine.generate(

@@ -39,7 +39,8 @@ NL = ARGS.num_hidden_layers
 def new_engine() -> LLMEngine:
     rows, plen, out = (4, 512, 1) if MODE == "prefill" else (128, 8, 10_000)
     wl = random_workload(tok, rows, plen, 1, 0.0)
-    e = LLMEngine(EngineConfig(kv_memory_gib=0.5, max_num_batched_tokens=2048), model, tok)
+    e = LLMEngine(EngineConfig(kv_cache_memory_bytes=2**29, max_num_batched_tokens=2048), model,
+                  tok)
     for i, p in enumerate(wl.prompts):
         e.add_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True))
     if MODE == "decode":

@@ -1,6 +1,8 @@
-"""Engine configuration: :class:`EngineConfig`, one flat frozen dataclass validated with real
-errors (each check raises :class:`~mlxpa.messages.FieldError` naming the field), and the
-engine's lists of choices (attention kernels, KV cache dtypes, KV group sizes).
+"""Engine configuration: :class:`EngineConfig`, one flat frozen dataclass under vLLM's argument
+names (``LLM(model, **kwargs)`` is ``EngineConfig(model=model, **kwargs)``), validated with
+real errors (each check raises :class:`~mlxpa.messages.FieldError` naming the field); the
+engine's lists of choices; the KV pool's memory budget in bytes (:func:`kv_budget_bytes`, read
+by the loader and the model runner).
 
 Sampling parameters are :mod:`mlxpa.sampling_params`; how messages quote values is
 :mod:`mlxpa.messages`. No mlx.
@@ -10,124 +12,164 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxpa.messages import check_field as _check
-from mlxpa.utils import is_finite as _finite
-from mlxpa.utils import is_int as _int
+from mlxpa.messages import check_field
+from mlxpa.utils import is_finite, is_int
 
-# Paged-attention backends (``mlxpa.kernels`` picks one for ``auto``).
+# Paged-attention backends (vLLM's ``attention_backend``; ``mlxpa.kernels`` picks one for
+# ``auto``).
 KERNELS = ("auto", "reference", "cpu", "metal", "cuda")
+# Compute dtypes (vLLM's ``dtype``): ``auto`` is float32 on the CPU, the stored dtype elsewhere.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Bits per (key, value) element of each quantized KV cache dtype: mlx-lm's affine group
 # quantization (``mx.quantize``) at 8 bits, 4 bits, or 8-bit keys with 4-bit values.
 KV_BITS = {"int8": (8, 8), "int4": (4, 4), "k8v4": (8, 4)}
-# KV cache storage (vLLM's ``--kv-cache-dtype`` name): ``auto`` is the model's compute dtype.
+# KV cache storage (vLLM's ``kv_cache_dtype``): ``auto`` is the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", *KV_BITS)
 # Group sizes ``mx.quantize`` supports (elements along head_dim sharing a scale and bias).
 KV_GROUP_SIZES = (32, 64, 128)
+# The KV pool's budget when ``kv_cache_memory_bytes`` is None: this share of physical memory,
+# at most ``DEFAULT_KV_MAX_BYTES``.
+DEFAULT_KV_FRACTION = 0.15
+DEFAULT_KV_MAX_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine configuration (one flat object; the CLI builds it, everything below reads it).
+    """Engine configuration (one flat object; the CLI and ``LLM`` build it, everything below
+    reads it). The names are vLLM's ``EngineArgs`` where vLLM has the option.
 
     Attributes:
-        model: ``--model`` spec (MLX folder, Hugging Face repo id: the cache first, else
-            downloaded; ``.gguf`` file) or None for the default Gemma 3 270M.
+        model: MLX folder, Hugging Face repo id (the cache first, else downloaded), ``.gguf``
+            file, or None for the default Gemma 3 270M.
+        revision: Branch, tag or commit of a Hugging Face repo id ``model`` (None: main).
+        adapter_path: mlx-lm LoRA/DoRA adapter folder (``adapters.safetensors`` +
+            ``adapter_config.json``) applied at load, or None (mlxpa's).
+        keep_quantized: On MLX's CPU back end, keep quantized weights packed instead of
+            dequantizing them at load (:mod:`mlxpa.loader.dequantize`; mlxpa's).
+        dtype: Compute dtype: ``auto`` (float32 on the CPU, the stored dtype on a GPU),
+            ``float32``, ``bfloat16`` or ``float16`` (None is read as ``auto``).
+        seed: Engine seed for requests that give none.
         block_size: Tokens per KV block.
-        num_blocks: KV blocks per layer including the null block 0; None sizes the pool from
-            ``kv_memory_gib``.
-        kv_memory_gib: KV pool budget in GiB (all layers, K and V) when ``num_blocks`` is None;
-            None takes 15% of the machine's memory, at most 4 GiB.
-        kv_blocks_needed: Most blocks the work can use, null block included (from
-            :func:`mlxpa.core.kv_sizing.kv_blocks_needed`); the pool takes the smaller of this
-            and the budget. None: the whole budget.
+        num_blocks: KV blocks including the null block 0, fixed (vLLM's
+            ``num_gpu_blocks_override``); None sizes the pool from the memory budget and
+            what the work can use (:func:`mlxpa.core.kv_sizing.num_kv_blocks`).
+        kv_cache_memory_bytes: KV pool budget in bytes (all layers, K and V); None takes 15%
+            of the machine's memory, at most 4 GiB (:func:`kv_budget_bytes`).
+        kv_cache_dtype: KV pool storage: ``auto`` (the compute dtype), ``int8``, ``int4`` or
+            ``k8v4`` (8-bit keys, 4-bit values): mlx-lm's affine group quantization along
+            head_dim, per token (:mod:`mlxpa.worker.kv_storage`; None is read as ``auto``).
+        kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
+            64 or 128; mlxpa's).
         max_num_seqs: Most requests running at once (decode batch size). On the CPU the LM
-            head and weight reads dominate a decode step, so a bigger batch is nearly free:
-            a step at 128 rows costs about what one at 64 does (measured with Gemma 3 270M).
+            head and weight reads dominate a decode step, so a bigger batch is nearly free.
         max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
         max_model_len: Longest prompt + completion in tokens; None takes the model's context.
         enable_prefix_caching: Reuse cached full blocks across requests (radix tree).
-        kernel: Paged-attention backend: ``auto``, ``reference``, ``cpu``, ``metal`` or
-            ``cuda``.
-        dtype: Compute dtype name (``float32``, ``bfloat16``, ``float16``); None picks float32
-            on the CPU and bfloat16 on a GPU.
-        seed: Engine seed for requests that give none.
+        disable_cascade_attn: Turn cascade attention off. When on, decode rows that share
+            leading KV blocks attend over the shared prefix once per group and over their
+            own suffix apart, merged by their log-sum-exp, where the model runner's cost rule
+            finds it pays (:mod:`mlxpa.worker.cascade`).
+        attention_backend: Paged-attention kernels: ``auto``, ``reference``, ``cpu``,
+            ``metal`` or ``cuda``.
         fused_cpu_ops: On MLX's CPU back end, run the model's tanh-GELU / SiLU and RoPE
-            through mlxpa's fused kernels (``mlxpa.kernels.cpu_fused``) during the forward
-            pass; no effect on Metal or CUDA.
-        revision: Branch, tag or commit of a Hugging Face repo id ``model`` (None: main).
-        adapter_path: mlx-lm LoRA/DoRA adapter folder (``adapters.safetensors`` +
-            ``adapter_config.json``) applied at load, or None.
-        keep_quantized: On MLX's CPU back end, keep quantized weights packed instead of
-            dequantizing them at load (:mod:`mlxpa.loader.dequantize`).
-        kv_cache_dtype: KV pool storage: ``auto`` (the compute dtype), ``int8``, ``int4`` or
-            ``k8v4`` (8-bit keys, 4-bit values): mlx-lm's affine group quantization along
-            head_dim, per token (:mod:`mlxpa.worker.kv_storage`).
-        kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
-            64 or 128).
-        enable_cascade_attention: Decode rows that share leading KV blocks attend over the
-            shared prefix once per group and over their own suffix apart, the two merged by
-            their log-sum-exp (cascade attention, vLLM's name), where the model runner's
-            cost rule finds it pays (``mlxpa.worker.cascade``).
+            through mlxpa's fused kernels (:mod:`mlxpa.kernels.cpu_fused`); mlxpa's.
     """
 
     model: str | None = None
+    revision: str | None = None
+    adapter_path: str | None = None
+    keep_quantized: bool = False
+    dtype: str = "auto"
+    seed: int = 0
     block_size: int = 16
     num_blocks: int | None = None
-    kv_memory_gib: float | None = None
+    kv_cache_memory_bytes: int | None = None
     kv_blocks_needed: int | None = None
+    kv_cache_dtype: str = "auto"
+    kv_group_size: int = 64
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
-    kernel: str = "auto"
-    dtype: str | None = None
-    seed: int = 0
+    disable_cascade_attn: bool = False
+    attention_backend: str = "auto"
     fused_cpu_ops: bool = True
-    revision: str | None = None
-    adapter_path: str | None = None
-    keep_quantized: bool = False
-    kv_cache_dtype: str = "auto"
-    kv_group_size: int = 64
-    enable_cascade_attention: bool = True
 
     def __post_init__(self) -> None:
-        _check(_int(self.block_size) and 1 <= self.block_size <= 256
-               and self.block_size & (self.block_size - 1) == 0,
-               "block_size", self.block_size, "a power of two from 1 to 256")
-        _check(self.num_blocks is None or (_int(self.num_blocks) and self.num_blocks >= 2),
-               "num_blocks", self.num_blocks, "an integer >= 2 or None")
-        _check(self.kv_memory_gib is None or (_finite(self.kv_memory_gib)
-                                              and self.kv_memory_gib > 0), "kv_memory_gib",
-               self.kv_memory_gib, "> 0")
-        _check(self.kv_blocks_needed is None or (_int(self.kv_blocks_needed)
-                                                 and self.kv_blocks_needed >= 2),
-               "kv_blocks_needed",
-               self.kv_blocks_needed, "an integer >= 2 or None")
-        _check(_int(self.max_num_seqs) and self.max_num_seqs >= 1,
-               "max_num_seqs", self.max_num_seqs, "an integer >= 1")
-        _check(_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
-               "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
-        _check(self.max_model_len is None or (_int(self.max_model_len)
-                                              and self.max_model_len >= 2),
-               "max_model_len", self.max_model_len,
-               "an integer >= 2 (a prompt token and an output token) or None")
-        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
-               self.enable_prefix_caching, "true or false")
-        _check(self.kernel in KERNELS, "kernel", self.kernel, f"one of {', '.join(KERNELS)}")
-        _check(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype", self.dtype,
-               "one of float32, bfloat16, float16")
-        _check(_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
-        _check(self.revision is None or (isinstance(self.revision, str) and self.revision),
-               "revision", self.revision, "a non-empty string or None")
-        _check(self.adapter_path is None or (isinstance(self.adapter_path, str)
-                                             and self.adapter_path),
-               "adapter_path", self.adapter_path, "a folder path or None")
-        _check(isinstance(self.keep_quantized, bool), "keep_quantized", self.keep_quantized,
-               "true or false")
-        _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", self.kv_cache_dtype,
-               f"one of {', '.join(KV_CACHE_DTYPES)}")
-        _check(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
-               "kv_group_size", self.kv_group_size,
-               f"one of {', '.join(map(str, KV_GROUP_SIZES))}")
-        _check(isinstance(self.enable_cascade_attention, bool), "enable_cascade_attention",
-               self.enable_cascade_attention, "true or false")
+        for name in ("dtype", "kv_cache_dtype"):  # vLLM's "auto", also spelled None
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, "auto")
+        memory = self.kv_cache_memory_bytes
+        check_field(memory is None or (is_finite(memory) and memory > 0),
+                    "kv_cache_memory_bytes", memory, "a number of bytes > 0")
+        if memory is not None:
+            object.__setattr__(self, "kv_cache_memory_bytes", max(1, int(memory)))
+        self._check_model()
+        self._check_cache()
+        self._check_scheduler()
+
+    def _check_model(self) -> None:
+        """The model, its load and its compute."""
+        for name, what in (("revision", "a non-empty string"), ("adapter_path", "a folder path")):
+            value = getattr(self, name)
+            check_field(value is None or (isinstance(value, str) and value), name, value,
+                        f"{what} or None")
+        self._check_choice("dtype", DTYPES)
+        self._check_choice("attention_backend", KERNELS)
+        for name in ("keep_quantized", "fused_cpu_ops"):
+            self._check_bool(name)
+
+    def _check_cache(self) -> None:
+        """The KV pool."""
+        check_field(is_int(self.block_size) and 1 <= self.block_size <= 256
+                    and self.block_size & (self.block_size - 1) == 0,
+                    "block_size", self.block_size, "a power of two from 1 to 256")
+        check_field(self.num_blocks is None or (is_int(self.num_blocks)
+                                                and self.num_blocks >= 2),
+                    "num_blocks", self.num_blocks, "an integer >= 2 or None")
+        check_field(self.kv_blocks_needed is None or (is_int(self.kv_blocks_needed)
+                                                      and self.kv_blocks_needed >= 2),
+                    "kv_blocks_needed", self.kv_blocks_needed, "an integer >= 2 or None")
+        self._check_choice("kv_cache_dtype", KV_CACHE_DTYPES)
+        check_field(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
+                    "kv_group_size", self.kv_group_size,
+                    f"one of {', '.join(map(str, KV_GROUP_SIZES))}")
+        self._check_bool("enable_prefix_caching")
+
+    def _check_scheduler(self) -> None:
+        """Batching, lengths, cascade attention and the seed."""
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            check_field(is_int(value) and value >= 1, name, value, "an integer >= 1")
+        check_field(self.max_model_len is None or (is_int(self.max_model_len)
+                                                   and self.max_model_len >= 2),
+                    "max_model_len", self.max_model_len,
+                    "an integer >= 2 (a prompt token and an output token) or None")
+        check_field(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        self._check_bool("disable_cascade_attn")
+
+    def _check_choice(self, name: str, choices: tuple[str, ...]) -> None:
+        value = getattr(self, name)
+        check_field(value in choices, name, value, f"one of {', '.join(choices)}")
+
+    def _check_bool(self, name: str) -> None:
+        check_field(isinstance(getattr(self, name), bool), name, getattr(self, name),
+                    "true or false")
+
+
+def default_kv_bytes() -> int:
+    """KV pool budget when none is given: :data:`DEFAULT_KV_FRACTION` of physical memory (8 GiB
+    assumed when unknown), at most :data:`DEFAULT_KV_MAX_BYTES`."""
+    from mlxpa.blas import host_memory_bytes
+
+    total = host_memory_bytes() or 8 * 2**30
+    return int(min(DEFAULT_KV_MAX_BYTES, DEFAULT_KV_FRACTION * total))
+
+
+def kv_budget_bytes(config: EngineConfig) -> int:
+    """The KV pool's memory budget in bytes: ``config.kv_cache_memory_bytes``, else
+    :func:`default_kv_bytes` (the loader leaves room for it when it dequantizes; the model
+    runner sizes the pool from it)."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    return default_kv_bytes()

@@ -42,9 +42,9 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
     Raises:
         FileNotFoundError, ValueError: As :func:`mlxpa.loader.models.load_model`.
     """
+    from mlxpa.config import kv_budget_bytes
     from mlxpa.loader.models import load_model
     from mlxpa.structured.matchers import start_grammar_tokenizer
-    from mlxpa.worker.kv_budget import kv_budget_bytes
 
     model, tokenizer, _ = load_model(config.model, config.dtype,
                                      start_grammar_tokenizer if constrained else None,

@@ -5,7 +5,7 @@ first; figures are medians over repeats):
 
 - ``mlxpa``: this engine (paged KV cache, continuous batching, prefix caching);
 - ``mlxpa-noprefix``: the same with prefix caching off;
-- ``mlxpa-nocascade``: the same with cascade attention off (``--no-cascade-attention``: each
+- ``mlxpa-nocascade``: the same with cascade attention off (``--disable-cascade-attn``: each
   decode row reads a shared prefix itself);
 - ``mlx-lm``: ``mlx_lm.batch_generate``'s loop (a ``BatchGenerator``, its default batch sizes)
   on the same token ids and model object;
@@ -223,7 +223,7 @@ def _run_mlxpa_noprefix(model, tokenizer, wl: Workload, config: EngineConfig,
 def _run_mlxpa_nocascade(model, tokenizer, wl: Workload, config: EngineConfig,
                          advance: Advance) -> SystemResult:
     return run_mlxpa(model, tokenizer, wl,
-                     dataclasses.replace(config, enable_cascade_attention=False), advance)
+                     dataclasses.replace(config, disable_cascade_attn=True), advance)
 
 
 # Every system by name, in report order: ``(model, tokenizer, workload, config, advance)`` to

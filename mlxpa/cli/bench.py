@@ -32,12 +32,16 @@ Workload = opt.choices("Workload", (*WORKLOADS, LIMITS))
 ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade on request
 
 
+# The engine options bench takes (its --seed is the workload's).
+BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", "block_size",
+                "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
+                "attention_backend", "kv_cache_dtype", "kv_group_size", "disable_cascade_attn")
+
+
+@opt.engine_options(*BENCH_ENGINE)
 def bench(
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
-    model: opt.ModelOpt = None,
-    revision: opt.RevisionOpt = None,
-    adapter_path: opt.AdapterPathOpt = None,
-    keep_quantized: opt.KeepQuantizedOpt = False,
+    engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     num_prompts: Annotated[int, typer.Option(
         help="random, annotation: prompts (file: every valid row).")] = 128,
@@ -54,14 +58,6 @@ def bench(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
         "mlxpa-nocascade, mlx-lm, static (default: all but mlxpa-nocascade).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
-    block_size: opt.BlockSizeOpt = 16,
-    kv_memory: opt.BenchKVMemoryOpt = None,
-    max_num_seqs: opt.MaxNumSeqsOpt = 128,
-    max_num_batched_tokens: opt.MaxBatchedOpt = 2048,
-    kernel: opt.KernelOpt = opt.Kernel.auto,
-    kv_cache_dtype: opt.KVCacheDtypeOpt = opt.KVCacheDtype.auto,
-    kv_group_size: opt.KVGroupSizeOpt = 64,
-    cascade_attention: opt.CascadeAttentionOpt = True,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -74,18 +70,14 @@ def bench(
     from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
+    from mlxpa.config import kv_budget_bytes
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model
-    from mlxpa.worker.kv_budget import kv_budget_bytes
 
     console = _console()
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
-        config = opt.engine_config(model, block_size, kv_memory, max_num_seqs,
-                                   max_num_batched_tokens, kernel, revision=revision,
-                                   adapter_path=adapter_path, keep_quantized=keep_quantized,
-                                   kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
-                                   enable_cascade_attention=cascade_attention)
+        config = opt.engine_config(engine or {})
         files = ModelFiles(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
@@ -95,9 +87,10 @@ def bench(
                 system_prompt_len=system_prompt_len, question_len=question_len, seed=seed,
                 vocab_size=files.vocab_size())
             _say_workload(console, wl, systems, repeats)
-        mdl, tok, _ = load_model(model, revision=revision, adapter_path=adapter_path,
-                                 keep_quantized=keep_quantized, kv_bytes=kv_budget_bytes(config),
-                                 tokenizer=files.tokenizer())
+        mdl, tok, _ = load_model(config.model, config.dtype, revision=config.revision,
+                                 adapter_path=config.adapter_path,
+                                 keep_quantized=config.keep_quantized,
+                                 kv_bytes=kv_budget_bytes(config), tokenizer=files.tokenizer())
         if workload.value == LIMITS:
             return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:

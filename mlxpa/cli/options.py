@@ -1,22 +1,35 @@
 """Options shared by the ``mlxpa`` commands (Typer annotations, choices as enums), the builders
 that turn them into library settings, and the error exit.
 
+The engine options come from one table, :data:`ENGINE_FLAGS`: one entry per
+:class:`~mlxpa.config.EngineConfig` field the command line offers, named after the field
+(vLLM's names: ``--max-num-seqs``, ``--kv-cache-memory-bytes``, ``--disable-cascade-attn``),
+its type and default read from the field. :func:`engine_options` adds a chosen set of them to
+a command, and :func:`engine_config` builds the ``EngineConfig``. ``--kv-memory`` (GiB) is a
+spelling of ``--kv-cache-memory-bytes``.
+
 Only light modules are imported here (configuration, the input settings), so ``mlxpa --help``
 stays instant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Annotated, NoReturn
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperCommand
 
-from mlxpa.config import KERNELS, KV_CACHE_DTYPES, EngineConfig
+from mlxpa.config import DTYPES, KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
 from mlxpa.data.inputs import FORMATS, InputOptions
 from mlxpa.data.records import OUTPUT_FORMATS
+from mlxpa.messages import FieldError
 
 
 def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
@@ -24,42 +37,10 @@ def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
     return enum.Enum(name, {v.replace("-", "_"): v for v in values}, type=str)
 
 
-Kernel = choices("Kernel", KERNELS)
-KVCacheDtype = choices("KVCacheDtype", KV_CACHE_DTYPES)
 Order = choices("Order", ORDERS)
 InputFormat = choices("InputFormat", ("auto", *FORMATS))
 OutputFormat = choices("OutputFormat", OUTPUT_FORMATS)
 
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", metavar="MODEL", help="MLX folder, Hub repo id (downloaded unless "
-    "cached) or .gguf; default Gemma 3 270M.")]
-RevisionOpt = Annotated[str | None, typer.Option(
-    help="Branch, tag or commit of a repo id --model.")]
-AdapterPathOpt = Annotated[str | None, typer.Option(
-    "--adapter-path", metavar="DIR", help="mlx-lm LoRA/DoRA adapter folder.")]
-KeepQuantizedOpt = Annotated[bool, typer.Option(
-    "--keep-quantized", help="CPU: keep quantized weights packed.")]
-BlockSizeOpt = Annotated[int, typer.Option(help="Tokens per KV block.")]
-KVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", help="Most memory for the KV pool in GiB (default: 15% of memory, at most "
-    "4); the pool takes only what the input can use.")]
-BenchKVMemoryOpt = Annotated[float | None, typer.Option(
-    "--kv-memory", help="Most memory for mlxpa's KV pool in GiB (default: 15% of memory, at "
-    "most 4); the pool takes only what the workload can use.")]
-MaxNumSeqsOpt = Annotated[int, typer.Option(help="Most requests decoding at once.")]
-MaxBatchedOpt = Annotated[int, typer.Option(
-    help="Token budget of one step (prefill chunks + decodes); longer prompts are chunked.")]
-MaxModelLenOpt = Annotated[int | None, typer.Option(
-    help="Longest prompt + completion in tokens (default: the model's context).")]
-KernelOpt = Annotated[Kernel, typer.Option(help="Paged attention backend.")]
-KVCacheDtypeOpt = Annotated[KVCacheDtype, typer.Option(
-    help="KV cache storage: auto (the compute dtype) or quantized per token as mlx-lm does "
-    "(k8v4: 8-bit K, 4-bit V).")]
-KVGroupSizeOpt = Annotated[int, typer.Option(
-    help="Quantized KV: elements per scale and bias (32, 64, 128).")]
-CascadeAttentionOpt = Annotated[bool, typer.Option(
-    "--cascade-attention/--no-cascade-attention",
-    help="Rows decoding after a shared prefix read it once per step where that pays.")]
 BlasOpt = Annotated[str, typer.Option(
     metavar="[auto|system|bundled]", help="Linux CPU BLAS (auto: an installed OpenBLAS/MKL).")]
 
@@ -94,26 +75,134 @@ def input_options(input_format: enum.Enum, prompt_column: str, messages_column: 
                         split_special_tokens)
 
 
-def engine_config(model: str | None, block_size: int, kv_memory: float | None,
-                  max_num_seqs: int, max_num_batched_tokens: int, kernel: enum.Enum,
-                  **more: object) -> EngineConfig:
-    """The :class:`~mlxpa.config.EngineConfig` of the engine options ``run`` and ``bench``
-    share; ``more`` are further ``EngineConfig`` fields.
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """How one :class:`~mlxpa.config.EngineConfig` field is spelled on the command line.
+
+    Attributes:
+        help: The option's help text.
+        decls: Its names (default: ``--<field-name>``; a bool that defaults to True also gets
+            ``--no-<field-name>``).
+        choices: The values a ``str`` field takes (an enum in ``--help``).
+        metavar: The value's name in ``--help`` (default: from its type).
+    """
+
+    help: str
+    decls: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+
+# EngineConfig field -> its option. Types and defaults are the fields' own.
+ENGINE_FLAGS: dict[str, EngineFlag] = {
+    "model": EngineFlag("MLX folder, Hub repo id (downloaded unless cached) or .gguf; default "
+                        "Gemma 3 270M.", ("--model", "-m"), metavar="MODEL"),
+    "revision": EngineFlag("Branch, tag or commit of a repo id --model."),
+    "adapter_path": EngineFlag("mlx-lm LoRA/DoRA adapter folder.", metavar="DIR"),
+    "keep_quantized": EngineFlag("CPU: keep quantized weights packed."),
+    "dtype": EngineFlag("Compute dtype (auto: float32 on the CPU).", choices=DTYPES),
+    "seed": EngineFlag("Engine seed: a row without a seed field samples with a seed derived "
+                       "from this and its id (its index when it has none; vLLM's "
+                       "LLM(seed=...))."),
+    "block_size": EngineFlag("Tokens per KV block."),
+    "kv_cache_memory_bytes": EngineFlag(
+        "Most memory for the KV pool in bytes (default: 15% of memory, at most 4 GiB); the "
+        "pool takes only what the work can use.", metavar="N"),
+    "kv_cache_dtype": EngineFlag("KV cache storage: auto (the compute dtype) or quantized per "
+                                 "token as mlx-lm does (k8v4: 8-bit K, 4-bit V).",
+                                 choices=KV_CACHE_DTYPES),
+    "kv_group_size": EngineFlag("Quantized KV: elements per scale and bias (32, 64, 128)."),
+    "max_num_seqs": EngineFlag("Most requests decoding at once."),
+    "max_num_batched_tokens": EngineFlag("Token budget of one step (prefill chunks + "
+                                         "decodes); longer prompts are chunked."),
+    "max_model_len": EngineFlag("Longest prompt + completion in tokens (default: the model's "
+                                "context)."),
+    "enable_prefix_caching": EngineFlag("Share cached prompt prefixes across rows (radix "
+                                        "tree)."),
+    "disable_cascade_attn": EngineFlag("Turn off cascade attention (rows decoding after a "
+                                       "shared prefix read it once per step where that "
+                                       "pays)."),
+    "attention_backend": EngineFlag("Paged attention kernels.", choices=KERNELS),
+}
+# The GiB spelling of --kv-cache-memory-bytes (a parameter of every command that takes that).
+KV_MEMORY = "kv_memory"
+_KV_MEMORY_OPT = Annotated[float | None, typer.Option(
+    "--kv-memory", metavar="X", help="--kv-cache-memory-bytes in GiB.")]
+_FIELD_TYPES = typing.get_type_hints(EngineConfig)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+
+
+def _flag_parameter(name: str) -> inspect.Parameter:
+    """The Typer parameter of ``ENGINE_FLAGS[name]``."""
+    flag = ENGINE_FLAGS[name]
+    kind, default = _FIELD_TYPES[name], _DEFAULTS[name]
+    decls = flag.decls or ("--" + name.replace("_", "-"),)
+    if kind is bool and default and not flag.decls:
+        decls = (f"{decls[0]}/--no-{decls[0][2:]}",)
+    if flag.choices is not None:
+        kind = choices("".join(w.title() for w in name.split("_")), flag.choices)
+        default = kind(default)
+    option = typer.Option(*decls, help=flag.help, metavar=flag.metavar,
+                          show_default=kind is not bool)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, option])
+
+
+def engine_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the engine options ``names`` (keys of :data:`ENGINE_FLAGS`, in ``--help`` order) to a
+    Typer command, and ``--kv-memory`` with ``--kv-cache-memory-bytes``. The command takes
+    them as one parameter, ``engine``: ``{name: value}`` (choices as their strings), for
+    :func:`engine_config`; the options stand where ``engine`` stands in its signature."""
+    added = []
+    for name in names:
+        added.append(_flag_parameter(name))
+        if name == "kv_cache_memory_bytes":
+            added.append(inspect.Parameter(KV_MEMORY, inspect.Parameter.KEYWORD_ONLY,
+                                           default=None, annotation=_KV_MEMORY_OPT))
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)  # Typer passes keywords
+               for p in inspect.signature(command, eval_str=True).parameters.values()]
+        at = [p.name for p in own].index("engine")
+        params = [*own[:at], *added, *own[at + 1:]]
+
+        @functools.wraps(command)
+        def with_engine(**kwargs: Any) -> Any:
+            engine = {p.name: kwargs.pop(p.name) for p in added}
+            engine = {k: v.value if isinstance(v, enum.Enum) else v for k, v in engine.items()}
+            return command(**kwargs, engine=engine)
+
+        with_engine.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        with_engine.__annotations__ = {p.name: p.annotation for p in params}
+        return with_engine
+
+    return wrap
+
+
+def engine_config(engine: dict[str, Any]) -> EngineConfig:
+    """The :class:`~mlxpa.config.EngineConfig` of a command's engine options (the ``engine``
+    of :func:`engine_options`).
 
     Raises:
-        ValueError: A field out of range (named by its option: ``--kv-memory``), or an
-            ``--adapter-path`` that is not an mlx-lm adapter folder (checked here, before any
-            input is read).
+        ValueError: A field out of range (named by its option: ``--max-num-seqs must be an
+            integer >= 1, got 0``), ``--kv-memory`` not > 0 or given with
+            ``--kv-cache-memory-bytes``, or an ``--adapter-path`` that is not an mlx-lm
+            adapter folder (checked here, before any input is read).
     """
+    fields = dict(engine)
+    gib = fields.pop(KV_MEMORY, None)
+    if gib is not None:
+        if fields.get("kv_cache_memory_bytes") is not None:
+            raise ValueError("give one of --kv-memory (GiB) and --kv-cache-memory-bytes")
+        if not gib > 0:
+            raise ValueError(f"--kv-memory must be > 0, got {gib}")
+        fields["kv_cache_memory_bytes"] = max(1, int(gib * 2**30))
     try:
-        config = EngineConfig(model=model, block_size=block_size, kv_memory_gib=kv_memory,
-                              max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens,
-                              kernel=kernel.value, **more)
-    except ValueError as e:
-        field = str(e).split(" ", 1)[0]
-        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
-        raise ValueError(f"{flag}{str(e)[len(field):]}") from None
+        config = EngineConfig(**fields)
+    except FieldError as e:
+        decls = ENGINE_FLAGS[e.field].decls if e.field in ENGINE_FLAGS else ()
+        flag = (decls or ("--" + e.field.replace("_", "-"),))[0]
+        raise ValueError(f"{flag}{str(e)[len(e.field):]}") from None
     if config.adapter_path is not None:
         from mlxpa.loader.adapters import check_adapter_path
 
@@ -122,10 +211,6 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
         except FileNotFoundError as e:
             raise ValueError(str(e)) from None
     return config
-
-
-_FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching",
-          "enable_cascade_attention": "--cascade-attention"}
 
 
 _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}

@@ -8,38 +8,31 @@ import typer
 
 from mlxpa.cli.options import (
     BlasOpt,
-    BlockSizeOpt,
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
-    KVCacheDtype,
-    KVCacheDtypeOpt,
-    KVGroupSizeOpt,
-    KVMemoryOpt,
-    MaxModelLenOpt,
     MessagesColumnOpt,
-    ModelOpt,
     PromptColumnOpt,
-    RevisionOpt,
     SystemOpt,
+    engine_config,
+    engine_options,
     fail,
     input_options,
 )
 
+# The engine options a plan reads (the KV figures need the model's geometry, not its weights).
+PLAN_ENGINE = ("model", "revision", "dtype", "block_size", "max_model_len", "kv_cache_dtype",
+               "kv_group_size", "kv_cache_memory_bytes")
 
+
+@engine_options(*PLAN_ENGINE)
 def plan(
     input: Annotated[str, typer.Argument(
         help="Prompts: as for mlxpa run (.jsonl, .json, .csv, .tsv, .txt, .parquet, a "
         "datasets folder, or -).")],
-    model: ModelOpt = None,
-    revision: RevisionOpt = None,
-    block_size: BlockSizeOpt = 16,
+    engine: dict | None = None,  # the engine options (PLAN_ENGINE) stand here
     max_tokens: Annotated[int, typer.Option(
         help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
-    max_model_len: MaxModelLenOpt = None,
-    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
-    kv_group_size: KVGroupSizeOpt = 64,
-    kv_memory: KVMemoryOpt = None,
     top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
@@ -60,6 +53,7 @@ def plan(
 
     from rich.console import Console
 
+    from mlxpa.batch.model_files import ModelFiles
     from mlxpa.batch.plan import plan_file, plan_tables
     from mlxpa.batch.prepare import prepare
     from mlxpa.batch.source import Source
@@ -67,18 +61,18 @@ def plan(
 
     console = Console(stderr=True)
     try:
+        config = engine_config(engine or {})
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
-        files = _model_files(model, revision, max_model_len)
+        files = ModelFiles(config)
         tokenizer = files.tokenizer()
         with Source.open(input, inputs) as src:
             v = prepare(src, None, defaults, options, console, vocab_size=files.vocab_size(),
                         tokenizer=lambda: tokenizer,
                         refusal="nothing was planned (--skip-invalid plans the rest)").validation
-            p = plan_file(src, v, tokenizer, defaults, block_size=block_size, top_k=top,
+            p = plan_file(src, v, tokenizer, defaults, block_size=config.block_size, top_k=top,
                           max_model_len=files.context_len())
-        kv, why = _kv_plan(model, revision, block_size, kv_cache_dtype.value, kv_group_size,
-                           kv_memory)
+        kv, why = _kv_plan(config)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -103,21 +97,13 @@ def plan(
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def _kv_plan(model: str | None, revision: str | None, block_size: int, kv_cache_dtype: str,
-             kv_group_size: int, kv_memory: float | None):
+def _kv_plan(config):
     """``(KVPlan, None)``, or ``(None, why)`` when the model's cache geometry cannot be
-    traced (the rest of the plan needs only the tokenizer).
-
-    Raises:
-        ValueError: An option out of range (``--kv-group-size``, ``--kv-memory``).
-    """
-    from mlxpa.config import EngineConfig
+    traced (the rest of the plan needs only the tokenizer)."""
     from mlxpa.worker.kv_plan import plan_kv
 
-    EngineConfig(kv_memory_gib=kv_memory, kv_group_size=kv_group_size)  # the options' errors
     try:
-        return plan_kv(model, block_size, kv_cache_dtype, kv_group_size, kv_memory,
-                       revision=revision), None
+        return plan_kv(config), None
     except Exception as e:  # noqa: BLE001 - the prefix figures stand without the KV ones
         return None, f"{type(e).__name__}: {e}"
 
@@ -129,20 +115,3 @@ def _plan_settings(max_tokens: int, skip_invalid: bool):
 
     return SamplingParams(max_tokens=max_tokens), RunOptions(skip_invalid=skip_invalid,
                                                              show_progress=False)
-
-
-def _model_files(model: str | None, revision: str | None, max_model_len: int | None):
-    """The model's files as a run reads them before its weights (tokenizer, vocabulary,
-    context capped by ``--max-model-len``).
-
-    Raises:
-        ValueError: ``--max-model-len`` below 2.
-    """
-    from mlxpa.batch.model_files import ModelFiles
-    from mlxpa.config import EngineConfig
-
-    if max_model_len is not None and max_model_len < 2:
-        raise ValueError(f"--max-model-len must be >= 2 (a prompt token and an output "
-                         f"token), got {max_model_len}")
-    return ModelFiles(EngineConfig(model=model, max_model_len=max_model_len,
-                                   revision=revision))

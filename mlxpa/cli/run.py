@@ -9,32 +9,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlxpa.cli.options import (
-    AdapterPathOpt,
+    ENGINE_FLAGS,
     BlasOpt,
-    BlockSizeOpt,
-    CascadeAttentionOpt,
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
-    KeepQuantizedOpt,
-    Kernel,
-    KernelOpt,
-    KVCacheDtype,
-    KVCacheDtypeOpt,
-    KVGroupSizeOpt,
-    KVMemoryOpt,
-    MaxBatchedOpt,
-    MaxModelLenOpt,
-    MaxNumSeqsOpt,
     MessagesColumnOpt,
-    ModelOpt,
     Order,
     OutputFormat,
     PromptColumnOpt,
-    RevisionOpt,
     SplitSpecialOpt,
     SystemOpt,
     engine_config,
+    engine_options,
     fail,
     input_options,
 )
@@ -75,9 +62,6 @@ PresencePenaltyOpt = Annotated[float, typer.Option(
     show_default=False, help="Default presence penalty, -2..2 (0 = off).")]
 FrequencyPenaltyOpt = Annotated[float, typer.Option(
     show_default=False, help="Default frequency penalty, -2..2 (0 = off).")]
-SeedOpt = Annotated[int, typer.Option(
-    help="Engine seed: a row without a seed field samples with a seed derived from this and "
-    "its id (its index when it has none; vLLM's LLM(seed=...)).")]
 NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
 StopOpt = Annotated[list[str] | None, typer.Option(
     help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]
@@ -105,9 +89,6 @@ ResumeOpt = Annotated[bool, typer.Option(
 OrderOpt = Annotated[Order, typer.Option(
     help="Admission order: prefix (each window of 4096 rows read is ordered so rows sharing a "
     "prefix run together) or input. Output order is not affected.")]
-PrefixCachingOpt = Annotated[bool, typer.Option(
-    "--prefix-caching/--no-prefix-caching",
-    help="Share cached prompt prefixes across rows (radix tree).")]
 MetricsJsonOpt = Annotated[str | None, typer.Option(
     help="Write the final statistics as JSON here.")]
 OverwriteOpt = Annotated[bool, typer.Option(
@@ -133,13 +114,13 @@ NumReplicasOpt = Annotated[int, typer.Option(
     help="Engine replicas with --ray (each loads the model once).")]
 
 
+@engine_options(*ENGINE_FLAGS)
 def run(
-    input: InputArg, output: OutputOpt = "-", model: ModelOpt = None,
-    revision: RevisionOpt = None, adapter_path: AdapterPathOpt = None,
-    keep_quantized: KeepQuantizedOpt = False,
+    input: InputArg, output: OutputOpt = "-",
+    engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
     # sampling defaults (rows that set a field keep theirs)
     max_tokens: MaxTokensOpt = 256, temperature: TemperatureOpt = 0.0, top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, seed: SeedOpt = 0, n: NOpt = 1,
+    top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, n: NOpt = 1,
     stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
     ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
     repetition_penalty: RepetitionPenaltyOpt = 1.0, presence_penalty: PresencePenaltyOpt = 0.0,
@@ -155,14 +136,7 @@ def run(
     skip_invalid: SkipInvalidOpt = False,
     # output
     output_format: OutputFormatOpt = OutputFormat.auto, unordered: UnorderedOpt = False,
-    resume: ResumeOpt = False, overwrite: OverwriteOpt = False,
-    # engine
-    block_size: BlockSizeOpt = 16, kv_memory: KVMemoryOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 128, max_num_batched_tokens: MaxBatchedOpt = 2048,
-    max_model_len: MaxModelLenOpt = None, kernel: KernelOpt = Kernel.auto,
-    kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto, kv_group_size: KVGroupSizeOpt = 64,
-    order: OrderOpt = Order.prefix, prefix_caching: PrefixCachingOpt = True,
-    cascade_attention: CascadeAttentionOpt = True,
+    resume: ResumeOpt = False, overwrite: OverwriteOpt = False, order: OrderOpt = Order.prefix,
     metrics_json: MetricsJsonOpt = None, quiet: QuietOpt = False, blas: BlasOpt = "auto",
     ray: RayOpt = False, ray_address: RayAddressOpt = None, num_replicas: NumReplicasOpt = 1,
 ) -> None:
@@ -172,15 +146,10 @@ def run(
     from mlxpa.batch.run import RunOptions
     from mlxpa.structured.fields import cli_constraint
     try:
-        config = engine_config(model, block_size, kv_memory, max_num_seqs, max_num_batched_tokens,
-                               kernel, max_model_len=max_model_len,
-                               enable_prefix_caching=prefix_caching, seed=seed,
-                               revision=revision, adapter_path=adapter_path,
-                               keep_quantized=keep_quantized,
-                               kv_cache_dtype=kv_cache_dtype.value, kv_group_size=kv_group_size,
-                               enable_cascade_attention=cascade_attention)
+        config = engine_config(engine or {})
         defaults = SamplingParams(
-            max_tokens, temperature, top_p, top_k, min_p, n=n,
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, n=n,
             stop=tuple(unescape(s) for s in stop or ()),
             stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
             include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,

@@ -73,7 +73,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.enable_cascade_attention = config.enable_cascade_attention
+        self.enable_cascade_attention = not config.disable_cascade_attn
         self.kv_cache_manager = kv_cache_manager
         # A request alone must always fit, or preemption could loop forever.
         self.max_model_len = min(max_model_len, kv_cache_manager.capacity_tokens)

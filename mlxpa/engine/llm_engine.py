@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from mlxpa.config import EngineConfig
+from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
@@ -23,7 +23,6 @@ from mlxpa.engine.metrics import Counters
 from mlxpa.messages import token_id_problem
 from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
 from mlxpa.sampling_params import SamplingParams
-from mlxpa.worker.kv_budget import kv_budget_bytes
 from mlxpa.worker.model_runner import ModelRunner
 from mlxpa.worker.outputs import StepResult
 

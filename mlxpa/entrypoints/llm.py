@@ -56,14 +56,12 @@ class LLM:
     Args:
         model: An MLX model folder, a Hugging Face repo id (downloaded on first use), a
             ``.gguf`` file, or None for the default model (Gemma 3 270M).
-        **kwargs: Engine options, vLLM's names where vLLM has the option: ``revision``,
-            ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (0),
-            ``block_size`` (16), ``kv_cache_memory_bytes`` (the KV pool's budget; default
-            15% of memory, at most 4 GiB), ``max_num_seqs`` (128),
-            ``max_num_batched_tokens`` (2048), ``max_model_len`` (the model's context),
-            ``enable_prefix_caching`` (True); mlxpa's own: ``adapter_path`` (an mlx-lm
-            LoRA/DoRA adapter), ``keep_quantized`` (False), ``kernel`` (``auto``). See
-            :data:`mlxpa.entrypoints.engine_args.ENGINE_ARGS`.
+        **kwargs: Engine options: the fields of :class:`~mlxpa.config.EngineConfig`, vLLM's
+            names where vLLM has the option (``revision``, ``dtype``, ``seed``,
+            ``block_size``, ``kv_cache_memory_bytes``, ``kv_cache_dtype``, ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``,
+            ``disable_cascade_attn``, ``attention_backend``), mlxpa's own where it has none
+            (``adapter_path``, ``keep_quantized``, ``kv_group_size``).
 
     The KV pool is sized as ``mlxpa run`` sizes it: to what a call's prompts can use, at most
     the budget (a stream of unknown length takes the budget). A call that needs more than

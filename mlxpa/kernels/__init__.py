@@ -1,6 +1,6 @@
 """Paged-attention kernels: the MLX-ops reference (the spec) and a self-checked native path.
 
-``paged_attention`` picks the back end from ``kernel`` (the config's ``--kernel``):
+``paged_attention`` picks the back end from ``kernel`` (``--attention-backend``):
 
 - ``auto``: Metal where ``mx.metal.is_available()``, else CUDA where ``mx.cuda.is_available()``,
   else, when the default device is the CPU, the CPU kernel, else the reference.
@@ -65,7 +65,7 @@ def _load_backend(name: str):
 
 
 def resolve_backend(kernel: str) -> str:
-    """``metal``, ``cuda``, ``cpu`` or ``reference`` for a ``--kernel`` value on this machine.
+    """``metal``, ``cuda``, ``cpu`` or ``reference`` for an ``--attention-backend`` value on this machine.
 
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.

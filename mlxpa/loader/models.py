@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlxpa.config import DTYPES
 from mlxpa.loader.converted import (  # noqa: F401 (names the callers import from here)
     DEFAULT_MODEL_NAME,
     MARKER,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = None) -> Path:
@@ -138,6 +138,7 @@ def load_model(
 
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = None if dtype == "auto" else dtype
     if adapter_path is not None:
         check_adapter_path(adapter_path)
     folder = resolve_model(spec, revision)

@@ -4,23 +4,9 @@ the engine, ``mlxpa run``'s sizing, ``mlxpa plan`` and ``mlxpa bench``."""
 
 from __future__ import annotations
 
-from mlxpa.blas import host_memory_bytes
-from mlxpa.config import EngineConfig
+from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.worker.kv_storage import kv_storage
 from mlxpa.worker.model_probe import probe_model
-
-
-def default_kv_bytes() -> int:
-    """KV pool budget when none is given: 15% of physical memory, at most 4 GiB."""
-    total = host_memory_bytes() or 8 * 2**30
-    return int(min(4 * 2**30, 0.15 * total))
-
-
-def kv_budget_bytes(config: EngineConfig) -> int:
-    """The KV pool's memory budget in bytes: ``--kv-memory``, else :func:`default_kv_bytes`."""
-    if config.kv_memory_gib is not None:
-        return int(config.kv_memory_gib * 2**30)
-    return default_kv_bytes()
 
 
 def kv_budget_blocks(one_block_bytes: int, config: EngineConfig) -> int:

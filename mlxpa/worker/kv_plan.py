@@ -59,24 +59,13 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def plan_kv(spec: str | None, block_size: int = 16, kv_cache_dtype: str = "auto",
-            kv_group_size: int = 64, kv_memory_gib: float | None = None,
-            dtype: str | None = None, revision: str | None = None) -> KVPlan:
-    """The KV memory plan of ``spec``'s model (``--model``) without running it.
-
-    Args:
-        spec: ``--model`` (None: the default model).
-        block_size: Tokens per block.
-        kv_cache_dtype: The chosen storage.
-        kv_group_size: Quantization group size.
-        kv_memory_gib: The budget (None: the engine's default).
-        dtype: Compute dtype name (None: as ``mlxpa run`` picks: float32 on the CPU, the
-            stored dtype elsewhere).
-        revision: The revision of a Hugging Face repo id ``spec``.
+def plan_kv(config: EngineConfig) -> KVPlan:
+    """The KV memory plan of ``config.model`` without running it: bytes per block in every
+    KV cache dtype for ``config.block_size``, ``config.dtype`` and ``config.kv_group_size``,
+    the blocks ``config``'s budget holds in ``config.kv_cache_dtype``.
 
     Raises:
-        FileNotFoundError, ValueError: The model cannot be found or read, or an option is
-            out of range.
+        FileNotFoundError, ValueError: The model cannot be found or read.
         UnsupportedModelError: The engine would refuse the model.
     """
     import mlx.core as mx
@@ -88,17 +77,16 @@ def plan_kv(spec: str | None, block_size: int = 16, kv_cache_dtype: str = "auto"
     from mlxpa.worker.kv_storage import kv_storage
     from mlxpa.worker.model_probe import probe_model
 
-    config = EngineConfig(model=spec, block_size=block_size, kv_memory_gib=kv_memory_gib,
-                          kv_cache_dtype=kv_cache_dtype, kv_group_size=kv_group_size,
-                          dtype=dtype)
     # Lazy and not strict: no weight is read, and a folder without weights (a tokenizer and
     # config only, enough for the rest of the plan) still gives the shapes.
-    model, _ = load_model(resolve_model(spec, revision), lazy=True, strict=False)
-    dtype = dtype or ("float32" if on_cpu() else None)
-    if dtype is not None:
+    model, _ = load_model(resolve_model(config.model, config.revision), lazy=True,
+                          strict=False)
+    dtype = "float32" if config.dtype == "auto" and on_cpu() else config.dtype
+    if dtype != "auto":
         model.set_dtype(getattr(mx, dtype))
     geometry = probe_model(model, evaluate=False)
-    storages = {d: kv_storage(geometry, d, kv_group_size) for d in KV_CACHE_DTYPES}
-    sizes = {d: s.block_bytes(block_size) for d, s in storages.items()}
-    return KVPlan(kv_cache_dtype, block_size, sizes, storages[kv_cache_dtype].describe(),
-                  kv_budget_blocks(sizes[kv_cache_dtype], config) - 1)
+    storages = {d: kv_storage(geometry, d, config.kv_group_size) for d in KV_CACHE_DTYPES}
+    sizes = {d: s.block_bytes(config.block_size) for d, s in storages.items()}
+    chosen = config.kv_cache_dtype
+    return KVPlan(chosen, config.block_size, sizes, storages[chosen].describe(),
+                  kv_budget_blocks(sizes[chosen], config) - 1)

@@ -142,8 +142,9 @@ class ModelRunner:
         self.dtype = self.geometry.dtype
         self.windows = self.geometry.windows
         self.kv_storage = kv_storage(self.geometry, config.kv_cache_dtype, config.kv_group_size)
-        self._split = check_paged_path(model, self.geometry, self.block_size, config.kernel,
-                                       config.fused_cpu_ops, self.kv_storage)
+        self._split = check_paged_path(model, self.geometry, self.block_size,
+                                       config.attention_backend, config.fused_cpu_ops,
+                                       self.kv_storage)
         self.block_bytes = self.kv_storage.block_bytes(self.block_size)
         self.budget_blocks = kv_budget_blocks(self.block_bytes, config)
         self.num_blocks = max(2, min(self.budget_blocks,
@@ -194,7 +195,7 @@ class ModelRunner:
             tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
         tables = [self._block_table(r) for r in reqs]
         return build_metadata(tokens, counts, starts, tables, self.block_size, self.windows,
-                              self.config.kernel, cascade_groups or ())
+                              self.config.attention_backend, cascade_groups or ())
 
     def seed_for(self, req: Request) -> int:
         """The request's seed (sample 0) or one derived from it and the sample index, or,

@@ -42,7 +42,7 @@ def test_interrupted_report_counts_what_was_written(tmp_path):
     out = tmp_path / "out.jsonl"
     polls = iter(range(10**6))
     console = Console(stderr=True, record=True, width=200)
-    config = EngineConfig(model=folder, max_num_seqs=2, kv_memory_gib=0.01)
+    config = EngineConfig(model=folder, max_num_seqs=2, kv_cache_memory_bytes=2**30 // 100)
     stats = run_file(str(src), str(out), config, SamplingParams(max_tokens=6, ignore_eos=True),
                      RunOptions(order="input"), console=console,
                      should_stop=lambda: next(polls) >= 12)

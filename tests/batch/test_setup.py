@@ -23,7 +23,8 @@ def _setup(tmp_path, kv_memory, more: bool = False):
     _, tok, _ = load_model(folder)
     requests = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=5 + i))
                 for i, p in enumerate(PROMPTS)]
-    config = EngineConfig(model=folder, block_size=4, kv_memory_gib=kv_memory)
+    config = EngineConfig(model=folder, block_size=4,
+                          kv_cache_memory_bytes=int(kv_memory * 2**30))
     console = Console(stderr=True, record=True)
     engine = build_engine(config, requests, more, constrained=False, console=console,
                           verbose=True)
@@ -61,7 +62,7 @@ def test_a_window_sizes_the_pool_and_rows_over_the_context_size_nothing(tmp_path
         {"prompt": "y" * 5000}, {"prompt": "abcdefgh", "max_tokens": 4},
         {"prompt": "abcdefghijklmnop", "max_tokens": 40}]))
     out, console = tmp_path / "out.jsonl", Console(stderr=True, record=True, width=200)
-    config = EngineConfig(model=folder, block_size=4, kv_memory_gib=0.01)
+    config = EngineConfig(model=folder, block_size=4, kv_cache_memory_bytes=2**30 // 100)
     run_file(str(src), str(out), config, SamplingParams(ignore_eos=True), console=console)
     # one window: 8 + 4 tokens = 3 blocks of 4, 16 + 40 = 14 blocks, and the null block (the
     # byte tokenizer adds no BOS); the 5,000-character row adds nothing

@@ -144,12 +144,12 @@ def test_no_cascade_attention_reaches_the_engine(folder, monkeypatch):
 
     seen = []
     monkeypatch.setitem(systems.SYSTEMS, "mlxpa", lambda m, t, wl, config, advance: seen.append(
-        config.enable_cascade_attention) or systems.run_mlxpa(m, t, wl, config, advance))
-    for flag, want in (("--no-cascade-attention", False), ("--cascade-attention", True)):
+        not config.disable_cascade_attn) or systems.run_mlxpa(m, t, wl, config, advance))
+    for flags, want in ((["--disable-cascade-attn"], False), ([], True)):
         seen.clear()
         r = CliRunner().invoke(app, ["bench", "--model", folder, "--num-prompts", "2",
                                      "--input-len", "8", "--output-len", "2", "--kv-memory",
-                                     "0.01", "--baselines", "mlxpa", flag])
+                                     "0.01", "--baselines", "mlxpa", *flags])
         assert r.exit_code == 0, r.output
         assert seen and set(seen) == {want}
 
@@ -162,7 +162,7 @@ def test_repeats_keep_each_run_in_rotating_order(folder, monkeypatch):
 
     model, tok, _ = load_model(folder)
     wl = random_workload(tok, 2, 8, 2, 0.0)
-    config = EngineConfig(kv_memory_gib=0.01)
+    config = EngineConfig(kv_cache_memory_bytes=2**30 // 100)
     place = iter(range(1, 100))
     real = dict(systems.SYSTEMS)
 

@@ -63,7 +63,7 @@ def test_gemm_rate_matches_its_definition():
 def test_run_limits_rows():
     model, tok = tiny_llama(), byte_tokenizer()
     f = model_flops(model)
-    rows = run_limits(model, tok, EngineConfig(kv_memory_gib=0.01), f, 1e9,
+    rows = run_limits(model, tok, EngineConfig(kv_cache_memory_bytes=2**30 // 100), f, 1e9,
                       prefill=(3, 40), decode=(4, 5, 6))
     assert [r.phase for r in rows] == ["prefill", "decode"]
     assert rows[0].tokens == 120 and rows[1].tokens == 4 * 5

@@ -37,7 +37,7 @@ def test_help_fits_80_columns_without_type_metavars(command):
 def test_run_help_is_short_and_names_every_flag_whole():
     text = _help("run")
     assert len(text.splitlines()) < 140  # one screen-ish page; every option named whole
-    assert "--prefix-caching / --no-prefix-caching" in text
+    assert "--enable-prefix-caching / --no-enable-prefix-caching" in text
     assert "-q, --quiet  " in text  # a flag: no metavar after it
 
 
@@ -58,7 +58,7 @@ def test_help_reads_whole_at_80_columns():
     assert "run    Generate a completion for every row" in top
     bench = help_of("bench")
     assert "``" not in bench and "mlx-\n" not in bench
-    assert "only what the workload can use" in " ".join(bench.split())
+    assert "only what the work can use" in " ".join(bench.split())
     for cmd in ("run", "plan"):
         text = help_of(cmd)
         assert ".tsv, .txt" in text and "--blas [auto|system|bundled]" in text

@@ -342,8 +342,8 @@ def test_existing_output_needs_overwrite_or_resume(tmp_path, tiny):
 
 
 def test_no_cascade_attention_reaches_the_engine_config(tmp_path, tiny, monkeypatch):
-    """``--no-cascade-attention`` turns EngineConfig.enable_cascade_attention off (on by
-    default); the run's output is the same either way."""
+    """``--disable-cascade-attn`` turns cascade attention off (EngineConfig.disable_cascade_attn;
+    on by default); the run's output is the same either way."""
     import importlib
 
     run_cli = importlib.import_module("mlxpa.cli.run")  # the package binds `run` to the command
@@ -351,14 +351,14 @@ def test_no_cascade_attention_reaches_the_engine_config(tmp_path, tiny, monkeypa
     command = run_cli._run_command
 
     def spy(input, output, config, *args):
-        seen.append(config.enable_cascade_attention)
+        seen.append(not config.disable_cascade_attn)
         return command(input, output, config, *args)
 
     monkeypatch.setattr(run_cli, "_run_command", spy)
     folder, _, _ = tiny
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": PROMPT + f" {i}"} for i in range(3)])
     texts = []
-    for flags in ([], ["--no-cascade-attention"]):
+    for flags in ([], ["--disable-cascade-attn"]):
         out = tmp_path / f"out{len(flags)}.jsonl"
         r = invoke([src, "-o", str(out), "--model", folder, "--max-tokens", "5", *flags])
         assert r.exit_code == 0, r.output

@@ -142,7 +142,7 @@ BS = 4
 
 def _scheduler(cascade: bool = True, caching: bool = True) -> Scheduler:
     config = EngineConfig(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=256,
-                          enable_cascade_attention=cascade)
+                          disable_cascade_attn=not cascade)
     return Scheduler(config, KVCacheManager(BlockPool(64, BS), enable_prefix_caching=caching),
                      max_model_len=1000)
 

@@ -77,7 +77,7 @@ def _compare(model, items, spies, **config):
     on, steps_on, engine = _run(model, items, steps, **config)
     ran = list(calls)
     calls.clear()
-    off, steps_off, _ = _run(model, items, steps, enable_cascade_attention=False, **config)
+    off, steps_off, _ = _run(model, items, steps, disable_cascade_attn=True, **config)
     assert not calls                                   # off means off
     assert on == off
     assert len(steps_on) == len(steps_off)

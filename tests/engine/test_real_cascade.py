@@ -30,7 +30,7 @@ def test_examples_identical_with_and_without_cascade(default_model, monkeypatch)
     outs = []
     for on in (True, False):
         engine = LLMEngine(EngineConfig(block_size=16, num_blocks=256,
-                                        enable_cascade_attention=on), model, tok)
+                                        disable_cascade_attn=not on), model, tok)
         got = sorted(engine.generate(items), key=lambda o: o.request_id)
         outs.append([(o.text, o.token_ids) for o in got])
         if on:

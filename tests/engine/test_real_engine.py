@@ -67,7 +67,7 @@ def test_kernel_auto_and_reference_agree(default_model):
              for i, p in enumerate(PROMPTS[:2])]
     texts = []
     for kernel in ("auto", "reference"):
-        engine = LLMEngine(EngineConfig(num_blocks=32, kernel=kernel), model, tok)
+        engine = LLMEngine(EngineConfig(num_blocks=32, attention_backend=kernel), model, tok)
         texts.append([o.text for o in sorted(engine.generate(items),
                                              key=lambda o: o.request_id)])
     assert texts[0] == texts[1]

@@ -222,7 +222,7 @@ def test_generate_equals_mlxpa_run_on_the_same_rows(tmp_path, folder, monkeypatc
 
     monkeypatch.setattr(job, "result_records", spy)
     defaults = SamplingParams(max_tokens=8)
-    run_file(str(src), str(out), EngineConfig(model=folder, kv_memory_gib=KV_BYTES / 2**30),
+    run_file(str(src), str(out), EngineConfig(model=folder, kv_cache_memory_bytes=KV_BYTES),
              defaults, RunOptions(show_progress=False))
     written = [json.loads(line) for line in out.read_text().splitlines()]
     api = LLM(folder, kv_cache_memory_bytes=KV_BYTES).generate(rows, defaults, use_tqdm=False)

@@ -25,7 +25,7 @@ from tests.entrypoints.conftest import KV_BYTES
     ({"kv_cache_memory_bytes": -5}, ValueError,
      "kv_cache_memory_bytes must be a number of bytes > 0, got -5"),
     ({"block_size": 12}, ValueError, "block_size must be a power of two from 1 to 256, got 12"),
-    ({"dtype": "float64"}, ValueError, "dtype must be one of float32, bfloat16, float16"),
+    ({"dtype": "float64"}, ValueError, "dtype must be one of auto, float32, bfloat16, float16"),
     ({"enable_prefix_caching": "no"}, ValueError, "enable_prefix_caching must be true or false"),
     ({"seed": -1}, ValueError, "seed must be an integer >= 0, got -1"),
     # a bool is not a count, a string or float not a length (they were taken as 1, or

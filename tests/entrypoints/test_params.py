@@ -16,7 +16,7 @@ from mlxpa import SamplingParams, StructuredOutputsParams
 from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import RowSpec
 from mlxpa.data.rows import parse_row
-from mlxpa.entrypoints.engine_args import ENGINE_ARGS, engine_config
+from mlxpa.entrypoints.engine_args import engine_config
 from mlxpa.sampling_params import JSON_OBJECT, StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
@@ -69,30 +69,28 @@ def test_the_defaults_are_mlxpas_not_vllms():
         0.0, 256, None, None, 1)
 
 
-def test_llm_keywords_map_through_one_table():
-    config = engine_config("m", {"kv_cache_memory_bytes": 3 * 2**30, "dtype": "auto",
-                                 "max_num_seqs": 8, "enable_prefix_caching": False,
-                                 "adapter_path": "a", "keep_quantized": True, "kernel": "cpu",
-                                 "revision": "v1", "seed": 4, "block_size": 32,
-                                 "max_num_batched_tokens": 512, "max_model_len": 1024})
-    assert config == EngineConfig(model="m", kv_memory_gib=3.0, dtype=None, max_num_seqs=8,
-                                  enable_prefix_caching=False, adapter_path="a",
-                                  keep_quantized=True, kernel="cpu", revision="v1", seed=4,
-                                  block_size=32, max_num_batched_tokens=512, max_model_len=1024)
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    assert set(ENGINE_ARGS.values()) <= fields
+def test_llm_keywords_are_the_engine_config_fields():
+    options = {"kv_cache_memory_bytes": 3 * 2**30, "dtype": "auto", "max_num_seqs": 8,
+               "enable_prefix_caching": False, "adapter_path": "a", "keep_quantized": True,
+               "attention_backend": "cpu", "revision": "v1", "seed": 4, "block_size": 32,
+               "max_num_batched_tokens": 512, "max_model_len": 1024}
+    config = engine_config("m", options)
+    assert config == EngineConfig(model="m", **options)
+    assert (config.kv_cache_memory_bytes, config.dtype, config.attention_backend) == (
+        3 * 2**30, "auto", "cpu")
     assert engine_config(None, {}) == EngineConfig()
+    assert engine_config(None, {"dtype": None, "kv_cache_dtype": None}) == EngineConfig()
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes must be a number of bytes"):
+        engine_config(None, {"kv_cache_memory_bytes": 0})
 
 
-def test_cascade_attention_keywords_vllms_negated_and_the_fields():
-    assert engine_config(None, {"disable_cascade_attn": True}).enable_cascade_attention is False
-    assert engine_config(None, {"disable_cascade_attn": False}).enable_cascade_attention is True
+def test_cascade_attention_keyword_is_vllms():
+    assert engine_config(None, {"disable_cascade_attn": True}).disable_cascade_attn is True
+    assert engine_config(None, {}).disable_cascade_attn is False
     with pytest.raises(ValueError, match="disable_cascade_attn must be true or false, got 1"):
         engine_config(None, {"disable_cascade_attn": 1})
-    config = engine_config(None, {"enable_cascade_attention": False})
-    assert config.enable_cascade_attention is False
-    with pytest.raises(TypeError, match="not both"):
-        engine_config(None, {"disable_cascade_attn": True, "enable_cascade_attention": True})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'enable_cascade_attention'"):
+        engine_config(None, {"enable_cascade_attention": False})
 
 
 def test_import_mlxpa_exports_the_api_without_loading_mlx():

@@ -158,13 +158,13 @@ def test_ray_resume_appends_the_missing_rows(tmp_path, model, cluster):
 def test_build_processor_matches_a_local_run(tmp_path, model, cluster):
     rows = prompts(12)
     run_file(write_rows(tmp_path / "in.jsonl", rows), str(tmp_path / "local.jsonl"),
-             EngineConfig(model=model, kv_memory_gib=0.01), SamplingParams(),
+             EngineConfig(model=model, kv_cache_memory_bytes=2**30 // 100), SamplingParams(),
              RunOptions(show_progress=False))
     want = {o["id"]: o["text"] for o in map(json.loads, open(tmp_path / "local.jsonl"))}
     items = [{"key": r["id"], "question": r["prompt"], "limit": r["max_tokens"]} for r in rows]
     items.append({"key": "neg", "question": "x", "limit": -1})
     processor = build_processor(
-        EngineConfig(model=model, kv_memory_gib=0.01),
+        EngineConfig(model=model, kv_cache_memory_bytes=2**30 // 100),
         preprocess=lambda r: {"id": r["key"], "prompt": r["question"],
                               "max_tokens": r["limit"]},
         postprocess=lambda r: {"key": r["id"], "answer": r["text"], "error": r["error"]},
@@ -201,7 +201,7 @@ def replica_pids() -> dict[int, str]:
 def test_a_killed_replica_loses_and_duplicates_no_row(tmp_path, model, cluster):
     src = write_rows(tmp_path / "in.jsonl", prompts(16))
     defaults = SamplingParams(max_tokens=120, ignore_eos=True)
-    config = EngineConfig(model=model, kv_memory_gib=0.01)
+    config = EngineConfig(model=model, kv_cache_memory_bytes=2**30 // 100)
     quiet = RunOptions(show_progress=False)
     run_file(src, str(tmp_path / "local.jsonl"), config, defaults, quiet)
     killed: list[int] = []

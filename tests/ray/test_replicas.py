@@ -36,7 +36,8 @@ def test_a_shard_writes_what_a_local_run_writes(tmp_path):
     folder = save_tiny_model(tmp_path / "tiny")
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    config, defaults = EngineConfig(model=folder, kv_memory_gib=0.01), SamplingParams(max_tokens=6)
+    config = EngineConfig(model=folder, kv_cache_memory_bytes=2**30 // 100)
+    defaults = SamplingParams(max_tokens=6)
     out = tmp_path / "out.jsonl"
     run_file(str(src), str(out), config, defaults, RunOptions(show_progress=False))
     local = [json.loads(line) for line in out.read_text().splitlines()]
@@ -52,7 +53,8 @@ def test_a_shard_writes_what_a_local_run_writes(tmp_path):
 
 def test_the_processor_replica_gives_samples_and_errors(tmp_path):
     folder = save_tiny_model(tmp_path / "tiny")
-    config, defaults = EngineConfig(model=folder, kv_memory_gib=0.01), SamplingParams(max_tokens=4)
+    config = EngineConfig(model=folder, kv_cache_memory_bytes=2**30 // 100)
+    defaults = SamplingParams(max_tokens=4)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     run_file(str(src), str(out), config, defaults, RunOptions(show_progress=False))

@@ -47,8 +47,9 @@ def test_bytes_per_token_from_the_pool_arrays(bf16_runners):
 
 def test_kv_memory_buys_proportionally_more_blocks():
     model = tiny_llama(hidden=256)
-    budget = {d: ModelRunner(model, EngineConfig(kv_memory_gib=0.01, kv_cache_dtype=d))
-              .budget_blocks for d in ("auto", "int8", "int4")}
+    budget = {d: ModelRunner(model, EngineConfig(kv_cache_memory_bytes=2**30 // 100,
+                                                 kv_cache_dtype=d)).budget_blocks
+              for d in ("auto", "int8", "int4")}
     # float32 model: 2048 bytes per token in auto, 576 in int8, 320 in int4.
     assert budget == {d: int(0.01 * 2**30) // (16 * b) + 1
                       for d, b in (("auto", 2048), ("int8", 576), ("int4", 320))}
