@@ -25,9 +25,9 @@ from collections import Counter
 
 import mlx.core as mx
 
-from mlxpa.batch.setup import sized_config
 from mlxpa.bench.workloads import shared_prefix_workload
 from mlxpa.config import EngineConfig
+from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.core.prefix_order import prefix_order
 from mlxpa.engine import LLMEngine
 from mlxpa.loader.models import load_model
@@ -43,7 +43,8 @@ def decoding_engine(model, tok, a) -> LLMEngine:
                                 a.question_len, output_len=10_000)
     config = EngineConfig(model=a.model, max_num_seqs=max(128, len(wl.prompts)))
     lengths = ((len(p), a.decode_steps + 8, 1) for p in wl.prompts)
-    engine = LLMEngine(sized_config(config, model, lengths), model, tok)
+    engine = LLMEngine(config, model, tok,
+                       kv_blocks_needed=kv_blocks_needed(lengths, config.block_size))
     for i in prefix_order(wl.prompts, config.block_size):
         engine.add_request(i, wl.prompts[i], SamplingParams(max_tokens=a.decode_steps + 8,
                                                             ignore_eos=True))
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     a.decode_steps = 2 * (a.rounds + 1) + 2
-    model, tok, _ = load_model(a.model)
+    model, tok, _ = load_model(EngineConfig(model=a.model))
     engine = decoding_engine(model, tok, a)
     runner = engine.runner
     layers: dict = {}

@@ -112,6 +112,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
     parts = set(a.parts.split(","))
@@ -119,7 +120,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown --parts: {', '.join(sorted(unknown))}")
     results: dict = {"args": vars(a)}
-    model, tok, _ = load_model(a.model)
+    model, tok, _ = load_model(EngineConfig(model=a.model))
     gs = a.kv_group_size
     if "bytes" in parts:
         bytes_part(a, model, results)
@@ -140,11 +141,12 @@ def main() -> int:
 
 def bytes_part(a, model, results: dict) -> None:
     """Part 1: bytes per KV token of each dtype, in the compute dtype and in bfloat16."""
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
     gs = a.kv_group_size
     results["bytes_per_token"] = native = bytes_per_token(model, a.block_size, gs)
-    bf16, _, _ = load_model(a.model, "bfloat16")
+    bf16, _, _ = load_model(EngineConfig(model=a.model, dtype="bfloat16"))
     results["bytes_per_token_bfloat16"] = bf = bytes_per_token(bf16, a.block_size, gs)
     del bf16
     results["fewer_than_auto"] = {d: native["auto"] / b for d, b in native.items()}
@@ -162,13 +164,14 @@ def throughput_parts(a, model, tok, names: list[str], results: dict) -> None:
     from mlxpa.bench.workloads import random_workload
     from mlxpa.config import EngineConfig
     from mlxpa.core.kv_sizing import kv_blocks_needed
-    from mlxpa.worker.kv_budget import model_block_bytes
+    from mlxpa.worker.kv_storage import kv_storage
+    from mlxpa.worker.model_probe import probe_model
 
     gs = a.kv_group_size
     wl = random_workload(tok, a.num_prompts, a.input_len, a.output_len)
     need = kv_blocks_needed(((len(p), n, 1) for p, n in zip(wl.prompts, wl.output_lens)),
                             a.block_size, 1 << 40)
-    auto_bytes = model_block_bytes(model, a.block_size)
+    auto_bytes = kv_storage(probe_model(model)).block_bytes(a.block_size)
     limited = a.kv_fraction * need * auto_bytes / 2**30
     ample = 2 * need * auto_bytes / 2**30
 

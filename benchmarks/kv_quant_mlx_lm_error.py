@@ -42,9 +42,10 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
-    model, tok, _ = load_model(a.model)
+    model, tok, _ = load_model(EngineConfig(model=a.model))
     gs = a.group_size
     labels = a.labels.split(",")
     label_ids = []

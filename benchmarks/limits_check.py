@@ -12,7 +12,7 @@ from mlxpa.bench.limits import gemm_flops_per_s, run_limits
 from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 
-model, tok, _ = load_model(None)
+model, tok, _ = load_model(EngineConfig())
 flops = model_flops(model)
 rate = gemm_flops_per_s()
 rows = run_limits(model, tok, EngineConfig(), flops, rate, int(sys.argv[1]) if len(sys.argv) > 1

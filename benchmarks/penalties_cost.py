@@ -111,7 +111,7 @@ def main() -> None:
 
         model, tok = tiny_llama(vocab=4096), byte_tokenizer()
     else:
-        model, tok, _ = load_model(a.model)
+        model, tok, _ = load_model(EngineConfig(model=a.model))
     prompts = random_workload(tok, a.rows, a.prompt_len, 1, 0.0).prompts
     # room for the decode steps taken while later rows still prefill (chunked prefill)
     max_tokens = a.rounds + 64

@@ -27,7 +27,7 @@ from mlxpa.loader.models import load_model
 from mlxpa.sampling_params import SamplingParams
 
 B, L, REPEATS = (int(a) for a in (sys.argv[1:] + ["4", "512", "5"][len(sys.argv) - 1:]))
-model, tok, _ = load_model(None)
+model, tok, _ = load_model(EngineConfig())
 wl = random_workload(tok, B, L, 1, 0.0)
 streams = cpu_streams.cpu_streams()[:]
 VARIANTS = {"untiled": (1 << 30, 1 << 30, 1, True), "tiles": (64, 1 << 30, 1, True),

@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--variants", default="prefix,prefix-nodefer,noprefix")
     a = p.parse_args()
-    model, tok, _ = load_model(None)
+    model, tok, _ = load_model(EngineConfig())
     wl = shared_prefix_workload(tok, a.groups, a.per_group, a.system, a.question, a.output)
     variants = a.variants.split(",")
     warm = wl.prompts[:2]

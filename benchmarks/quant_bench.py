@@ -57,8 +57,8 @@ def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: 
     from mlxpa.loader.models import load_model, model_dtype
     from mlxpa.sampling_params import SamplingParams
 
-    model, tok, _ = load_model(folder, keep_quantized=keep_quantized,
-                               kv_bytes=int(kv_memory * 2**30))
+    model, tok, _ = load_model(EngineConfig(model=folder, keep_quantized=keep_quantized,
+                                            kv_cache_memory_bytes=int(kv_memory * 2**30)))
     wl = random_workload(tok, num_prompts, input_len, output_len)
     refs = {i: [int(t) for t, _ in generate_step(mx.array(wl.prompts[i]), model,
                                                   max_tokens=wl.output_lens[i])]

@@ -47,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    model, tok, _ = load_model(None)
+    model, tok, _ = load_model(EngineConfig())
     wl = shared_prefix_workload(tok, 8, 16, 512, 64, 32)
     on_out, on = run(model, tok, wl, True)
     off_out, off = run(model, tok, wl, False)

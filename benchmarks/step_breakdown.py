@@ -31,7 +31,7 @@ from mlxpa.worker.paged_forward import paged_context
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "prefill"
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-model, tok, _ = load_model(None)
+model, tok, _ = load_model(EngineConfig())
 ARGS = model.args
 NL = ARGS.num_hidden_layers
 

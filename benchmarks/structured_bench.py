@@ -131,7 +131,7 @@ def overhead(model: str | None, n: int) -> dict:
     from mlxpa.loader.models import load_model
     from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
-    mdl, tok, _ = load_model(model)
+    mdl, tok, _ = load_model(EngineConfig(model=model))
     so = StructuredOutput.make("json", SCHEMAS["nested"])
     prompts = [tok.apply_chat_template(
         [{"role": "user", "content": f"Extract the person as JSON.\n\nText: {TEXTS[i % 5]} "

@@ -84,7 +84,6 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
-    kv_blocks_needed: int | None = None
     kv_cache_dtype: str = "auto"
     kv_group_size: int = 64
     max_num_seqs: int = 128
@@ -127,9 +126,6 @@ class EngineConfig:
         check_field(self.num_blocks is None or (is_int(self.num_blocks)
                                                 and self.num_blocks >= 2),
                     "num_blocks", self.num_blocks, "an integer >= 2 or None")
-        check_field(self.kv_blocks_needed is None or (is_int(self.kv_blocks_needed)
-                                                      and self.kv_blocks_needed >= 2),
-                    "kv_blocks_needed", self.kv_blocks_needed, "an integer >= 2 or None")
         self._check_choice("kv_cache_dtype", KV_CACHE_DTYPES)
         check_field(type(self.kv_group_size) is int and self.kv_group_size in KV_GROUP_SIZES,
                     "kv_group_size", self.kv_group_size,

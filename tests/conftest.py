@@ -20,9 +20,10 @@ def default_model_dir():
 @pytest.fixture(scope="session")
 def default_model(default_model_dir):
     """``(model, tokenizer, folder)`` of the default model, float32, loaded once per session."""
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
-    return load_model(None)
+    return load_model(EngineConfig())
 
 
 def pytest_collection_modifyitems(items) -> None:

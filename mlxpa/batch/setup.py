@@ -9,9 +9,7 @@ the model loads (no pass of its own); when more rows follow, the pool takes the 
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterable
 
 from rich.console import Console
 
@@ -26,8 +24,7 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
     """Load ``config.model`` and build an engine whose KV pool fits the requests to run.
 
     Args:
-        config: Engine configuration; ``kv_blocks_needed`` is filled in here (unless
-            ``num_blocks`` fixes the pool).
+        config: Engine configuration.
         first: The requests of pass 2's first window (rows over the context left out).
         more: Rows follow the window (the pool then takes the whole budget).
         constrained: Some request has a grammar (llguidance's tokenizer is built while the
@@ -42,17 +39,16 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
     Raises:
         FileNotFoundError, ValueError: As :func:`mlxpa.loader.models.load_model`.
     """
-    from mlxpa.config import kv_budget_bytes
     from mlxpa.loader.models import load_model
     from mlxpa.structured.matchers import start_grammar_tokenizer
 
-    model, tokenizer, _ = load_model(config.model, config.dtype,
-                                     start_grammar_tokenizer if constrained else None,
-                                     revision=config.revision, adapter_path=config.adapter_path,
-                                     keep_quantized=config.keep_quantized,
-                                     kv_bytes=kv_budget_bytes(config), tokenizer=tokenizer)
-    lengths = ((len(r.prompt_token_ids), r.params.max_tokens, r.params.n) for r in first)
-    engine = LLMEngine(sized_config(config, model, lengths, more), model, tokenizer)
+    model, tokenizer, _ = load_model(
+        config, on_tokenizer=start_grammar_tokenizer if constrained else None,
+        tokenizer=tokenizer)
+    need = None if more else kv_blocks_needed(
+        ((len(r.prompt_token_ids), r.params.max_tokens, r.params.n) for r in first),
+        config.block_size, max_model_len=config.max_model_len)
+    engine = LLMEngine(config, model, tokenizer, kv_blocks_needed=need)
     r = engine.runner
     if verbose:
         mib = r.block_bytes / 2**20
@@ -64,29 +60,6 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
     if constrained:
         _join_grammar_tokenizer(engine, console, verbose)
     return engine
-
-
-def sized_config(config: EngineConfig, model, lengths: Iterable[tuple[int, int, int]],
-                 more: bool = False) -> EngineConfig:
-    """``config`` with the pool sized to ``lengths``.
-
-    Args:
-        config: Engine configuration (returned as it is when ``num_blocks`` fixes the pool).
-        model: The loaded mlx-lm model (its block size in bytes sets the budget in blocks).
-        lengths: ``(prompt_tokens, max_tokens, n)`` of each request that will run.
-        more: Requests beyond ``lengths`` follow, of unknown need: the pool takes the budget.
-
-    Returns:
-        The configuration with ``kv_blocks_needed`` set.
-    """
-    from mlxpa.worker.kv_budget import kv_budget_blocks, model_block_bytes
-
-    if config.num_blocks is not None or more:
-        return config
-    budget = kv_budget_blocks(model_block_bytes(model, config.block_size, config.kv_cache_dtype,
-                                                config.kv_group_size), config)
-    need = kv_blocks_needed(lengths, config.block_size, budget, config.max_model_len)
-    return dataclasses.replace(config, kv_blocks_needed=need)
 
 
 def _join_grammar_tokenizer(engine: LLMEngine, console: Console, verbose: bool) -> None:

@@ -70,7 +70,6 @@ def bench(
     from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
-    from mlxpa.config import kv_budget_bytes
     from mlxpa.data import InputError
     from mlxpa.loader.models import load_model
 
@@ -87,10 +86,7 @@ def bench(
                 system_prompt_len=system_prompt_len, question_len=question_len, seed=seed,
                 vocab_size=files.vocab_size())
             _say_workload(console, wl, systems, repeats)
-        mdl, tok, _ = load_model(config.model, config.dtype, revision=config.revision,
-                                 adapter_path=config.adapter_path,
-                                 keep_quantized=config.keep_quantized,
-                                 kv_bytes=kv_budget_bytes(config), tokenizer=files.tokenizer())
+        mdl, tok, _ = load_model(config, tokenizer=files.tokenizer())
         if workload.value == LIMITS:
             return _limits(console, mdl, tok, config, repeats, json_path)
         with BenchProgress(console, enabled=not quiet) as progress:

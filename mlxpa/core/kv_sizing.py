@@ -1,4 +1,5 @@
-"""How many KV blocks a known input can use at most, so the pool is sized to the work.
+"""How many blocks the KV pool takes: what the memory budget holds, at most what a known input
+can use.
 
 A batch run knows its requests before the model loads, so the pool need not take the whole
 memory budget up front (vLLM sizes it from free memory, for a server whose work is unknown). A
@@ -7,12 +8,11 @@ request holds at most ``ceil((prompt + max_tokens) / block_size)`` blocks per sa
 so the sum over all requests plus the null block bounds every block ever held at once, the
 prefix cache's included: with a pool that size nothing is ever evicted or preempted.
 
-Trade-off: the run sizes the pool from the requests of its first window of rows (what pass 2
-reads and tokenizes before the model loads anyway; :mod:`mlxpa.batch.setup`), not from a read
-of the whole input. An input that fits in one window gets exactly its need; a longer one gets
-the whole budget, even when its total need is below it (each window's need usually reaches
-the budget, and reading ahead to find out would cost another pass over the input). Rows over
-the context are refused before the model loads and never size the pool.
+Trade-off: the file run sizes the pool from the requests of its first window of rows (what
+pass 2 reads and tokenizes before the model loads anyway; :mod:`mlxpa.batch.setup`), not from
+a read of the whole input. An input that fits in one window gets exactly its need; a longer
+one gets the whole budget. Rows over the context are refused before the model loads and never
+size the pool.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from mlxpa.utils import cdiv
 
 
 def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
-                     cap: int, max_model_len: int | None = None) -> int:
-    """Most KV blocks ``requests`` can hold at once, null block 0 included, at most ``cap``.
+                     cap: int | None = None, max_model_len: int | None = None) -> int:
+    """Most KV blocks ``requests`` can hold at once, null block 0 included.
 
     Args:
         requests: ``(prompt_tokens, max_tokens, n)`` per request; read lazily and only until
             the sum reaches ``cap`` (so a large input is not read through).
         block_size: Tokens per block.
-        cap: The budget in blocks (null block included); returned when the need reaches it.
+        cap: Returned as soon as the need reaches it (the budget in blocks; None: no cap).
         max_model_len: Context cap on ``prompt_tokens + max_tokens`` (None: no cap).
 
     Returns:
-        ``min(cap, 1 + sum(n * ceil(min(prompt + max_tokens, max_model_len) / block_size)))``,
-        at least 2 (a pool holds the null block and one block).
+        ``1 + sum(n * ceil(min(prompt + max_tokens, max_model_len) / block_size))``, at most
+        ``cap``, at least 2 (a pool holds the null block and one block).
     """
     total = 1
     for prompt, max_tokens, n in requests:
@@ -43,6 +43,20 @@ def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
         if max_model_len is not None:
             length = min(length, max_model_len)
         total += n * cdiv(length, block_size)
-        if total >= cap:
+        if cap is not None and total >= cap:
             return cap
     return max(2, total)
+
+
+def num_kv_blocks(budget_bytes: int, block_bytes: int, need_blocks: int | None = None) -> int:
+    """Blocks of the KV pool, null block included: what ``budget_bytes`` holds at
+    ``block_bytes`` per block (all layers, K and V), at most ``need_blocks`` (None: the whole
+    budget), at least 2.
+
+    Raises:
+        ValueError: ``block_bytes`` below 1.
+    """
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+    budget = max(2, budget_bytes // block_bytes + 1)
+    return budget if need_blocks is None else max(2, min(budget, need_blocks))

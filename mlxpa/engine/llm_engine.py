@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from mlxpa.config import EngineConfig, kv_budget_bytes
+from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
@@ -49,38 +49,67 @@ class Passthrough(NamedTuple):
 class LLMEngine:
     """Continuous-batching engine over a paged KV cache.
 
+    Start-up has vLLM's two phases: the model runner probes and checks the model once
+    (:class:`ModelRunner`), then the KV pool is built for ``kv_blocks_needed``;
+    :meth:`resize_kv_pool` rebuilds the pool later without touching the runner.
+
     Args:
         config: Engine configuration.
         model: An mlx-lm model; None loads ``config.model`` (the default Gemma 3 270M when
             that is None).
         tokenizer: The model's mlx-lm ``TokenizerWrapper`` (required with ``model``).
+        kv_blocks_needed: Most blocks the work can use, null block included
+            (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`): the pool takes that, at most the
+            memory budget; None (work unknown): the budget.
     """
 
-    def __init__(self, config: EngineConfig, model=None, tokenizer=None) -> None:
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None, *,
+                 kv_blocks_needed: int | None = None) -> None:
         if model is None:
             from mlxpa.loader.models import load_model
 
-            model, tokenizer, _ = load_model(
-                config.model, config.dtype, revision=config.revision,
-                adapter_path=config.adapter_path, keep_quantized=config.keep_quantized,
-                kv_bytes=kv_budget_bytes(config))
+            model, tokenizer, _ = load_model(config)
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
                                   tokenizer._tokenizer)
-        # A recurrent state exists only at the position its request reached: no prefix
-        # cache hits (and no forked samples, see _fork_samples) for such models.
-        recurrent = self.runner.states is not None
-        self.kv_cache_manager = KVCacheManager(
-            BlockPool(self.runner.num_blocks, config.block_size),
-            config.enable_prefix_caching and not recurrent)
-        self.scheduler = Scheduler(config, self.kv_cache_manager, self.runner.max_model_len,
-                                   frozenset(tokenizer.eos_token_ids))
-        self.choice_scores = self._choice_scores()
         self.counters = Counters()
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
         self._released: list[SampleOutput] = []
+        self._build_pool(self.runner.kv_blocks_for(kv_blocks_needed))
+
+    def _build_pool(self, num_blocks: int) -> None:
+        """The runner's pools, the block pool, its manager and the scheduler for
+        ``num_blocks`` blocks (an empty prefix cache)."""
+        self.runner.allocate_kv_cache(num_blocks)
+        # A recurrent state exists only at the position its request reached: no prefix
+        # cache hits (and no forked samples, see _fork_samples) for such models.
+        recurrent = self.runner.states is not None
+        self.kv_cache_manager = KVCacheManager(
+            BlockPool(num_blocks, self.config.block_size),
+            self.config.enable_prefix_caching and not recurrent)
+        self.scheduler = Scheduler(self.config, self.kv_cache_manager,
+                                   self.runner.max_model_len,
+                                   frozenset(self.tokenizer.eos_token_ids))
+        self.choice_scores = self._choice_scores()
+
+    def resize_kv_pool(self, num_blocks: int) -> None:
+        """Rebuild the KV pool with ``num_blocks`` blocks (null block included; see
+        :meth:`ModelRunner.kv_blocks_for`): the runner's pools, the :class:`BlockPool`, the
+        :class:`KVCacheManager` and the :class:`Scheduler`; the model, its checks and the
+        counters are kept, the prefix cache starts empty.
+
+        Raises:
+            RuntimeError: A request is in flight (:meth:`abort_unfinished` first).
+            ValueError: ``num_blocks`` below 2.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError("resize_kv_pool needs an engine with no request in flight "
+                               "(abort_unfinished() drops them)")
+        if self.scheduler.has_finished_requests():
+            self.step()  # SchedulerOutput.finished: the runner frees their state
+        self._build_pool(num_blocks)
 
     @property
     def max_model_len(self) -> int:

@@ -22,7 +22,6 @@ the stream.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
@@ -65,8 +64,9 @@ class LLM:
 
     The KV pool is sized as ``mlxpa run`` sizes it: to what a call's prompts can use, at most
     the budget (a stream of unknown length takes the budget). A call that needs more than
-    the pool holds rebuilds the engine around the loaded model (its prefix cache then starts
-    empty); otherwise the pool, and the prefix cache in it, are kept between calls.
+    the pool holds grows the pool (:meth:`~mlxpa.engine.LLMEngine.resize_kv_pool`: the model
+    is loaded and checked once; the prefix cache then starts empty); otherwise the pool, and
+    the prefix cache in it, are kept between calls.
 
     Attributes:
         llm_engine: The engine (:class:`~mlxpa.engine.LLMEngine`); its ``counters`` are the
@@ -219,18 +219,20 @@ class LLM:
 
     def _fit(self, requests: list[PromptInput] | None) -> None:
         """Grow the KV pool to what ``requests`` can use (None: an unknown need, the whole
-        budget), at most the budget: the engine is rebuilt around the loaded model when its
-        pool is smaller (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`, as ``mlxpa run``)."""
+        budget), at most the budget (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`, as
+        ``mlxpa run``); a pool that holds it already is kept."""
         engine, runner, config = self.llm_engine, self.llm_engine.runner, self._config
-        need = runner.budget_blocks
+        need = None
         if requests is not None:
             need = kv_blocks_needed(((len(r.prompt_token_ids), r.params.max_tokens, r.params.n)
-                                     for r in requests), config.block_size, need,
-                                    config.max_model_len)
-        if need > runner.num_blocks:
-            self._active = None  # a stream left open on the old engine ends (RuntimeError)
-            self.llm_engine = LLMEngine(dataclasses.replace(config, kv_blocks_needed=need),
-                                        runner.model, engine.tokenizer)
+                                     for r in requests), config.block_size,
+                                    runner.budget_blocks, config.max_model_len)
+        num_blocks = runner.kv_blocks_for(need)
+        if num_blocks > runner.num_blocks:
+            self._active = None  # a stream left open ends (RuntimeError), its prompts dropped
+            if engine.has_unfinished_requests():
+                engine.abort_unfinished()
+            engine.resize_kv_pool(num_blocks)
 
     def _stream(self, rows: Iterable[list[Fed]], ordered: bool, use_tqdm: bool,
                 total: int | None, arg: str) -> Generator[tuple[int, RequestOutput]]:

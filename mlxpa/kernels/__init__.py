@@ -65,7 +65,8 @@ def _load_backend(name: str):
 
 
 def resolve_backend(kernel: str) -> str:
-    """``metal``, ``cuda``, ``cpu`` or ``reference`` for an ``--attention-backend`` value on this machine.
+    """``metal``, ``cuda``, ``cpu`` or ``reference`` for an ``--attention-backend`` value on this
+    machine.
 
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlxpa.config import DTYPES
+from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.loader.converted import (  # noqa: F401 (names the callers import from here)
     DEFAULT_MODEL_NAME,
     MARKER,
@@ -93,29 +93,27 @@ def _repo_id_like(spec: str) -> bool:
 
 
 def load_model(
-    spec: str | os.PathLike[str] | None, dtype: str | None = None,
-    on_tokenizer: Callable[[TokenizerWrapper, dict], None] | None = None, *,
-    revision: str | None = None, adapter_path: str | os.PathLike[str] | None = None,
-    keep_quantized: bool = False, kv_bytes: int = 0, tokenizer: TokenizerWrapper | None = None,
+    config: EngineConfig, *,
+    on_tokenizer: Callable[[TokenizerWrapper, dict], None] | None = None,
+    tokenizer: TokenizerWrapper | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
-    """Resolves ``spec`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
+    """Resolves ``config.model`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
     Order: tokenizer, weights, the adapter (as ``mlx_lm.load(adapter_path=)``), the cast to
-    ``dtype``, then on MLX's CPU back end the quantized layers dequantized when memory allows
-    (:mod:`mlxpa.loader.dequantize`).
+    the compute dtype, then on MLX's CPU back end the quantized layers dequantized when memory
+    allows (:mod:`mlxpa.loader.dequantize`).
 
     Args:
-        spec: See :func:`resolve_model`.
-        dtype: ``float32``, ``bfloat16`` or ``float16``: floating parameters are cast to it.
-            ``None`` means float32 on the CPU (MLX's CPU half-precision matmuls are slower, and
-            float16 overflows Gemma's activations) and the stored dtype elsewhere.
+        config: What to load: ``model`` (see :func:`resolve_model`) at ``revision``;
+            ``dtype`` (``auto``: float32 on the CPU, whose half-precision matmuls are slower
+            and where float16 overflows Gemma's activations, the stored dtype elsewhere);
+            ``adapter_path`` (an mlx-lm LoRA/DoRA adapter, :mod:`mlxpa.loader.adapters`);
+            ``keep_quantized`` (on the CPU, keep quantized weights packed); the KV budget
+            (:func:`~mlxpa.config.kv_budget_bytes`), which dequantized weights must leave
+            room for.
         on_tokenizer: Called with the tokenizer and the folder's ``config.json`` once the
             tokenizer has loaded, before the weights (work that needs only the tokenizer
             starts there, e.g. the grammar tokenizer's background build).
-        revision: Branch, tag or commit of a Hugging Face repo id ``spec``.
-        adapter_path: An mlx-lm LoRA/DoRA adapter folder (:mod:`mlxpa.loader.adapters`).
-        keep_quantized: On the CPU, keep quantized weights packed.
-        kv_bytes: The KV pool's budget in bytes (the dequantized weights must leave room).
         tokenizer: The model's tokenizer, already loaded (:func:`load_tokenizer_of`); None
             loads it.
 
@@ -125,9 +123,8 @@ def load_model(
 
     Raises:
         FileNotFoundError: As :func:`resolve_model`, or a missing adapter folder or file.
-        ValueError: As :func:`resolve_model`, for an unknown ``dtype``, a ``config.json``
-            or weights file that cannot be read (named), or an adapter whose config or
-            tensors do not fit.
+        ValueError: As :func:`resolve_model`, a ``config.json`` or weights file that cannot
+            be read (named), or an adapter whose config or tensors do not fit.
     """
     import mlx.core as mx
     from mlx_lm.utils import load_model as load_weights
@@ -136,22 +133,21 @@ def load_model(
     from mlxpa.loader.adapters import apply_adapters, check_adapter_path
     from mlxpa.loader.dequantize import dequantize_for_cpu
 
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    dtype = None if dtype == "auto" else dtype
+    spec, adapter_path = config.model, config.adapter_path
+    dtype = None if config.dtype == "auto" else config.dtype
     if adapter_path is not None:
         check_adapter_path(adapter_path)
-    folder = resolve_model(spec, revision)
+    folder = resolve_model(spec, config.revision)
     logger.info("Loading the model %s ...", folder)
     start = time.perf_counter()
     # mlx_lm.utils.load, but the tokenizer first: building a large vocabulary (Gemma 3's
     # 262,144 tokens) briefly takes about 0.5 GB more, which then does not add to the
     # weights' (the README example's peak RSS: 1.87 GB with the weights first, 1.47 GB).
-    config = read_config(folder)
+    folder_config = read_config(folder)
     if tokenizer is None:
-        tokenizer = _load_tokenizer(folder, config)
+        tokenizer = _load_tokenizer(folder, folder_config)
     if on_tokenizer is not None:
-        on_tokenizer(tokenizer, config)
+        on_tokenizer(tokenizer, folder_config)
     try:
         model, _ = load_weights(folder)
     except RuntimeError as err:  # mx.load: a download or copy cut short, a Git LFS pointer
@@ -164,8 +160,8 @@ def load_model(
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
         mx.eval(model.parameters())
-        dequantize_for_cpu(model, str(spec or folder.name), getattr(mx, dtype), kv_bytes,
-                           keep_quantized)
+        dequantize_for_cpu(model, str(spec or folder.name), getattr(mx, dtype),
+                           kv_budget_bytes(config), config.keep_quantized)
     logger.info("Loaded %s in %.1f s", folder, time.perf_counter() - start)
     return model, tokenizer, folder
 

@@ -71,9 +71,10 @@ def plan_kv(config: EngineConfig) -> KVPlan:
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
+    from mlxpa.config import kv_budget_bytes
+    from mlxpa.core.kv_sizing import num_kv_blocks
     from mlxpa.kernels.device import on_cpu
     from mlxpa.loader.models import resolve_model
-    from mlxpa.worker.kv_budget import kv_budget_blocks
     from mlxpa.worker.kv_storage import kv_storage
     from mlxpa.worker.model_probe import probe_model
 
@@ -89,4 +90,4 @@ def plan_kv(config: EngineConfig) -> KVPlan:
     sizes = {d: s.block_bytes(config.block_size) for d, s in storages.items()}
     chosen = config.kv_cache_dtype
     return KVPlan(chosen, config.block_size, sizes, storages[chosen].describe(),
-                  kv_budget_blocks(sizes[chosen], config) - 1)
+                  num_kv_blocks(kv_budget_bytes(config), sizes[chosen]) - 1)

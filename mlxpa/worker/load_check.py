@@ -206,10 +206,12 @@ def _difference(model, geometry, split, block_size, kernel, fused, ref,
     return None
 
 
-def check_paged_path(model: nn.Module, geometry: ModelGeometry, block_size: int,
+def verify_and_split(model: nn.Module, geometry: ModelGeometry, block_size: int,
                      kernel: str = "auto", fused: bool = True,
                      storage: KVStorage | None = None) -> HeadSplit | None:
-    """Verify the paged path against mlx-lm (see the module docstring).
+    """Verify the paged path against mlx-lm (see the module docstring) and choose how the
+    runner applies the LM head: the body/head split when the path passes with it, else the
+    full model.
 
     Args:
         storage: How the pools store K/V (None: the compute dtype).

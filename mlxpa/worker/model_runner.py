@@ -1,4 +1,10 @@
-"""Model runner: KV pool set-up, step inputs, one forward pass per group of requests, sampling.
+"""Model runner: the model checked once, the KV pool, step inputs, one forward pass per group
+of requests, sampling.
+
+Start-up has vLLM's two phases: the constructor probes the model and checks it against mlx-lm
+once, and reports the bytes of one KV block (:attr:`ModelRunner.block_bytes`);
+:meth:`ModelRunner.allocate_kv_cache` then builds the pool (vLLM's ``initialize_kv_cache``),
+again whenever the engine resizes it.
 
 The runner reads a :class:`SchedulerOutput` and returns a :class:`StepResult`; it never mutates
 requests, blocks or the scheduler. It owns the runner-side state of requests (block-table
@@ -32,14 +38,14 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.config import EngineConfig
+from mlxpa.config import EngineConfig, kv_budget_bytes
+from mlxpa.core.kv_sizing import num_kv_blocks
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
-from mlxpa.worker.kv_budget import kv_budget_blocks
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import kv_storage
-from mlxpa.worker.load_check import check_paged_path
+from mlxpa.worker.load_check import verify_and_split
 from mlxpa.worker.logprobs import LogprobGather, score_columns, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
@@ -97,8 +103,9 @@ class ModelRunner:
 
     At construction the model is probed (:func:`mlxpa.worker.model_probe.probe_model`: per
     cache entry K/V heads, K and V widths, window, and the compute dtype, from mlx-lm's own
-    caches) and checked (:func:`mlxpa.worker.load_check.check_paged_path`: two rows through
-    the paged path against mlx-lm), so an unsupported model is refused before any row runs.
+    caches) and checked (:func:`mlxpa.worker.load_check.verify_and_split`: two rows through
+    the paged path against mlx-lm), once, so an unsupported model is refused before any row
+    runs. The pool is built by :meth:`allocate_kv_cache`.
 
     Args:
         model: An mlx-lm model (floating weights already in the compute dtype; quantized
@@ -109,10 +116,9 @@ class ModelRunner:
             constrained requests (None: requests cannot be constrained).
 
     Attributes:
-        num_blocks: Blocks per pool, null block included:
-            ``min(budget_blocks, config.kv_blocks_needed)``.
-        budget_blocks: Blocks the memory budget allows
-            (:func:`~mlxpa.worker.kv_budget.kv_budget_blocks`).
+        num_blocks: Blocks per pool, null block included (0 before :meth:`allocate_kv_cache`).
+        budget_blocks: Blocks the memory budget allows (:meth:`kv_blocks_for` of no need).
+        kv_cache: The pools (:class:`PagedKVCache`), None before :meth:`allocate_kv_cache`.
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
         vocab_size: Columns of the logits (rows of the embedding): every token id fed to the
             model or used as a logits index is below it; the grammar bitmask's width.
@@ -123,7 +129,7 @@ class ModelRunner:
         dtype: The compute dtype, which unquantized pools store.
         kv_storage: How each cache entry stores K/V (``config.kv_cache_dtype``;
             :class:`~mlxpa.worker.kv_storage.KVStorage`).
-        block_bytes: Bytes of one block over all pools, from the stored layout.
+        block_bytes: Bytes of one KV block over all layers, K and V, from the stored layout.
         states: The per-request recurrent-state store of a hybrid or state-space model
             (:class:`RecurrentStateStore`), or None.
 
@@ -142,15 +148,13 @@ class ModelRunner:
         self.dtype = self.geometry.dtype
         self.windows = self.geometry.windows
         self.kv_storage = kv_storage(self.geometry, config.kv_cache_dtype, config.kv_group_size)
-        self._split = check_paged_path(model, self.geometry, self.block_size,
+        self._split = verify_and_split(model, self.geometry, self.block_size,
                                        config.attention_backend, config.fused_cpu_ops,
                                        self.kv_storage)
         self.block_bytes = self.kv_storage.block_bytes(self.block_size)
-        self.budget_blocks = kv_budget_blocks(self.block_bytes, config)
-        self.num_blocks = max(2, min(self.budget_blocks,
-                                     config.kv_blocks_needed or self.budget_blocks))
-        self.kv_cache = PagedKVCache(self.kv_storage.specs, self.num_blocks, self.block_size,
-                                     self.dtype)
+        self.budget_blocks = self.kv_blocks_for(None)
+        self.num_blocks = 0
+        self.kv_cache: PagedKVCache | None = None
         args = getattr(model, "args", None)
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
         self.max_model_len = min(ctx, config.max_model_len or ctx)
@@ -161,6 +165,34 @@ class ModelRunner:
         self._head = lm_head(self._split)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
+
+    def kv_blocks_for(self, kv_blocks_needed: int | None) -> int:
+        """Blocks of the pool (null block included) for work that can use at most
+        ``kv_blocks_needed`` (None: unknown): ``config.num_blocks`` when it fixes the pool,
+        else :func:`~mlxpa.core.kv_sizing.num_kv_blocks` of the memory budget
+        (:func:`~mlxpa.config.kv_budget_bytes`) and :attr:`block_bytes`."""
+        if self.config.num_blocks is not None:
+            return self.config.num_blocks
+        return num_kv_blocks(kv_budget_bytes(self.config), self.block_bytes, kv_blocks_needed)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Build the KV pools with ``num_blocks`` blocks (null block included), in place of
+        any pool before (vLLM's ``initialize_kv_cache``). The runner must hold no request's
+        state: every request it ran was freed (``SchedulerOutput.finished``).
+
+        Raises:
+            ValueError: ``num_blocks`` below 2.
+            RuntimeError: Requests still hold state in the runner.
+        """
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (the null block and one more), got "
+                             f"{num_blocks}")
+        if self._tables:  # every request that ran a step has one, freed with the rest
+            raise RuntimeError("allocate_kv_cache: requests still hold state in the runner")
+        self.kv_cache = None  # the old pools go before the new ones take memory
+        self.kv_cache = PagedKVCache(self.kv_storage.specs, num_blocks, self.block_size,
+                                     self.dtype)
+        self.num_blocks = num_blocks
 
     def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
         """Make the first constrained step ready now: wait for the grammar tokenizer's build

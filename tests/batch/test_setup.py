@@ -20,7 +20,7 @@ PROMPTS = ["hello there", "the cat sat on the mat and looked around", "x"]
 
 def _setup(tmp_path, kv_memory, more: bool = False):
     folder = save_tiny_model(tmp_path / "tiny")
-    _, tok, _ = load_model(folder)
+    _, tok, _ = load_model(EngineConfig(model=folder))
     requests = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=5 + i))
                 for i, p in enumerate(PROMPTS)]
     config = EngineConfig(model=folder, block_size=4,

@@ -13,7 +13,8 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endf
 
 
 def test_annotation_workload_shares_a_prefix_and_constrains_labels(tmp_path):
-    model, tok, _ = load_model(save_tiny_model(tmp_path / "m", chat_template=TEMPLATE))
+    folder = save_tiny_model(tmp_path / "m", chat_template=TEMPLATE)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     wl = make_workload("annotation", tok, num_prompts=6, seed=1)
     assert wl.structured.choices == LABELS and len(wl.prompts) == 6
     shared = min(len(p) for p in wl.prompts) // 2

@@ -23,7 +23,7 @@ def folder(tmp_path_factory):
 
 
 def test_workload_shapes(folder):
-    _, tok, _ = load_model(folder)
+    _, tok, _ = load_model(EngineConfig(model=folder))
     wl = random_workload(tok, num_prompts=20, input_len=10, output_len=3, range_ratio=0.5)
     assert len(wl.prompts) == 20 and wl.output_lens == [3] * 20
     assert all(5 <= len(p) <= 15 for p in wl.prompts)
@@ -160,7 +160,7 @@ def test_repeats_keep_each_run_in_rotating_order(folder, monkeypatch):
     first), the medians are those of the runs, and one repeat adds no ``runs``."""
     from mlxpa.bench import systems
 
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     wl = random_workload(tok, 2, 8, 2, 0.0)
     config = EngineConfig(kv_cache_memory_bytes=2**30 // 100)
     place = iter(range(1, 100))

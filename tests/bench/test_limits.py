@@ -76,7 +76,7 @@ def test_run_limits_rows():
 
 def test_bench_limits_cli_and_limit_line(tmp_path):
     folder = save_tiny_model(tmp_path / "tiny", kind="gemma3")
-    model, _, _ = load_model(folder)
+    model, _, _ = load_model(EngineConfig(model=folder))
     assert model_flops(model) == ModelFlops(GEMMA_BODY, HEAD)
     out = tmp_path / "l.json"
     r = CliRunner().invoke(app, ["bench", "--model", folder, "--workload", "limits",

@@ -13,6 +13,7 @@ from mlx_lm.generate import generate_step
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
+from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from tests.tiny_models import save_tiny_model
 
@@ -25,7 +26,7 @@ METRIC_KEYS = {"requests", "prompt_tokens", "generation_tokens", "elapsed_s",
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     refs = []
     for p in PROMPTS:
         ids = [int(t) for t, _ in generate_step(mx.array(tok.encode(p)), model, max_tokens=8)]

@@ -14,6 +14,7 @@ from mlx_lm.models.cache import QuantizedKVCache
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
+from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from tests.tiny_models import save_tiny_model
 
@@ -30,7 +31,7 @@ def cli(*args):
 
 
 def test_run_int8_pool_line_and_output(folder, tmp_path):
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     prompt = "the cat sat on the mat"
     cache = [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
     ref = [int(t) for t, _ in generate_step(mx.array(tok.encode(prompt)), model, max_tokens=6,

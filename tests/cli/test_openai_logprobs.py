@@ -38,10 +38,11 @@ def close(got, want) -> bool:
 
 
 def test_completions_line_gets_the_completions_shape(tmp_path, tiny):  # noqa: F811
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
     folder, tok, ref = tiny
-    model, _, _ = load_model(folder)
+    model, _, _ = load_model(EngineConfig(model=folder))
     src = write_jsonl(tmp_path / "batch.jsonl", [
         {"custom_id": "c", "method": "POST", "url": "/v1/completions",
          "body": {"prompt": PROMPT, "max_tokens": 6, "logprobs": 2, "ignore_eos": True}}])

@@ -24,7 +24,7 @@ NUM_ROWS = 12
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
-    return folder, load_model(folder)
+    return folder, load_model(EngineConfig(model=folder))
 
 
 def rows_of(path: str) -> list[dict]:

@@ -29,7 +29,7 @@ PROMPT = "the cat sat on the mat"
 def tiny(tmp_path_factory):
     """``(folder, tokenizer, greedy token ids of PROMPT ignoring EOS)``."""
     folder = save_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     ref = [int(t) for t, _ in generate_step(mx.array(tok.encode(PROMPT)), model, max_tokens=12)]
     return folder, tok, ref
 
@@ -214,7 +214,7 @@ def test_unordered_and_windowed_prefix_order(tmp_path, tiny):
     prompts = ["shared prefix " * 3 + str(i % 3) if i % 2 else f"other {i}" for i in range(9)]
     src = write_jsonl(tmp_path / "in.jsonl",
                       [{"id": i, "prompt": p} for i, p in enumerate(prompts)])
-    model, mtok, _ = load_model(folder)
+    model, mtok, _ = load_model(EngineConfig(model=folder))
     texts = {}
     for name, kw in [("input", dict(order="input")), ("window", dict(window=4)),
                      ("unordered", dict(ordered=False))]:

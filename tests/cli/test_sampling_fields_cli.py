@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
+from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from mlxpa.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.cli.test_run_cli import PROMPT, invoke, read_jsonl, write_jsonl
@@ -30,7 +31,7 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor
 def tiny(tmp_path_factory):
     """``(folder, model, tokenizer)`` of a tiny model with a chat template."""
     folder = save_tiny_model(tmp_path_factory.mktemp("m") / "tiny", chat_template=TEMPLATE)
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     return folder, model, tok
 
 

@@ -76,9 +76,10 @@ def test_cli_default_choice_gets_label_probabilities(tmp_path, tiny):  # noqa: F
     r = invoke([src, "-o", str(tmp_path / "o.jsonl"), "--model", folder,
                 "--choice", "positive,negative,neutral"])
     assert r.exit_code == 0, r.output
+    from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
-    model, tok, _ = load_model(folder)
+    model, tok, _ = load_model(EngineConfig(model=folder))
     for row, prompt in zip(read_jsonl(tmp_path / "o.jsonl"), ["review one", "two"]):
         assert row["text"] in ("positive", "negative", "neutral")
         ids = tok.encode(prompt)

@@ -244,20 +244,22 @@ def test_generate_equals_mlxpa_run_on_the_same_rows(tmp_path, folder, monkeypatc
 
 def test_the_kv_pool_is_sized_to_each_call_as_mlxpa_run_sizes_it(folder):
     """What the call's prompts can use (1 + Σ n·⌈(prompt + max_tokens) / block⌉), kept (with
-    its prefix cache) while later calls fit, rebuilt when one needs more; a stream takes the
-    budget."""
+    its prefix cache) while later calls fit, grown when one needs more (the same engine and
+    runner: the model is not loaded or checked again); a stream takes the budget."""
     from mlxpa import LLM
 
     llm = LLM(folder, kv_cache_memory_bytes=KV_BYTES)
     assert llm.llm_engine.runner.num_blocks == 2  # nothing to hold before a call
     params = SamplingParams(max_tokens=8)
     llm.generate("x" * 40, params, use_tqdm=False)
-    engine = llm.llm_engine
+    engine, runner = llm.llm_engine, llm.llm_engine.runner
     assert engine.runner.num_blocks == 1 + 3  # 48 tokens: 3 blocks of 16
     (again,) = llm.generate("x" * 33, params, use_tqdm=False)
     assert llm.llm_engine is engine and again.num_cached_tokens == 32  # two full blocks
+    pool = engine.kv_cache_manager
     llm.generate(["x" * 40, "y" * 40], params, use_tqdm=False)
-    assert llm.llm_engine is not engine and llm.llm_engine.runner.num_blocks == 1 + 2 * 3
+    assert llm.llm_engine is engine and engine.runner is runner
+    assert engine.kv_cache_manager is not pool and runner.num_blocks == 1 + 2 * 3
     list(llm.generate_iter(["a"], params))
     runner = llm.llm_engine.runner
     assert runner.num_blocks == runner.budget_blocks == KV_BYTES // runner.block_bytes + 1

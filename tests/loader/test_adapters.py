@@ -13,6 +13,7 @@ from mlx_lm.utils import dequantize_model
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
+from mlxpa.config import EngineConfig
 from mlxpa.loader.adapters import check_adapter_path
 from mlxpa.loader.models import load_model
 from tests.loader.folders import (
@@ -62,7 +63,8 @@ def test_quantized_base_matches_mlx_lm(folders, kind):
 def test_adapter_layers_wrap_the_quantized_layers(folders):
     """What mlx-lm builds: LoRA layers around the base's packed layers inside the adapted
     blocks; the embedding (outside them) stays packed; eval mode (no dropout)."""
-    model, _, _ = load_model(folders["q4"], adapter_path=folders["lora"], keep_quantized=True)
+    model, _, _ = load_model(EngineConfig(model=folders["q4"], adapter_path=folders["lora"],
+                                          keep_quantized=True))
     q = model.model.layers[-1].self_attn.q_proj
     assert type(q).__name__ == "LoRALinear" and type(q.linear).__name__ == "QuantizedLinear"
     assert not model.training
@@ -105,7 +107,7 @@ def test_adapter_that_does_not_fit_the_model(folders, tmp_path):
     weights[name] = mx.zeros((weights[name].shape[0] + 1, weights[name].shape[1]))
     mx.save_safetensors(str(other / "adapters.safetensors"), weights)
     with pytest.raises(ValueError, match=f"--adapter-path {other}: does not fit the model"):
-        load_model(folders["float"], adapter_path=other)
+        load_model(EngineConfig(model=folders["float"], adapter_path=str(other)))
 
 
 def test_cli_refuses_a_missing_adapter_before_reading_rows(folders, tmp_path):
@@ -145,7 +147,7 @@ def test_unreadable_adapter_weights_name_the_file(folders, tmp_path, content):
     (bad / "adapters.safetensors").write_bytes(content)
     with pytest.raises(ValueError, match=f"--adapter-path {bad}: adapters.safetensors cannot "
                        "be read as safetensors"):
-        load_model(folders["float"], adapter_path=bad)
+        load_model(EngineConfig(model=folders["float"], adapter_path=str(bad)))
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "hi"}\n')
     r = CliRunner().invoke(app, ["run", str(rows), "-o", str(tmp_path / "out.jsonl"),

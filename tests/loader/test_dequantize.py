@@ -13,6 +13,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.utils import dequantize_model, quantize_model
 
+from mlxpa.config import EngineConfig
 from mlxpa.loader import dequantize
 from mlxpa.loader.models import load_model
 from tests.loader.folders import engine_for, engine_greedy, mlx_lm_greedy, tiny_folders
@@ -52,15 +53,15 @@ def test_keep_quantized_keeps_the_packed_layers(folders):
 
 def test_dequantized_logits_close_to_the_packed_ones(folders):
     """An oracle independent of ``dequantize_model``: the packed model's own forward."""
-    packed, _, _ = load_model(folders["q4"], keep_quantized=True)
-    floats, _, _ = load_model(folders["q4"])
+    packed, _, _ = load_model(EngineConfig(model=folders["q4"], keep_quantized=True))
+    floats, _, _ = load_model(EngineConfig(model=folders["q4"], kv_cache_memory_bytes=1))  # no KV
     x = mx.array([[5, 17, 40, 99, 3, 250]])
     np.testing.assert_allclose(np.array(floats(x)), np.array(packed(x)), rtol=1e-4, atol=1e-4)
 
 
 def test_float_model_is_left_alone(folders, caplog):
     with caplog.at_level(logging.INFO, logger="mlxpa.loader.dequantize"):
-        load_model(folders["float"])
+        load_model(EngineConfig(model=folders["float"]))
     assert not caplog.records
 
 
@@ -91,16 +92,17 @@ def test_sizes_by_hand():
 
 def test_memory_rule_keeps_it_packed(folders, monkeypatch, caplog):
     """Float weights + KV budget over 80% of the available memory: packed, said once."""
-    packed, _, _ = load_model(folders["q4"], keep_quantized=True)
+    packed, _, _ = load_model(EngineConfig(model=folders["q4"], keep_quantized=True))
     size = dequantize.quantized_size(packed, mx.float32)
     monkeypatch.setattr("mlxpa.blas.available_memory_bytes", lambda: 10 * 2**30)
     limit = int(dequantize.MEMORY_FRACTION * 10 * 2**30)
     kv = limit - size.added + 1  # one byte over the rule
     with caplog.at_level(logging.INFO, logger="mlxpa.loader.dequantize"):
-        model, _, _ = load_model(folders["q4"], kv_bytes=kv)
+        model, _, _ = load_model(EngineConfig(model=folders["q4"], kv_cache_memory_bytes=kv))
     assert "QuantizedLinear" in _kinds(model)
     assert "need more than 80% of the available memory (10.00 GiB)" in caplog.text
-    model, _, _ = load_model(folders["q4"], kv_bytes=kv - 1)  # exactly at the rule
+    at_rule = EngineConfig(model=folders["q4"], kv_cache_memory_bytes=kv - 1)
+    model, _, _ = load_model(at_rule)  # exactly at the rule
     assert "QuantizedLinear" not in _kinds(model)
 
 
@@ -108,8 +110,8 @@ def test_without_meminfo_the_rule_uses_physical_memory(folders, monkeypatch):
     """macOS has no /proc/meminfo: physical memory less what MLX holds stands in."""
     monkeypatch.setattr("mlxpa.blas.available_memory_bytes", lambda: None)
     monkeypatch.setattr("mlxpa.blas.host_memory_bytes", lambda: 2**16)  # 64 KiB: too small
-    model, _, _ = load_model(folders["q4"])
+    model, _, _ = load_model(EngineConfig(model=folders["q4"]))
     assert "QuantizedLinear" in _kinds(model)
     monkeypatch.setattr("mlxpa.blas.host_memory_bytes", lambda: 2**40)
-    model, _, _ = load_model(folders["q4"])
+    model, _, _ = load_model(EngineConfig(model=folders["q4"]))
     assert "QuantizedLinear" not in _kinds(model)

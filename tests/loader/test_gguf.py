@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from mlx_lm.models import gemma3_text, llama
 from mlx_lm.utils import load
 
+from mlxpa.config import EngineConfig
 from mlxpa.loader.gguf import convert_gguf, read_gguf, unpermute_qk
 from mlxpa.loader.models import MARKER, load_model, resolve_model
 
@@ -324,9 +325,9 @@ def test_gguf_spec_is_converted_once_into_the_cache(gguf_llama, tmp_path, monkey
 
 def test_load_model_casts(gguf_llama, tmp_path):
     folder = convert_gguf(gguf_llama[0], tmp_path / "mlx", dtype="bfloat16")
-    model, tok, path = load_model(str(folder), "bfloat16")
+    model, tok, path = load_model(EngineConfig(model=str(folder), dtype="bfloat16"))
     assert path == folder and model.model.norm.weight.dtype == mx.bfloat16
-    model, _, _ = load_model(str(folder))
+    model, _, _ = load_model(EngineConfig(model=str(folder)))
     assert model.model.norm.weight.dtype == mx.float32  # CPU default
     with pytest.raises(ValueError, match="dtype"):
-        load_model(str(folder), "int8")
+        load_model(EngineConfig(model=str(folder), dtype="int8"))

@@ -25,6 +25,7 @@ from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 from typer.testing import CliRunner
 
 from mlxpa.cli import app
+from mlxpa.config import EngineConfig
 from mlxpa.loader.hub import HubModelError
 from mlxpa.loader.models import load_model, resolve_model
 from tests.tiny_models import save_tiny_model
@@ -65,7 +66,7 @@ def hub(tmp_path, monkeypatch):
 def test_cached_repo_is_found_without_a_request(hub):
     snapshot = place_in_cache(hub)
     assert resolve_model(REPO) == snapshot
-    model, _, folder = load_model(REPO)
+    model, _, folder = load_model(EngineConfig(model=REPO))
     assert folder == snapshot and model.args.hidden_size == 64
 
 
@@ -100,7 +101,7 @@ def test_download_call_and_then_the_cache(hub, monkeypatch, caplog):
     fake = FakeHub(hub)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     with caplog.at_level("INFO", logger="mlxpa.loader.hub"):
-        model, _, folder = load_model(REPO, revision="v1")
+        model, _, folder = load_model(EngineConfig(model=REPO, revision="v1"))
     lookup, download = fake.calls
     assert lookup == {"repo_id": REPO, "revision": "v1", "local_files_only": True,
                       "allow_patterns": DEFAULT_ALLOW_PATTERNS}
@@ -111,7 +112,7 @@ def test_download_call_and_then_the_cache(hub, monkeypatch, caplog):
     assert f"Downloading {REPO} --revision v1 from the Hugging Face Hub into {hub}" in caplog.text
     assert folder == hub / f"models--tiny-org--tiny-llama/snapshots/{COMMIT}"
     fake.calls.clear()
-    assert load_model(REPO, revision="v1")[2] == folder
+    assert load_model(EngineConfig(model=REPO, revision="v1"))[2] == folder
     assert [c["local_files_only"] for c in fake.calls] == [True]  # cached: no download
 
 

@@ -91,5 +91,6 @@ def test_compute_dtype_from_the_model(dtype):
     model = quantized(tiny_llama(hidden=128), group_size=64, bits=4)
     model.set_dtype(dtype)
     runner = ModelRunner(model, EngineConfig(block_size=8, num_blocks=8))
+    runner.allocate_kv_cache(runner.budget_blocks)
     assert runner.dtype == dtype
     assert runner.kv_cache.key_caches[0].dtype == dtype

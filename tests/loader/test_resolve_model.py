@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mlxpa.config import EngineConfig
 from mlxpa.loader.models import resolve_model
 
 
@@ -33,7 +34,7 @@ def test_unreadable_weights_name_the_folder(folder_copy, tmp_path, content):
 
     (tmp_path / "m" / "model.safetensors").write_bytes(content)
     with pytest.raises(ValueError, match=f"{folder_copy}: the model weights cannot be read"):
-        load_model(folder_copy)
+        load_model(EngineConfig(model=folder_copy))
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "hi"}\n')
     r = CliRunner().invoke(app, ["run", str(rows), "-o", str(tmp_path / "out.jsonl"),

@@ -27,7 +27,10 @@ def bf16_runners():
     """A bfloat16 tiny llama (2 layers, 2 KV heads of 64) with a 9-block pool per dtype."""
     model = tiny_llama(hidden=256)
     model.set_dtype(mx.bfloat16)
-    return {d: ModelRunner(model, EngineConfig(num_blocks=9, kv_cache_dtype=d)) for d in DTYPES}
+    runners = {d: ModelRunner(model, EngineConfig(num_blocks=9, kv_cache_dtype=d)) for d in DTYPES}
+    for r in runners.values():
+        r.allocate_kv_cache(r.budget_blocks)
+    return runners
 
 
 def test_bytes_per_token_from_the_pool_arrays(bf16_runners):

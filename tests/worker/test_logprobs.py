@@ -38,6 +38,7 @@ def run(model, config: EngineConfig, *batches: list[Request]) -> dict[Request, d
     (a later batch can hit the prefix cache the earlier ones filled); every scored position
     of every step, each reported once."""
     runner = ModelRunner(model, config)
+    runner.allocate_kv_cache(runner.budget_blocks)
     kv = KVCacheManager(BlockPool(runner.num_blocks, config.block_size))
     sched = Scheduler(config, kv, runner.max_model_len)
     scored: dict[Request, dict[int, TokenLogprob]] = {}

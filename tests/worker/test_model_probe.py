@@ -44,6 +44,7 @@ def test_head_size_differs_per_layer():
     cfg = config("gemma4_text")
     model = build("gemma4_text")
     runner = ModelRunner(model, EngineConfig(block_size=8, num_blocks=4))
+    runner.allocate_kv_cache(runner.budget_blocks)
     dims = {c.k_dim for c in runner.geometry.caches}
     assert dims == {cfg["head_dim"], cfg["global_head_dim"]}
     for pool, c in zip(runner.kv_cache.key_caches, runner.geometry.caches):

@@ -38,9 +38,14 @@ def test_token_slice_matches_slicing_the_whole_context():
     assert token_slice(req, 3, 7) == [14, 15, 21, 22]  # across the boundary
 
 
+def allocated(runner: ModelRunner) -> ModelRunner:
+    runner.allocate_kv_cache(runner.budget_blocks)
+    return runner
+
+
 @pytest.fixture(scope="module")
 def runner():
-    return ModelRunner(tiny_llama(), EngineConfig(num_blocks=32, block_size=8))
+    return allocated(ModelRunner(tiny_llama(), EngineConfig(num_blocks=32, block_size=8)))
 
 
 def test_block_table_sync_rereads_the_tail_and_restarts_after_preemption(runner):
@@ -83,8 +88,8 @@ def _step(reqs: list[Request], counts: list[int], **kw) -> SchedulerOutput:
 @pytest.fixture(scope="module")
 def constrained_runner():
     tok = byte_tokenizer()
-    return ModelRunner(tiny_llama(), EngineConfig(num_blocks=32, block_size=8),
-                       frozenset(tok.eos_token_ids), tok._tokenizer), tok
+    return allocated(ModelRunner(tiny_llama(), EngineConfig(num_blocks=32, block_size=8),
+                                 frozenset(tok.eos_token_ids), tok._tokenizer)), tok
 
 
 def test_runner_frees_exactly_what_it_is_told(constrained_runner):

@@ -52,6 +52,7 @@ def _three_group_step(num_blocks: int) -> float:
     """The best time of a step whose requests fall in three forward groups (chunks of 40,
     3 and 1 tokens) on a pool of ``num_blocks`` blocks."""
     runner = ModelRunner(tiny_llama(), EngineConfig(block_size=8, num_blocks=num_blocks))
+    runner.allocate_kv_cache(runner.budget_blocks)
     assert runner.num_blocks == num_blocks
     counts = [40, 3, 1]
     assert len(group_by_length(counts)) == 3

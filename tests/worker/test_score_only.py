@@ -35,6 +35,7 @@ def model(request):
 def engine_parts(model, **kw):
     config = EngineConfig(block_size=BS, num_blocks=32, **kw)
     runner = ModelRunner(model, config)
+    runner.allocate_kv_cache(runner.budget_blocks)
     kv = KVCacheManager(BlockPool(runner.num_blocks, BS))
     return runner, kv, Scheduler(config, kv, runner.max_model_len)
 
