@@ -100,7 +100,7 @@ def plan(
 def _kv_plan(config):
     """``(KVPlan, None)``, or ``(None, why)`` when the model's cache geometry cannot be
     traced (the rest of the plan needs only the tokenizer)."""
-    from mlxpa.worker.kv_plan import plan_kv
+    from mlxpa.batch.plan import plan_kv
 
     try:
         return plan_kv(config), None

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.loader.converted import (  # noqa: F401 (names the callers import from here)
@@ -244,21 +244,6 @@ def _load_tokenizer(folder: Path, config: dict) -> TokenizerWrapper:
     from mlx_lm.utils import load_tokenizer
 
     return load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
-
-
-def peek_tokenizer(spec: str | os.PathLike[str] | None,
-                   revision: str | None = None) -> Any | None:
-    """The model's mlx-lm tokenizer (:func:`load_tokenizer_of`), without loading the weights;
-    None when it cannot be loaded (loading the model then reports the real problem).
-
-    Raises:
-        HubModelError: A repo id that cannot be had (:func:`_peek_folder`)."""
-    folder = _peek_folder(spec, revision)
-    try:
-        return None if folder is None else _load_tokenizer(
-            folder, json.loads((folder / "config.json").read_text()))
-    except Exception:  # any failure here is reported by the model load that follows
-        return None
 
 
 def model_dtype(model: nn.Module) -> mx.Dtype:
