@@ -29,8 +29,7 @@ MAX_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # a logit_bias value lies in [-100, 100]
 
-# Constraint kinds (vLLM's ``structured_outputs`` names); a choice is scored, not decoded
-# (:mod:`mlxpa.engine.choice_scores`).
+# Constraint kinds (vLLM's names); a choice is scored, not decoded (engine/choice_scores).
 KINDS = ("json", "regex", "choice", "grammar")
 JSON_OBJECT = '{"type":"object"}'
 # The fields of vLLM's ``StructuredOutputsParams`` that mlxpa runs.
@@ -240,7 +239,6 @@ class SamplingParams:
         list, a :class:`StructuredOutputsParams`."""
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
-
         if self.top_k == -1:
             put("top_k", 0)
         if isinstance(self.stop_token_ids, list) or is_int(self.stop_token_ids):
@@ -257,7 +255,6 @@ class SamplingParams:
         """Each field's own range (:class:`FieldError`)."""
         def check(name: str, ok: bool, wanted: str) -> None:
             check_field(ok, name, getattr(self, name), wanted)
-
         check("max_tokens", is_int(self.max_tokens) and self.max_tokens >= 0, "an integer >= 0")
         check("temperature", is_finite(self.temperature) and self.temperature >= 0,
               "a finite number >= 0")
