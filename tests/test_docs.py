@@ -115,10 +115,10 @@ def test_imports_column_is_what_the_code_imports():
     arrows = code_arrows()
     problems = []
     for package, _, documented in table():
-        real = arrows.get(package, {})
-        problems += [f"`{shown(package)}` imports `{dst}` ({where}): add `{dst}` to its imports cell"
+        real, name = arrows.get(package, {}), shown(package)
+        problems += [f"`{name}` imports `{dst}` ({where}): add `{dst}` to its imports cell"
                      for dst, where in sorted(real.items()) if dst not in documented]
-        problems += [f"`{shown(package)}` lists `{dst}` in its imports cell, but none of its modules "
+        problems += [f"`{name}` lists `{dst}` in its imports cell, but none of its modules "
                      "imports it: remove it" for dst in sorted(documented - set(real))]
     assert not problems, "ARCHITECTURE.md's imports column:\n" + "\n".join(problems)
 
@@ -197,6 +197,26 @@ def test_links_see_headings_and_files():
 def test_readme_is_a_newcomers_page():
     size = len((ROOT / "README.md").read_bytes())
     assert size <= 15 * 1024, f"README.md is {size} bytes; at most 15 KB, the rest in docs/"
+
+
+def test_cli_page_names_every_run_option():
+    """docs/cli.md's table of ``mlxpa run``'s options names each option the command has (one
+    spelling of a ``--x/--no-x`` pair is enough), and no option it does not have."""
+    import typer.main
+
+    from mlxpa.cli import app
+
+    run = typer.main.get_command(app).commands["run"]
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("| group | options |"):]
+    table = table[: table.index("\n\n")]
+    named = set(re.findall(r"`(--[\w-]+)", table))
+    spellings = [{o for o in p.opts + p.secondary_opts if o.startswith("--")} for p in run.params]
+    spellings = [s for s in spellings if s - {"--help"}]
+    missing = sorted(min(s) for s in spellings if not s & named)
+    assert not missing, f"docs/cli.md does not name these `mlxpa run` options: {missing}"
+    unknown = sorted(named - set().union(*spellings))
+    assert not unknown, f"docs/cli.md names options `mlxpa run` does not have: {unknown}"
 
 
 DIARY = [r"\bissue \d+", r"load average", r"\bnice (-n )?19\b", r"\b20\d\d-\d\d-\d\d\b",
