@@ -137,6 +137,27 @@ def test_no_undocumented_arrow_runs_back_up():
     assert not new + gone, "\n".join(new + gone)
 
 
+def test_no_import_cycle_between_modules():
+    """ARCHITECTURE.md: no import cycles between modules, imports inside functions included."""
+    import graphlib
+
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for module, path in modules.items():
+        graph[module] = set()
+        for name, _ in imported_modules(path):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if parts and ".".join(parts) != module:
+                graph[module].add(".".join(parts))
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        raise AssertionError(f"an import cycle: {' -> '.join(err.args[1])}") from None
+
+
 def test_the_scan_sees_imports_inside_functions():
     """The AST scan is not vacuous: ``batch/setup.py`` imports ``loader`` inside a function."""
     names = {name for name, _ in imported_modules(PACKAGE / "batch" / "setup.py")}
