@@ -1,7 +1,7 @@
 """Choice rows: throughput, greedy label against the scores, draws against ``choice_probs``.
 
-Issue 24's measurements, each through the ``mlxpa`` command of the checkout on ``PYTHONPATH``
-(so the same script times main's code before the change: ``PYTHONPATH=/path/to/old python
+Each measurement runs through the ``mlxpa`` command of the checkout on ``PYTHONPATH``
+(so the same script times older code: ``PYTHONPATH=/path/to/old python
 benchmarks/choice_bench.py ...``):
 
 throughput: ``mlxpa bench --workload annotation --num-prompts N --baselines mlxpa``; its
@@ -13,7 +13,7 @@ argmax: ``--rows`` reviews as chat rows whose five labels share first tokens ("v
 chi2: one review (the argmax part's row whose label probabilities are the most even, so
     every label is drawn), ``--samples`` seeded temperature-1 samples (rows of ``n`` <= 1000,
     seeds 1, 2, ...), through ``mlxpa run``: the label counts against ``choice_probs``
-    (before issue 24, which had no such column: ``softmax(choice_logprobs)``), Pearson's
+    (code without that column: ``softmax(choice_logprobs)``), Pearson's
     chi-square statistic over the labels (those expected fewer than 5 times pooled into one
     cell), its degrees of freedom (cells - 1) and p-value (:func:`chi2_sf`; the check passes
     at p > 0.01).
@@ -120,7 +120,7 @@ def first_best(scores: dict[str, float]) -> str:
 
 def label_probs(record: dict) -> tuple[list[float], str]:
     """A result row's label probabilities (``LABELS`` order) and where they came from:
-    ``choice_probs``, or, from code before issue 24, ``softmax(choice_logprobs)``."""
+    ``choice_probs``, or, from code without that column, ``softmax(choice_logprobs)``."""
     if "choice_probs" in record:
         return [record["choice_probs"][c] for c in LABELS], "choice_probs"
     scores = [record["choice_logprobs"][c] for c in LABELS]

@@ -1,4 +1,4 @@
-"""Quantized KV cache (``--kv-cache-dtype``, issue 22): memory, accuracy and throughput in one
+"""Quantized KV cache (``--kv-cache-dtype``): memory, accuracy and throughput in one
 run, on the default model (or ``--model``).
 
 1. Bytes per KV token of each dtype, counted from ``.nbytes`` of the arrays of 9-block pools

@@ -1,6 +1,6 @@
 """How far mlx-lm's own quantized KV cache moves the label log-probabilities of
 ``examples/annotation.jsonl`` from its float cache, on the default model (or ``--model``):
-the error of the scheme, with no mlxpa code in the computation (issue 22's accuracy target).
+the error of the scheme, with no mlxpa code in the computation.
 
 Each row's chat prompt (the tokenizer's template, generation prompt added, as ``mlxpa run``
 builds it) runs through the mlx-lm model once per cache set-up, and the log-softmax of the

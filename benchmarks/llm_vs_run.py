@@ -1,4 +1,4 @@
-"""``LLM.generate`` against ``mlxpa run`` on the same rows (issue 20): the README example's rows
+"""``LLM.generate`` against ``mlxpa run`` on the same rows: the README example's rows
 (``examples/prompts.jsonl``), the same model, one run of each per repeat, interleaved (the
 order alternates between repeats).
 

@@ -1,5 +1,5 @@
 """What ``logit_bias`` and the repetition, presence and frequency penalties cost on a decode
-step where every row sets them (issue 20: under 5% of the step).
+step where every row sets them.
 
 Two engines over the same model and prompts, both with every row decoding: ``plain`` (no
 row sets anything) and ``penalised`` (every row sets ``repetition_penalty``,

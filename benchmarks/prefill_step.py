@@ -2,7 +2,7 @@
 engine step) with the CPU prefill changes switched off one by one, interleaved in one process,
 medians over repeats:
 
-- ``untiled``: attention over all keys at once, MLP whole, one CPU stream (before issue 15);
+- ``untiled``: attention over all keys at once, MLP whole, one CPU stream;
 - ``tiles``: query tiles of 64 rows over their key ranges, one stream;
 - ``tiles+streams``: tiles alternating between two CPU streams, MLP row halves on both, the
   fused activations compiled ``shapeless`` (before the per-shape compile);

@@ -1,4 +1,4 @@
-"""Where prefix caching costs on a small shared-prefix workload (issue 13 item 13).
+"""Where prefix caching costs on a small shared-prefix workload.
 
 Runs the same workload through the engine in one process, alternating variants so machine
 noise hits all of them alike, and prints per variant the medians over repeats of: total

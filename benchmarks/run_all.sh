@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark runs behind the README's Performance section (default model, this CPU).
+# The benchmark runs behind docs/performance.md's results tables (default model, this CPU).
 # Static allocation runs one request at a time (a few tokens/s here), so on the random
 # workload it is timed on its own 16-prompt draw (same generator and parameters, seed 0); its
 # throughput does not depend on how many requests follow each other.

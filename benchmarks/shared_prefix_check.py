@@ -1,4 +1,4 @@
-"""Issue 3's acceptance run: the shared-prefix workload with prefix caching on and off.
+"""The shared-prefix workload with prefix caching on and off.
 
 8 groups x 16 prompts, each group sharing a 512-token system prompt, 64-token questions,
 32 greedy output tokens (EOS ignored), on the default model. Prints the prefix cache hit rate,

@@ -1,4 +1,4 @@
-"""Structured outputs: validity and overhead on the default model (issue 14's measurements).
+"""Structured outputs: validity and overhead on the default model.
 
 validity: a 200-row file mixing choice, regex, json_object and three JSON schemas (nested
 objects, enums, arrays, required fields, ``additionalProperties: false``) goes through

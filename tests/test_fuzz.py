@@ -1,4 +1,4 @@
-"""The input fuzzer (issue 12): random files, formats and engine options through
+"""The input fuzzer: random files, formats and engine options through
 ``run_file`` on a tiny random model, the invariants of :func:`tests.fuzz_inputs.check_case`;
 and a few hostile files through ``python -m mlxpa run`` for the exit status.
 

@@ -5,7 +5,7 @@ process reaches on one large float32 product (``n x n @ n x n``, ``2 n^3`` FLOPs
 a few runs after a warm-up), using the FLOPs per token of :mod:`mlxpa.bench.flops`. A system's
 fraction of the limit is that time over its measured time.
 
-``limits`` runs the two workloads of the project's performance issue on mlxpa:
+``limits`` runs two workloads on mlxpa:
 
 - prefill: 16 prompts x 512 random tokens, 1 output token each; prefill tok/s is prompt tokens
   over the run's time, against ``GEMM rate / FLOPs per prefill token``;

@@ -1,23 +1,18 @@
 """Groups of requests that share leading KV blocks (cascade attention's groups).
 
 Pure Python (no mlx). Requests that share a prefix through the radix tree or a fork hold the
-same physical block ids at the start of their block tables, so a shared prefix is a run of
-leading block ids common to several tables; no tree walk is needed. Each step the scheduler
-partitions its decode requests, and apart its prefill chunks, into groups, each with the
-number of leading full blocks all its members share, and the model runner attends over a
-group's prefix once for all its rows (cascade attention: Hydragen, Juravsky et al. 2024;
-FlashInfer's cascade inference; vLLM v1's ``num_common_prefix_blocks``, there one prefix for
-the whole batch).
+same block ids at the start of their block tables, so a shared prefix is a run of leading
+block ids common to several tables; no tree walk is needed. Each step the scheduler partitions
+its decode requests, and apart its prefill chunks, into groups with the number of leading full
+blocks each group shares, and the model runner attends over a group's prefix once for all its
+rows (Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference; vLLM v1's
+``num_common_prefix_blocks``, one prefix for the whole batch there).
 
-A request sits in one group at most (no nesting), and the partition maximises the block reads
-saved, ``sum((rows - 1) * blocks)`` over groups. Tables are bucketed by their first block (a
-batch without sharing costs one dictionary pass). Within a bucket, the tree of longest common
-prefixes is built top down (the depth all members share, measured with slice comparisons that
-run in C, then the members split by their block at that depth), and a tree knapsack finds, for
-each node and each number of members left ungrouped below it, the best saving; a node may
-group any of the members its subtree leaves ungrouped at its own depth. Whether a group is
-worth attending in two parts in a given layer is the model runner's decision
-(``mlxpa.worker.cascade``).
+A request sits in one group at most, and the partition maximises the block reads saved,
+``sum((rows - 1) * blocks)``: tables are bucketed by their first block (a batch without sharing
+costs one dictionary pass), the tree of longest common prefixes of a bucket is built top down,
+and a tree knapsack picks the groups. Whether a group pays in a given layer is the model
+runner's decision (``mlxpa.worker.cascade``).
 """
 
 from __future__ import annotations

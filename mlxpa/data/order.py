@@ -1,23 +1,17 @@
 """Put a resumed output back in input order (``--resume`` without ``--unordered``).
 
-A resumed run appends the rows it runs after the rows an earlier run wrote, and an interrupted
-ordered run writes the rows that finished after a gap (so no finished row is lost), so the file
-is no longer in input order. At the end of a resumed run its records are sorted (stably) by
-their input position:
+A resumed run appends its rows after the rows an earlier run wrote, so at its end the records
+are sorted (stably) by their input position: a record an earlier run wrote gets the index of
+the first input row with its id (one whose id is no longer in the input goes last, in file
+order); a record this run wrote gets the index it was added with (ids alone could not place a
+duplicate id's error row).
 
-* a record an earlier run wrote gets the input index of the row with its id (``Validation.done``:
-  the first row with that id); a record whose id is not (or no longer) a done row of the input
-  goes after every row, in file order;
-* a record this run wrote gets the index it was added with (a duplicate id's error row has the
-  same id as the first row, so ids alone could not place it).
-
-The work is streamed: JSONL keeps one ``(position, byte offset)`` pair per line (16 bytes a
-line: 16 MB for a million rows), sorts them with numpy and copies byte ranges (runs of adjacent
-lines in one read) into a temporary file renamed over the output (:func:`atomic_rewrite`), so
-each line keeps its bytes. Parquet keeps four small integers per record and assembles each
-output row group from slices of the sources' row groups, holding at most :data:`CACHED_GROUPS`
-decoded row groups. An interrupt during the rewrite leaves the output as it was (complete,
-resumable); an output already in order is not rewritten.
+The work is streamed: JSONL keeps one ``(position, byte offset)`` pair per line (16 bytes),
+sorts them with numpy and copies byte ranges into a temporary file renamed over the output
+(:func:`atomic_rewrite`), so each line keeps its bytes; Parquet assembles each output row group
+from slices of the sources' row groups, holding at most :data:`CACHED_GROUPS` decoded groups.
+An interrupt during the rewrite leaves the output complete and resumable; an output already in
+order is not rewritten.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """Parquet results that survive a crash: finished row groups on disk, one file at the end.
 
-Layout while a run writes ``out.parquet``::
+While a run writes ``out.parquet``, each finished row group (``row_group_size`` records, never
+splitting one input row's ``n`` samples) becomes a complete Parquet file in a hidden
+``.out.parquet.parts/`` folder beside the target (written as ``*.tmp``, then renamed), so a crash,
+even SIGKILL, leaves every finished group readable. :meth:`ParquetSink.close` merges the kept
+previous file (``--resume``) and the parts into a temporary file in the same folder, one row
+group at a time (in input order on an ordered ``--resume``: :mod:`mlxpa.data.order`), renames
+it over the target and removes the parts folder.
 
-    out.parquet                     # the previous complete file, if any (kept on --resume)
-    .out.parquet.parts/             # hidden, next to the target
-        part-000000.parquet         # one finished row group per file, each a complete
-        part-000001.parquet         # Parquet file (written as *.tmp, then renamed)
-    .out.parquet.<random>.tmp       # only during close: the merged file, then renamed
-
-Released records are cut into row groups of ``row_group_size`` records, never splitting the
-records of one input row (its ``n`` samples), so a row is in the output whole or not at all.
-Each group becomes a part file as soon as it is full, so a crash (even SIGKILL) leaves every
-finished group readable. :meth:`ParquetSink.close` merges the kept previous file (``--resume``)
-and the parts into a temporary file in the same folder, one row group at a time (on an ordered
-``--resume``, reassembled in input order: :mod:`mlxpa.data.order`), renames it over the target
-and removes the parts folder. A run without ``--resume`` starts by removing
-a stale parts folder.
-
-Schema, stable whatever the records hold: ``id``, ``text``, ``finish_reason``,
-``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``error`` always come first (text
-columns ``string``, token counts ``int64``, missing values null), then any extra keys in the
-order first seen. ``id`` is ``int64`` while every id is an int and becomes ``string`` (ints
-written as ``"7"``) once a string id appears; an int column that meets floats becomes
-``float64``; a column whose values cannot share an Arrow type is stored as ``string`` with
-non-strings JSON-encoded; ``logprobs`` and ``prompt_logprobs`` always have one nested type
+The schema is stable whatever the records hold: the core columns of :mod:`mlxpa.data.schema`
+first, then extra keys in the order first seen. ``id`` is ``int64`` until a string id appears
+(then ``string``); an int column that meets floats becomes ``float64``; values that cannot share
+an Arrow type are stored as JSON text; ``logprobs`` and ``prompt_logprobs`` have one nested type
 (:func:`token_logprobs_type`). Each part has its own schema; the merge widens them to one.
 """
 

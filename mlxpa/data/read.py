@@ -1,27 +1,17 @@
 """Input rows for a batch run: JSONL, Parquet, CSV and ``datasets`` readers (or ``-``, stdin).
 
 Every input record becomes a :class:`~mlxpa.data.rows.Row` (validated by
-:func:`~mlxpa.data.rows.parse_row`) with its 0-based ``index`` (the request id inside the
-engine). Two kinds of problems are told apart:
-
-* the input as a whole cannot be read (no such file, an unreadable Parquet file, no
-  prompt/messages column, a hub dataset name): :class:`InputError`, raised;
-* one record is bad (invalid JSON or UTF-8, a line that is not an object, a missing or empty
-  prompt, a wrongly typed or unknown sampling field): a ``Row`` whose ``error`` names the
-  source, line and field, so a validation pass can list the problems before any model work or,
-  with ``--skip-invalid``, give that row an error result.
+:func:`~mlxpa.data.rows.parse_row`) with its 0-based ``index``. An input that cannot be read as
+a whole (no such file, no prompt column, a hub dataset name) raises :class:`InputError`; a bad
+record becomes a ``Row`` whose ``error`` names the source, line and field, so a validation pass
+can list the problems before any model work, or ``--skip-invalid`` can give it an error result.
 
 Locations: JSONL and CSV lines are 1-based physical line numbers (blank lines counted, so an
-editor's "go to line" finds them, while ``Row.index`` skips them; a CSV header is line 1);
-Parquet and ``datasets`` rows are 0-based row numbers, called "row" in messages
-(``data.parquet row 0: ...``). A UTF-8 byte order mark is accepted; blank JSONL lines are
-skipped.
-
-Reading is lazy: JSONL and CSV line by line, Parquet in batches of at most 1,024 rows (fewer
-when rows are large), ``datasets`` by batches of a memory-mapped table, so memory does not
-grow with the file. No format refuses a row another accepts: a CSV cell has no size limit
-(Python's ``csv.field_size_limit`` is raised from its 128 KiB default), and JSON nested too
-deeply or holding an integer of more than 4,300 digits is a row error, as invalid JSON is.
+editor's "go to line" finds them; a CSV header is line 1); Parquet and ``datasets`` rows are
+0-based row numbers, called "row" in messages. Reading is lazy (JSONL and CSV line by line,
+Parquet in batches of at most 1,024 rows, ``datasets`` by batches of a memory-mapped table), so
+memory does not grow with the file; and no format refuses a row another accepts (no CSV cell
+size limit; JSON nested too deeply or with a 4,300-digit integer is a row error).
 """
 
 from __future__ import annotations

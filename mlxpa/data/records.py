@@ -1,32 +1,17 @@
 """Output records of one input row: mlxpa result rows, or OpenAI Batch API output lines.
 
-mlxpa rows (one per sample)::
+mlxpa rows, one per sample: the core columns of :mod:`mlxpa.data.schema`, ``sample_index``
+when ``n > 1``, ``error`` for a failed row, ``logprobs`` and ``prompt_logprobs`` for rows that
+ask, ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` for choice rows, then the
+``--keep-columns`` fields.
 
-    {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
-    + "sample_index" when n > 1, "error" when the row failed,
-    + "logprobs": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}] (rows that
-      ask), "prompt_logprobs": [null, {"token", "logprob", "top_logprobs": [...]}, ...] (rows
-      with prompt_logprobs: one entry per prompt token, null for the first); choice rows:
-      "choice_logprobs": {label: total log-probability}, "choice_probs": {label: probability
-      normalised over the labels}, "choice_outside_prob": the probability of none of the labels,
-    then the --keep-columns fields
-
-OpenAI Batch output (one line per input line, the ``n`` samples as ``choices``)::
-
-    {"id": "batch_req_<row>", "custom_id", "error": null,
-     "response": {"status_code": 200, "request_id": "req_<row>",
-                  "body": {"id", "object": "chat.completion" | "text_completion", "created",
-                           "model", "choices": [...], "usage": {...}}}}
-
-and for a failed row ``"response": null, "error": {"code", "message"}``. A chat choice's
-``logprobs`` is OpenAI's ``{"content": [{"token", "logprob", "bytes", "top_logprobs":
-[{"token", "logprob", "bytes"}]}]}``; a completions choice's is OpenAI's (legacy) completions
-shape ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
-(see :func:`completions_logprobs`); a choice row's choices also carry ``choice_logprobs``,
-``choice_probs`` and ``choice_outside_prob``. ``prompt_logprobs`` goes where vLLM's OpenAI
-server puts it: in the body of a chat completion, in each choice of a completion, as vLLM's
-``[null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]`` (the prompt token
-and its alternatives; see :func:`vllm_prompt_logprobs`).
+OpenAI Batch output, one line per input line with the ``n`` samples as ``choices``: ``{"id":
+"batch_req_<row>", "custom_id", "response": {"status_code": 200, "request_id", "body": {...}},
+"error": null}``, or ``"response": null`` and ``"error": {"code", "message"}`` for a failed row.
+Log-probabilities take OpenAI's shapes (chat ``content``, legacy completions:
+:func:`completions_logprobs`); ``prompt_logprobs`` goes where vLLM's OpenAI server puts it, in
+vLLM's shape (:func:`vllm_prompt_logprobs`). The shapes, with examples:
+``docs/inputs-and-outputs.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """``--resume``: what an existing output already holds, so a rerun skips those rows.
 
-A JSONL output is scanned line by line. A torn last line (a crash in the middle of a write:
-no final newline) is cut off the file. Error records (``error`` set) are removed from the file
-(rewritten through a temporary file) so that those rows run again: the input may have been
-fixed since. Each other line counts for its ``id`` (OpenAI Batch output lines: ``custom_id``);
-an OpenAI line stands for its whole row. The last
-run of lines with one id is remembered, so a row whose ``n`` samples were only partly written
-when the run died (they are written together, so only the last row can be partial) can be cut
-off too and run again (:func:`cut`).
+A JSONL output is scanned line by line: a torn last line (no final newline) is cut off, error
+records are removed (the input may have been fixed since), and each other line counts for its
+``id`` (an OpenAI line's ``custom_id`` stands for its whole row). A row whose ``n`` samples were
+only partly written (only the last row can be) is cut off too and run again (:func:`cut`).
 
 A Parquet output counts the ids of the complete file and of the finished row groups an
-interrupted run left in its parts folder (:func:`~mlxpa.data.parquet.iter_parquet_ids`);
-a row's samples never straddle two row groups. Its error rows count as done.
-
-Ids are compared as text (``7`` and ``"7"`` are the same id), as a Parquet ``id`` column turns
-int ids into strings once a string id appears.
+interrupted run left in its parts folder (:func:`~mlxpa.data.parquet.iter_parquet_ids`); a row's
+samples never straddle two row groups, and its error rows count as done. Ids are compared as
+text (``7`` and ``"7"`` are the same id), as a Parquet ``id`` column turns int ids into strings
+once a string id appears.
 """
 
 from __future__ import annotations

@@ -1,34 +1,24 @@
 """Paged-attention kernels: the MLX-ops reference (the spec) and a self-checked native path.
 
-``paged_attention`` picks the back end from ``kernel`` (``--attention-backend``):
+``paged_attention`` picks the back end from ``kernel`` (``--attention-backend``): ``auto`` takes Metal,
+then CUDA, then (when the default device is the CPU) the CPU kernel, then the reference;
+``metal``, ``cuda`` and ``cpu`` force one, with a warning (once) and the reference where its
+device is absent; ``reference`` is gather + ``mx.fast.scaled_dot_product_attention``. Only
+decode (``L == 1``) with a supported shape goes to Metal or CUDA; every back end reads
+quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`).
 
-- ``auto``: Metal where ``mx.metal.is_available()``, else CUDA where ``mx.cuda.is_available()``,
-  else, when the default device is the CPU, the CPU kernel, else the reference.
-- ``metal`` / ``cuda``: that kernel; where the device is absent, a warning (once) and the
-  reference.
-- ``cpu``: MLX ops tuned for MLX's CPU back end (``cpu_paged_attention.py``: decode reads the
-  pool in place with ``mx.gather_mm``, base-2 softmax); where the default device is not the
-  CPU, a warning (once) and the reference.
-- ``reference``: gather + ``mx.fast.scaled_dot_product_attention`` (``reference.py``).
+The first time a native kernel meets a shape class (back end, dtype, head dim, block size,
+window, heads, the pools' bits and group size) it runs each variant on small random cases
+(rows of 0, 1, ``block_size + 1`` and 600 keys) and compares them with the float32 reference
+on the CPU; on a mismatch or a failure to compile or run it warns once and that class takes
+the reference from then on. So a kernel never run on real hardware cannot silently give wrong
+numbers.
 
-Only decode (``L == 1``) with a supported shape goes to Metal or CUDA; prefill over a cached prefix
-stays gather + SDPA on every back end. Pools may be quantized
-(:class:`~mlxpa.kernels.quant.QuantizedPool`, ``--kv-cache-dtype``): every back end then reads
-the packed values (the native kernels' ``qv1``/``qv2``). The first time a native kernel meets
-a shape class (back end, dtype, head dim, block size, window, heads, and the pools' bits and
-group size) it runs each variant on a small random case with rows of 0, 1,
-``block_size + 1`` and 600 keys (two v2 partitions) over pools quantized the same way, and
-compares them with the float32 reference on the CPU; on a mismatch, or when the kernel fails
-to compile or run, it warns once and that class uses the reference from then on. So a kernel
-that was never run on real hardware cannot silently give wrong numbers.
-
-``cascade_attention`` (rows sharing leading blocks: the shared prefix once per group, each
-row's own keys apart, merged by their log-sum-exp; ``cascade_reference.cascade_attention`` is the
-specification) runs the CPU kernel's own version on the CPU. On Metal or CUDA decode rows'
-own keys go through the kernels' ``_lse`` twins (checked at first use like the others, as a
-shape class of their own, output and log-sum-exp) and the shared prefixes through MLX ops
-(one matrix product per group and KV head); prefill chunks (``L > 1``), other back ends,
-and classes whose check failed take the reference.
+``cascade_attention`` (the shared prefix once per group, each row's own keys apart, merged by
+their log-sum-exp; specified by :mod:`mlxpa.kernels.cascade_reference`) runs the CPU kernel's
+own version on the CPU; on Metal and CUDA decode rows' own keys go through the kernels'
+``_lse`` twins (self-checked as a class of their own) and the shared prefixes through MLX ops;
+prefill chunks, other back ends and classes whose check failed take the reference.
 """
 
 from __future__ import annotations

@@ -1,31 +1,24 @@
 """Fused element-wise kernels for MLX's CPU back end: tanh-GELU, SiLU and table RoPE.
 
 On MLX's CPU back end the transcendental element-wise ops (``exp``, ``tanh``, ``sin``,
-``cos``) run as one thread of scalar code, about 25-55 ns per element on this project's
-x86 machine, while ``mul``/``add`` run at memory speed and ``mx.compile`` fuses chains of them
-into one pass. In Gemma 3 270M's prefill (2,048 tokens per layer) ``nn.gelu_approx`` over the
-``[tokens, 2048]`` gate costs 215 ms, 8x the gate projection, and ``mx.fast.rope`` (cos/sin
-per element, per layer) costs 42 ms, more than the q/k/v projections together. So on the CPU
-the model runner swaps (:func:`mlxpa.worker.patches.fused_cpu_ops`), for the length of its
-forward pass only (mlx-lm's own calls are untouched):
+``cos``) run as one thread of scalar code, while ``mul``/``add`` run at memory speed and
+``mx.compile`` fuses chains of them into one pass; in a prefill step Gemma's ``gelu_approx``
+and ``mx.fast.rope`` cost more than the matmuls next to them. So on the CPU the model runner
+swaps (:func:`mlxpa.worker.patches.fused_cpu_ops`), for its forward pass only (mlx-lm's own
+calls are untouched):
 
 - ``nn.gelu_approx`` / ``nn.silu`` / ``swiglu`` for versions built on a rational ``tanh``
-  (only ``mul``, ``add``, ``div`` and ``clip``, fused by ``mx.compile``): 30 ms instead of
-  215 ms for the gate above, within 2 float32 ulp-scale error of float64 ``tanh``; the
-  approximation is Eigen's ``generic_fast_tanh_float`` (degree 13/6 odd rational, the one
-  XLA's CPU back end uses), with the coefficients published there;
+  (only ``mul``, ``add``, ``div`` and ``clip``, fused by ``mx.compile``; within 2 float32
+  ulp-scale error of float64 ``tanh``): Eigen's ``generic_fast_tanh_float``, the degree 13/6
+  odd rational XLA's CPU back end uses, with the coefficients published there;
 - ``nn.RoPE`` modules for :class:`TableRoPE`, which computes each step's cos/sin tables once
   per distinct (base, scale, dims) and position set, in float64, and shares them across
-  layers (the vLLM ``rotary_embedding`` cos/sin-cache design); each layer then only
-  multiplies and adds.
+  layers (vLLM's ``rotary_embedding`` cos/sin cache); each layer then only multiplies and adds.
 
-The activations are compiled per input shape, not ``shapeless``: MLX's shapeless CPU
-kernels index every input through strides, while a shape-specialised kernel over contiguous
-inputs runs one flat loop; for a ``[2048, 2048]`` gate that halved the GELU (158 ms to 76 ms,
-bit-identical output, measured interleaved on the loaded 2-core machine), and a new shape
-costs a few milliseconds once (the compiled library is shared; only the trace is new).
-
-Metal and CUDA have fast native ops, so nothing is swapped there.
+The activations are compiled per input shape, not ``shapeless``: a shape-specialised kernel
+over contiguous inputs runs one flat loop, where MLX's shapeless CPU kernels index every input
+through strides. Metal and CUDA have fast native ops, so nothing is swapped there. Measured
+costs: ``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -144,8 +137,7 @@ class TableRoPE(nn.Module):
 @mx.compile
 def _rotate(a: mx.array, b: mx.array, cos: mx.array, sin: mx.array) -> tuple[mx.array,
                                                                              mx.array]:
-    # One fused pass for both halves (per-shape compile: 21 -> 14 ms for Gemma 3's
-    # [4, 4, 512, 256] queries on the loaded 2-core machine, bit-identical).
+    # One fused pass for both halves, compiled per shape (bit-identical to two passes).
     return a * cos - b * sin, a * sin + b * cos
 
 

@@ -1,37 +1,29 @@
 """Paged attention for MLX's CPU back end, in MLX ops, without copying the context.
 
 The reference gathers each row's blocks into a contiguous ``[B, kv_heads, S, D]`` copy before
-attending. In a decode step that copy is the whole cost: on this project's 2-core machine
-(about 3 GB/s of copy bandwidth) gathering K and V for 128 rows of 600 tokens of Gemma 3 270M
-(one KV head, D = 256) takes 106 ms per layer, 1.9 s of a 2.5 s step. Here decode reads the
-pool in place through ``mx.gather_mm``, a batched matmul whose right operand is picked by
-index: one ``[q_per_kv, D] @ [D, block_size]`` product per (row, KV head, block) gives the
-scores, a base-2 softmax over the row's keys, and one ``[q_per_kv, block_size] @
-[block_size, D]`` product per (row, KV head, block) summed over blocks gives the output
-(PagedAttention's per-block loop, Kwon et al., SOSP 2023, as batched matmuls): 25 ms for the
-layer above. Prefill chunks keep the gather (its copy is small next to the chunk's matmuls)
-and use the same base-2 softmax.
+attending, and in a decode step that copy is most of the cost. Here decode reads the pool in
+place through ``mx.gather_mm``, a batched matmul whose right operand is picked by index: one
+``[q_per_kv, D] @ [D, block_size]`` product per (row, KV head, block) gives the scores, a
+base-2 softmax over the row's keys, and one ``[q_per_kv, block_size] @ [block_size, D]``
+product per (row, KV head, block) summed over blocks gives the output (PagedAttention's
+per-block loop, Kwon et al., SOSP 2023, as batched matmuls). Prefill chunks keep the gather
+(its copy is small next to the chunk's matmuls).
 
-A prefill chunk's queries are cut into tiles of ``query_tile`` rows, and each tile attends
-only the key range some row of the batch can see from it (causal above, sliding window
-below): for a fresh 512-token prompt in tiles of 64 that is 56% of the scores, for a
-2,048-token chunk on a 512-token window layer 36%. The softmax's ``power`` runs on one thread
-at about 15 ns per score on this project's machine and was the largest cost of a prefill step
-after the matmuls (FlashAttention's block skipping, Dao et al. 2022, at tile granularity).
+A prefill chunk's queries are cut into tiles of ``query_tile`` rows, and each tile attends only
+the key range some row of the batch can see from it (causal above, sliding window below):
+FlashAttention's block skipping (Dao et al. 2022) at tile granularity, since the softmax runs on
+one thread here.
 
 The softmax is ``2^(s log2 e - max) / sum`` with the scale and ``log2 e`` folded into the
 queries (FlashAttention-2's ``exp2``): on MLX's CPU back end ``power(2, x)`` costs about half
 of ``exp``.
 
-Quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`): decode reads them in place
-with ``mx.gather_qmm``, ``gather_mm``'s quantized twin (same index pairs; the scores product
-with ``transpose=True``, the values product with ``transpose=False``, as mlx-lm's
-``quantized_scaled_dot_product_attention`` uses ``quantized_matmul``). On the development
-CPU, for Gemma 3 270M's shape (D = 256, 4 query heads per KV head), it took 2-3x the time of
-the float32 ``gather_mm`` decode, and gathering the packed blocks and dequantizing them
-(:func:`mlxpa.kernels.quant.dequantize`) took 1.5-5x the time of ``gather_qmm`` at every
-batch and context tried (8-128 rows, 640-4096 keys): its float32 copy grows with the batch.
-Prefill chunks gather the packed blocks and dequantize them, then attend as above.
+Quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`): decode reads them in place with
+``mx.gather_qmm``, ``gather_mm``'s quantized twin (the scores product with ``transpose=True``,
+the values product with ``transpose=False``, as mlx-lm's
+``quantized_scaled_dot_product_attention`` uses ``quantized_matmul``), which beats gathering
+and dequantizing first at every batch and context tried. Prefill chunks gather the packed
+blocks and dequantize them, then attend as above. Measured costs: ``docs/kernels.md``.
 """
 
 from __future__ import annotations

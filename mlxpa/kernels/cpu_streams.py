@@ -3,12 +3,11 @@
 MLX runs each CPU stream on its own thread, and its CPU element-wise ops (the fused GELU of
 :mod:`mlxpa.kernels.cpu_fused`, the attention softmax) use one thread: on a 2-core machine
 the second core idles while they run. Independent work put on two streams runs on both
-cores. Splitting one op's input and concatenating the halves costs a copy of the result
-(about 3 GB/s on this project's machine), so the split is made where the concatenated result
-is small: the paged-attention query tiles (:mod:`mlxpa.kernels.cpu_paged_attention`) and
-the MLP block, whose ``[tokens, hidden]`` output is a third of its ``[tokens, intermediate]``
-activations in Gemma 3 270M. Rows of an MLP are independent (each token's output depends
-only on its own input), so running two row halves gives the same values.
+cores. Splitting one op's input and concatenating the halves costs a copy of the result, so
+the split is made where the concatenated result is small: the paged-attention query tiles
+(:mod:`mlxpa.kernels.cpu_paged_attention`) and the MLP block, whose ``[tokens, hidden]``
+output is a third of its ``[tokens, intermediate]`` activations in Gemma 3 270M. Rows of an
+MLP are independent, so running two row halves gives the same values.
 """
 
 from __future__ import annotations

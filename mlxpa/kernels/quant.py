@@ -11,10 +11,9 @@ Rows are quantized one token at a time when they are written, so a block is neve
 re-quantized and each token's values do not depend on its neighbours (KIVI, Liu et al. 2024,
 quantizes keys per channel instead; per-token keeps prefix sharing and copy-on-write exact).
 
-On MLX's CPU back end ``mx.dequantize`` runs as one thread of scalar code (about 100 million
-elements per second on this project's machine, ten times the cost of the gather it follows);
-:func:`dequantize` there unpacks with a view and shifts fused by ``mx.compile``, bit-identical
-to ``mx.dequantize``.
+On MLX's CPU back end ``mx.dequantize`` runs as one thread of scalar code, slower than the
+gather it follows; :func:`dequantize` there unpacks with a view and shifts fused by
+``mx.compile``, bit-identical to ``mx.dequantize``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """Where the tokens of a ``choice`` row's labels start and end after its prompt.
 
 Rule: label ``c`` after a prompt whose text is ``T`` is scored as the tokenizer's encoding of
-``T + c`` (the label's text right after the prompt's last character, spaces exactly as the
-label writes them), from the first token where that encoding leaves the prompt's own tokens.
-A prompt that ends in characters the tokenizer merges with the label's first characters
-gives them to the label: Gemma encodes ``"Answer: "`` as ``… ":" "▁"`` and ``"Answer: Paris"``
-as ``… ":" "▁Paris"``, so label ``"Paris"`` is scored as ``"▁Paris"`` after ``":"``
-(lm-evaluation-harness moves a context's trailing spaces into the continuation for the same
-reason, ``_encode_pair``; here the tokenizer decides how far back a join reaches). All
-labels of a row are scored from one position, the earliest at which any of them leaves the
-prompt (a label that leaves it later starts with the prompt's own tokens from there), so
-their scores are probabilities of texts after the same context and compare.
+``T + c`` (spaces exactly as the label writes them), from the first token where that encoding
+leaves the prompt's own tokens, so a prompt's trailing characters that the tokenizer merges
+with the label go to the label (Gemma's ``"Answer: "`` ends in ``"▁"``, and ``"Paris"`` is
+scored as ``"▁Paris"``; lm-evaluation-harness's ``_encode_pair`` moves trailing spaces for the
+same reason). All labels of a row are scored from one position, the earliest at which any of
+them leaves the prompt, so their scores are probabilities of texts after one context.
 
-The prompt is given as token ids; its text is recovered from its *tail*: its last tokens
-after its last special (control) token, that token included as the anchor the text after it
-is tokenized from (a chat prompt's tail is ``<start_of_turn> model \\n``), at most
-:data:`TAIL_TOKENS` of them and never the prompt's first token (a BOS the tokenizer adds has
-no text before it). The longest suffix of the tail whose text (``skip_special_tokens=False``,
-no clean-up) encodes back to the same tokens stands for the prompt's text; a tail that does
-not (token ids given directly, a suffix starting inside a word) is cut shorter, and when no
-suffix does, a label is its own encoding, appended. Joins are cached by tail and labels, so
-rows that end alike (every chat row) cost one encoding per label.
-
-No mlx here; the tokenizer is an mlx-lm ``TokenizerWrapper`` or a Hugging Face tokenizer.
+The prompt's text is recovered from its tail: its last tokens after its last control token
+(at most :data:`TAIL_TOKENS`, never a BOS the tokenizer adds), the longest suffix of them whose
+text encodes back to the same tokens; with none, a label is its own encoding, appended. Joins
+are cached by tail and labels, so rows that end alike cost one encoding per label. No mlx here.
 """
 
 from __future__ import annotations

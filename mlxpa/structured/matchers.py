@@ -1,27 +1,22 @@
 """Constrained decoding with llguidance: one matcher per running request, one bitmask per step.
 
-Backend: llguidance (guidance-ai/llguidance; used by vLLM, SGLang, TensorRT-LLM, llama.cpp).
-The model runner owns the :class:`Grammars` (the mask must overlap its forward pass). Per
-step it
+The model runner owns the :class:`Grammars` (the mask must overlap its forward pass). Per step:
 
-1. starts the forward pass (``mx.async_eval``) and meanwhile calls :meth:`Grammars.fill`,
-   which brings every constrained request's matcher up to its output tokens and fills the
-   token bitmask of all of them in one ``fill_next_token_bitmask_par`` call (it releases
-   the GIL, so it overlaps MLX's work, as vLLM and SGLang overlap it with the GPU);
+1. while the forward pass runs (``mx.async_eval``), :meth:`Grammars.fill` brings every
+   constrained request's matcher up to its output tokens and fills all their bitmasks in one
+   ``fill_next_token_bitmask_par`` call (it releases the GIL, as vLLM and SGLang overlap it
+   with the GPU);
 2. the bitmask is applied to all of the step's requests in one fused MLX pass
-   (:func:`mlxpa.structured.mask.apply_bitmask`; unconstrained requests get all bits set);
-   llguidance sets the EOS bit only where the grammar accepts, so EOS ends a request only
-   when its output is complete;
-3. samples, then :meth:`Grammars.advance` consumes each sampled token and reports the
-   grammars that ended: complete (nothing but EOS may follow: the engine ends the request
-   at once) or failed.
+   (:func:`mlxpa.structured.mask.apply_bitmask`); llguidance allows EOS only where the grammar
+   accepts;
+3. after sampling, :meth:`Grammars.advance` consumes each token and reports the grammars that
+   ended (complete or failed).
 
-Matchers are keyed by the :class:`Request` object and synced to ``output_token_ids`` (consume
-what is missing, roll back what is extra), so preemption by recompute (output tokens kept),
-chunked prefill (no sampling until the last chunk), prefix-cache hits and ``n > 1`` forks (a
-child is another request with its own matcher) need no special case. Compiled grammars are
-cached by the constraint's canonical text. A ``choice`` row has no matcher: its labels are
-scored, not decoded (:mod:`mlxpa.engine.choice_scores`).
+Matchers are keyed by the :class:`Request` and synced to its ``output_token_ids`` (consume what
+is missing, roll back what is extra), so preemption, chunked prefill, prefix-cache hits and
+``n > 1`` forks need no special case. Compiled grammars are cached by the constraint's
+canonical text. A ``choice`` row has no matcher: its labels are scored
+(:mod:`mlxpa.engine.choice_scores`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""OpenAI Batch bodies and plain rows read as OpenAI and vLLM read them: the field rules quoted
-in issue 12 (``max_completion_tokens or max_tokens``), restated defaults accepted, features
-that change the output refused by name, ``n`` bounded."""
+"""OpenAI Batch bodies and plain rows read as OpenAI and vLLM read them: their field rules
+(``max_completion_tokens or max_tokens``), restated defaults accepted, features that change
+the output refused by name, ``n`` bounded."""
 
 from __future__ import annotations
 
