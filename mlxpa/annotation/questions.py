@@ -98,8 +98,9 @@ def parse_question_set(value: Any, field: str, problems: list[str]) -> QuestionS
     """A question set from a JSON value: a list of question objects, or an object with
     ``questions`` and optional ``preamble`` (text) and ``version`` (1). Each problem is
     appended to ``problems`` naming ``field`` and the part (``questions[0].type``)."""
-    if isinstance(value, list):
-        value = {"questions": value}
+    listed_at = None
+    if isinstance(value, list):  # its questions are named field[i]
+        value, listed_at = {"questions": value}, field or "questions"
     if not isinstance(value, dict):
         wanted = 'a list of questions or an object with "questions"'
         problems.append(bad(field, wanted, value) if field
@@ -113,7 +114,7 @@ def parse_question_set(value: Any, field: str, problems: list[str]) -> QuestionS
     if preamble is not None and not isinstance(preamble, str):
         problems.append(bad(_at(field, "preamble"), "a string", preamble))
     listed = value.get("questions")
-    where = _at(field, "questions")
+    where = _at(field, "questions") if listed_at is None else listed_at
     if not isinstance(listed, list) or not listed:
         problems.append(bad(where, "a non-empty list of question objects", listed))
         return None

@@ -35,7 +35,7 @@ def _cell(figures: Mapping[str, Any] | None, key: str, fmt: str) -> str:
 def figures_table(title: str, columns: Mapping[str, Mapping[str, Any] | None]) -> Table:
     """One question's figures, a column per set of figures (``{"before": ..., "after":
     ...}``, or ``{"gold": ...}`` for a run), a row per figure it has."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=len(title))
     table.add_column("figure")
     for name in columns:
         table.add_column(name, justify="right")
