@@ -185,3 +185,13 @@ def quality(gold: Any, probs: Any, *, budget: float = 0.05, ordinal: bool = Fals
 
 def _finite_or_none(x: float) -> float | None:
     return x if np.isfinite(x) else None
+
+
+def changed_answers(first: Any, second: Any) -> tuple[float, list[int]]:
+    """The label order check: ``(share, rows)`` of the rows whose answer (label index ``[N]``)
+    differs between two scorings of a question (its labels listed in two orders)."""
+    a, b = np.asarray(first), np.asarray(second)
+    if a.shape != b.shape:
+        raise ValueError(f"two [N] answer arrays expected, got {a.shape} and {b.shape}")
+    rows = np.nonzero(a != b)[0].tolist()
+    return (len(rows) / len(a) if len(a) else 0.0), rows

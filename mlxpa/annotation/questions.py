@@ -11,6 +11,7 @@ names the field (``field "questions[1].labels" must be ...``), as a row's other 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -52,6 +53,8 @@ class Question:
         template: How it follows the document; None: :data:`DEFAULT_TEMPLATES` of its type.
         gold_field: The row field holding its gold label, or None.
         values: A ``scale``'s value of each label (strictly increasing), else None.
+        listing: The order ``{labels}`` lists the labels in (indices into :attr:`labels`),
+            or None: their own order. Answers keep :attr:`labels`' order whatever it is.
     """
 
     name: str
@@ -61,12 +64,22 @@ class Question:
     template: str | None = None
     gold_field: str | None = None
     values: tuple[float, ...] | None = None
+    listing: tuple[int, ...] | None = None
 
     @property
     def suffix(self) -> str:
         """The text put after the document: the template with its placeholders filled."""
         template = DEFAULT_TEMPLATES[self.type] if self.template is None else self.template
-        return template.format(question=self.question, labels=", ".join(self.labels))
+        order = range(len(self.labels)) if self.listing is None else self.listing
+        return template.format(question=self.question,
+                               labels=", ".join(self.labels[i] for i in order))
+
+    def relisted(self) -> Question:
+        """The question with its labels listed in a second order, the reverse (the label
+        order check: a model that prefers a position answers differently). Its
+        :attr:`labels`, and so its answers' order, are unchanged."""
+        order = range(len(self.labels)) if self.listing is None else self.listing
+        return dataclasses.replace(self, listing=tuple(reversed(order)))
 
     def index(self, label: str) -> int:
         """The position of ``label`` in :attr:`labels` (ValueError when it is not one)."""

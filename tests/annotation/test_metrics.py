@@ -10,6 +10,7 @@ from sklearn import metrics as skm
 from mlxpa.annotation.metrics import (
     accuracy,
     brier_score,
+    changed_answers,
     cohen_kappa,
     confusion_matrix,
     error_budget,
@@ -182,3 +183,10 @@ def test_bad_shapes_are_refused():
         brier_score([2], [[0.5, 0.5]])
     with pytest.raises(ValueError, match="error budget"):
         error_budget([0], [[1.0, 0.0]], 1.5)
+
+
+def test_changed_answers():
+    assert changed_answers([0, 1, 2, 2], [0, 2, 2, 1]) == (0.5, [1, 3])
+    assert changed_answers([], []) == (0.0, [])
+    with pytest.raises(ValueError, match="two"):
+        changed_answers([0], [0, 1])

@@ -152,3 +152,13 @@ def test_question_set_lookup():
     assert qs["a"].index("no") == 1
     with pytest.raises(StopIteration):
         qs["b"]
+
+
+def test_relisted_labels_keep_the_answers_order():
+    q = Question("t", "choice", ("a", "b", "c"), "Which?")
+    r = q.relisted()
+    assert r.labels == q.labels and r.listing == (2, 1, 0)
+    assert r.suffix == "\n\nQuestion: Which?\nOptions: c, b, a\nAnswer: "
+    assert r.relisted().suffix == q.suffix
+    assert Question("y", "yes_no", ("yes", "no"), "Ok?").relisted().suffix == (
+        "\n\nQuestion: Ok? (no, yes)\nAnswer: ")
