@@ -23,12 +23,14 @@ from typing import Any
 from mlxpa.config import bad, show
 
 QUESTION_TYPES = ("choice", "yes_no", "scale")
-# How a question follows the document when it gives no template: a blank line, the question,
-# its labels, and "Answer: " (the label is scored right after it; the tokenizer's join gives
-# the trailing space to the label, see mlxpa.structured.labels).
+# How a question follows the document when it gives no template: a blank line, the question
+# and "Answer: " (the label is scored right after it; the tokenizer's join gives the trailing
+# space to the label, see mlxpa.structured.labels). A scale lists its labels (their range is
+# part of the question); a choice or yes/no question does not: a small model tends to copy the
+# first label listed (docs/annotation.md), and a template with {labels} lists them.
 DEFAULT_TEMPLATES = {
-    "choice": "\n\nQuestion: {question}\nOptions: {labels}\nAnswer: ",
-    "yes_no": "\n\nQuestion: {question} ({labels})\nAnswer: ",
+    "choice": "\n\nQuestion: {question}\nAnswer: ",
+    "yes_no": "\n\nQuestion: {question}\nAnswer: ",
     "scale": "\n\nQuestion: {question}\nScale: {labels}\nAnswer: ",
 }
 YES_NO_LABELS = ("yes", "no")

@@ -46,9 +46,8 @@ def test_a_set_with_every_type():
 
 def test_suffixes():
     topic, spam, quality, tone = _parse(SET)[0].questions
-    assert topic.suffix == ("\n\nQuestion: What is it about?\nOptions: sports, politics, tech"
-                            "\nAnswer: ")
-    assert spam.suffix == "\n\nQuestion: Is it spam? (yes, no)\nAnswer: "
+    assert topic.suffix == "\n\nQuestion: What is it about?\nAnswer: "
+    assert spam.suffix == "\n\nQuestion: Is it spam?\nAnswer: "
     assert quality.suffix == "\n\nQuestion: How good?\nScale: 1, 2, 3, 4, 5\nAnswer: "
     assert tone.suffix == "\nTone (bad, fine, great): "
     assert set(DEFAULT_TEMPLATES) == {"choice", "yes_no", "scale"}
@@ -155,10 +154,10 @@ def test_question_set_lookup():
 
 
 def test_relisted_labels_keep_the_answers_order():
-    q = Question("t", "choice", ("a", "b", "c"), "Which?")
+    q = Question("t", "choice", ("a", "b", "c"), "Which?", "{question} ({labels}): ")
     r = q.relisted()
     assert r.labels == q.labels and r.listing == (2, 1, 0)
-    assert r.suffix == "\n\nQuestion: Which?\nOptions: c, b, a\nAnswer: "
+    assert q.suffix == "Which? (a, b, c): " and r.suffix == "Which? (c, b, a): "
     assert r.relisted().suffix == q.suffix
-    assert Question("y", "yes_no", ("yes", "no"), "Ok?").relisted().suffix == (
-        "\n\nQuestion: Ok? (no, yes)\nAnswer: ")
+    assert Question("s", "scale", ("1", "2"), "Ok?").relisted().suffix == (
+        "\n\nQuestion: Ok?\nScale: 2, 1\nAnswer: ")

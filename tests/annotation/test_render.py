@@ -19,9 +19,9 @@ SPAM = Question("spam", "yes_no", ("yes", "no"), "Spam?")
 
 
 def test_prompt_documents():
-    assert prompt_text("Doc.", TOPIC) == "Doc.\n\nQuestion: Which?\nOptions: a, b\nAnswer: "
+    assert prompt_text("Doc.", TOPIC) == "Doc.\n\nQuestion: Which?\nAnswer: "
     assert prompt_text("Doc.", SPAM, "Intro") == (
-        "Intro\n\nDoc.\n\nQuestion: Spam? (yes, no)\nAnswer: ")
+        "Intro\n\nDoc.\n\nQuestion: Spam?\nAnswer: ")
     # every question starts with the document's text
     for q in (TOPIC, SPAM):
         assert prompt_text("Doc.", q, "Intro").startswith(document_text("Doc.", "Intro"))
@@ -30,11 +30,11 @@ def test_prompt_documents():
 def test_messages_documents():
     user = [{"role": "user", "content": "Doc."}]
     assert question_messages(user, TOPIC) == [
-        {"role": "user", "content": "Doc.\n\nQuestion: Which?\nOptions: a, b\nAnswer:"}]
+        {"role": "user", "content": "Doc.\n\nQuestion: Which?\nAnswer:"}]
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Doc."}]
     assert question_messages(chat, SPAM, "Be brief.") == [
         {"role": "system", "content": "Be brief."}, *chat,
-        {"role": "user", "content": "Question: Spam? (yes, no)\nAnswer:"}]
+        {"role": "user", "content": "Question: Spam?\nAnswer:"}]
     system = [{"role": "system", "content": "Own."}, *user]
     assert document_messages(system, "Pre.")[0] == {"role": "system", "content": "Pre.\n\nOwn."}
     assert user == [{"role": "user", "content": "Doc."}]  # the row's messages are not changed
