@@ -33,8 +33,9 @@ def _scores(logprobs: Any) -> np.ndarray:
     x = np.asarray(logprobs, dtype=np.float64)
     if x.ndim < 1 or x.shape[-1] < 2:
         raise ValueError(f"label log-probabilities [..., K >= 2] expected, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("label log-probabilities must be finite")
+    if np.isnan(x).any() or (x == np.inf).any() or (x == -np.inf).all(axis=-1).any():
+        raise ValueError("label log-probabilities must be finite or -inf (a label the model "
+                         "cannot write), with a finite one in each row")
     return x
 
 
@@ -48,7 +49,8 @@ def calibrated_probs(logprobs: Any, temperature: float = 1.0, bias: Any = None) 
     """``softmax((logprobs - bias) / temperature)`` over the last axis.
 
     Args:
-        logprobs: ``[..., K]`` label log-probabilities (finite).
+        logprobs: ``[..., K]`` label log-probabilities (finite, or -inf for a label the
+            model cannot write; one finite per row).
         temperature: ``T > 0``.
         bias: ``[K]`` contextual calibration's bias, or None (0).
 
@@ -91,6 +93,8 @@ def fit_temperature(logprobs: Any, gold: Any, bias: Any = None) -> float:
     if len(g) == 0:
         raise ValueError("no rows to fit a temperature on")
     rows = np.arange(len(g))
+    if np.isneginf(z[rows, g]).any():
+        raise ValueError("a gold label is scored -inf: no temperature gives it a probability")
 
     def loss(log_t: float) -> float:
         return float(-np.mean(log_softmax(z * np.exp(-log_t))[rows, g]))

@@ -114,9 +114,17 @@ def test_split_is_deterministic_and_sized():
         split_rows(10, 1.0, 0)
 
 
+def test_a_label_scored_minus_infinity_gets_no_probability():
+    np.testing.assert_allclose(calibrated_probs([[0.0, -np.inf, 0.0]], 2.0), [[0.5, 0.0, 0.5]])
+    assert fit_temperature([[0.0, -np.inf], [-1.0, 0.0]], [0, 1]) < 0.05  # both right
+    with pytest.raises(ValueError, match="gold label is scored -inf"):
+        fit_temperature([[0.0, -np.inf]], [1])
+
+
 def test_bad_scores_are_refused():
-    with pytest.raises(ValueError, match="finite"):
-        calibrated_probs([[0.0, -np.inf]])
+    for bad in ([[np.nan, 0.0]], [[np.inf, 0.0]], [[-np.inf, -np.inf]]):
+        with pytest.raises(ValueError, match="finite or -inf"):
+            calibrated_probs(bad)
     with pytest.raises(ValueError, match="K >= 2"):
         calibrated_probs([[0.0]])
     with pytest.raises(ValueError, match="temperature"):
