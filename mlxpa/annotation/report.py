@@ -70,7 +70,8 @@ def reliability_diagram(path: str | os.PathLike,
                         title: str | None = None) -> None:
     """Save a reliability diagram as PNG: a panel per question, per set of figures (``before``
     / ``after``) each bin's accuracy against its mean confidence (the figures'
-    ``reliability``), the diagonal of perfect calibration, and the ECE in the legend.
+    ``reliability``; a marker's area grows with the bin's rows), the diagonal of perfect
+    calibration, and the ECE in the legend.
 
     Raises:
         ImportError: matplotlib is not installed (the message names the extra).
@@ -90,9 +91,12 @@ def reliability_diagram(path: str | os.PathLike,
             rel = None if figures is None else figures.get("reliability")
             if not rel:
                 continue
-            pts = [(c, a) for n, c, a in zip(rel["count"], rel["confidence"], rel["accuracy"])
-                   if n > 0]
-            ax.plot(*zip(*pts), marker=marker, label=f"{label} (ECE {figures['ece']:.3f})")
+            pts = [(c, a, n) for n, c, a in zip(rel["count"], rel["confidence"],
+                                                rel["accuracy"]) if n > 0]
+            conf, acc, count = zip(*pts)
+            line, = ax.plot(conf, acc, linewidth=1, label=f"{label} (ECE {figures['ece']:.3f})")
+            ax.scatter(conf, acc, s=[12 + 200 * n / sum(count) for n in count],  # area ~ rows
+                       marker=marker, color=line.get_color(), alpha=0.8)
         ax.set(title=name, xlabel="confidence (top label)", ylabel="accuracy",
                xlim=(0, 1), ylim=(0, 1), aspect="equal")
         ax.legend(loc="upper left", fontsize="small")
