@@ -1,11 +1,12 @@
 """Paged-attention kernels: the MLX-ops reference (the spec) and a self-checked native path.
 
-``paged_attention`` picks the back end from ``kernel`` (``--attention-backend``): ``auto`` takes Metal,
-then CUDA, then (when the default device is the CPU) the CPU kernel, then the reference;
-``metal``, ``cuda`` and ``cpu`` force one, with a warning (once) and the reference where its
-device is absent; ``reference`` is gather + ``mx.fast.scaled_dot_product_attention``. Only
-decode (``L == 1``) with a supported shape goes to Metal or CUDA; every back end reads
-quantized pools (:class:`~mlxpa.kernels.quant.QuantizedPool`).
+``paged_attention`` picks the back end from ``kernel`` (``--attention-backend``):
+``auto`` takes Metal, then CUDA, then (when the default device is the CPU) the CPU kernel,
+then the reference; ``metal``, ``cuda`` and ``cpu`` force one, with a warning (once) and the
+reference where its device is absent; ``reference`` is gather +
+``mx.fast.scaled_dot_product_attention``. Only decode (``L == 1``) with a supported shape goes
+to Metal or CUDA; every back end reads quantized pools
+(:class:`~mlxpa.kernels.quant.QuantizedPool`).
 
 The first time a native kernel meets a shape class (back end, dtype, head dim, block size,
 window, heads, the pools' bits and group size) it runs each variant on small random cases
