@@ -44,7 +44,7 @@ def decoding_engine(model, tok, a) -> LLMEngine:
     lengths = ((len(p), a.decode_steps + 8, 1) for p in wl.prompts)
     engine = LLMEngine(sized_config(config, model, lengths), model, tok)
     for i in prefix_order(wl.prompts, config.block_size):
-        engine.add_request(i, wl.prompts[i], SamplingParams(max_tokens=a.decode_steps + 8,
+        engine.add_request(str(i), wl.prompts[i], SamplingParams(max_tokens=a.decode_steps + 8,
                                                             ignore_eos=True))
     sched = engine.scheduler
     while sched.waiting or any(r.num_computed_tokens < r.num_tokens - 1 for r in sched.running):

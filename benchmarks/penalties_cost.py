@@ -44,7 +44,7 @@ def decoding_engine(model, tok, prompts, params, kv_gib: float) -> LLMEngine:
     """An engine whose every row has finished its prefill (all rows decode from here)."""
     eng = LLMEngine(EngineConfig(kv_memory_gib=kv_gib, max_num_seqs=len(prompts)), model, tok)
     for i, p in enumerate(prompts):
-        eng.add_request(i, p, params)
+        eng.add_request(str(i), p, params)
     while any(r.num_output_tokens == 0 for r in [*eng.scheduler.running,
                                                 *eng.scheduler.waiting]):
         eng.step()

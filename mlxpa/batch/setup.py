@@ -17,10 +17,11 @@ from rich.console import Console
 
 from mlxpa.config import EngineConfig
 from mlxpa.core.kv_sizing import kv_blocks_needed
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 
 
-def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
+def build_engine(config: EngineConfig, first: list[EngineRequest], more: bool, *,
                  constrained: bool, console: Console, verbose: bool,
                  tokenizer=None) -> LLMEngine:
     """Load ``config.model`` and build an engine whose KV pool fits the requests to run.
@@ -51,7 +52,8 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
                                      revision=config.revision, adapter_path=config.adapter_path,
                                      keep_quantized=config.keep_quantized,
                                      kv_bytes=kv_budget_bytes(config), tokenizer=tokenizer)
-    lengths = ((len(r.prompt_token_ids), r.params.max_tokens, r.params.n) for r in first)
+    lengths = ((len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
+               for r in first)
     engine = LLMEngine(sized_config(config, model, lengths, more), model, tokenizer)
     r = engine.runner
     if verbose:

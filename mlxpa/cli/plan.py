@@ -61,22 +61,23 @@ def plan(
     from rich.console import Console
 
     from mlxpa.batch.plan import plan_file, plan_tables
-    from mlxpa.batch.prepare import prepare
     from mlxpa.batch.source import Source
+    from mlxpa.batch.validation import validate_input
     from mlxpa.data import InputError
 
     console = Console(stderr=True)
     try:
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
-        files = _model_files(model, revision, max_model_len)
-        tokenizer = files.tokenizer()
+        meta = _model_meta(model, revision, max_model_len)
+        tokenizer = meta.tokenizer()
         with Source.open(input, inputs) as src:
-            v = prepare(src, None, defaults, options, console, vocab_size=files.vocab_size(),
-                        tokenizer=lambda: tokenizer,
-                        refusal="nothing was planned (--skip-invalid plans the rest)").validation
+            v = validate_input(
+                src, None, defaults, options, console, vocab_size=meta.vocab_size(),
+                tokenizer=lambda: tokenizer,
+                refusal="nothing was planned (--skip-invalid plans the rest)").validation
             p = plan_file(src, v, tokenizer, defaults, block_size=block_size, top_k=top,
-                          max_model_len=files.context_len())
+                          max_model_len=meta.context_len())
         kv, why = _kv_plan(model, revision, block_size, kv_cache_dtype.value, kv_group_size,
                            kv_memory)
     except InputError as e:
@@ -131,18 +132,18 @@ def _plan_settings(max_tokens: int, skip_invalid: bool):
                                                              show_progress=False)
 
 
-def _model_files(model: str | None, revision: str | None, max_model_len: int | None):
+def _model_meta(model: str | None, revision: str | None, max_model_len: int | None):
     """The model's files as a run reads them before its weights (tokenizer, vocabulary,
     context capped by ``--max-model-len``).
 
     Raises:
         ValueError: ``--max-model-len`` below 2.
     """
-    from mlxpa.batch.model_files import ModelFiles
+    from mlxpa.batch.model_meta import ModelMeta
     from mlxpa.config import EngineConfig
 
     if max_model_len is not None and max_model_len < 2:
         raise ValueError(f"--max-model-len must be >= 2 (a prompt token and an output "
                          f"token), got {max_model_len}")
-    return ModelFiles(EngineConfig(model=model, max_model_len=max_model_len,
+    return ModelMeta(EngineConfig(model=model, max_model_len=max_model_len,
                                    revision=revision))

@@ -1,5 +1,5 @@
 """The Ray replicas' engine work without Ray (they run rows through the streaming core,
-``RowStream``): a shard's records equal what a local run writes for the same rows, and
+``RequestStream``): a shard's records equal what a local run writes for the same rows, and
 ``build_processor``'s replica gives each row its samples and an invalid row its error."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import json
 import pyarrow as pa
 import pytest
 
-from mlxpa.batch.requests import feed
+from mlxpa.batch.requests import rows_to_requests
 from mlxpa.batch.run import RunOptions, run_file
 from mlxpa.batch.source import Source
 from mlxpa.config import EngineConfig, SamplingParams
 from mlxpa.data.validate import validate
+from mlxpa.inputs import InputProcessor
 from mlxpa.ray import replica
 from mlxpa.ray.replica import ShardReplica
 from mlxpa.ray.row_replica import RowReplica
@@ -42,7 +43,8 @@ def test_a_shard_writes_what_a_local_run_writes(tmp_path):
     shard_replica = ShardReplica(config, "mlxpa", "tiny", str(src), "line")
     with Source.open(str(src)) as s:
         v = validate(s.rows(), source=s.name, unit=s.unit)
-        shard = list(feed(s, v, defaults, shard_replica.engine.tokenizer, None))
+        shard = list(rows_to_requests(s, v, defaults,
+                                      InputProcessor(shard_replica.engine.tokenizer)))
     key, records, stats = shard_replica.run_shard(7, shard)
     assert key == 7 and [i for i, _ in records] == [0, 1, 2]
     assert [r for _, recs in records for r in recs] == local
