@@ -193,6 +193,10 @@ class ChoiceScores:
             starts.append(req)
         return starts
 
+    def __len__(self) -> int:
+        """Choice rows in flight."""
+        return len({id(state) for state in self._rows.values()})
+
     def abort(self, request_ids: set[str]) -> None:
         """Forget the rows of ``request_ids`` (the engine finishes their requests)."""
         gone = [r for r, state in self._rows.items() if state.row.request_id in request_ids]
