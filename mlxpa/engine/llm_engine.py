@@ -242,7 +242,7 @@ class LLMEngine:
         updated = self._update(out, result)
         finished = self._check_stops(updated, result.grammar_ended)
         for o in finished:  # a request id is free again once its last sample is returned
-            left = self._unfinished.pop(o.request_id) - 1
+            left = self._unfinished.pop(o.request_id, 1) - 1
             if left:
                 self._unfinished[o.request_id] = left
         return finished

@@ -226,7 +226,6 @@ class LLM:
         try:
             return self._request(index, prompt, params, processor, ids, "prompts")
         except TypeError as e:
-            ids.claim(index, str(index), False)  # its id is its index: nothing to hold
             return PromptRequest(index, str(index), None, error=str(e))
 
     def _run_all(self, items: list[Any], params: list[SamplingParams], use_tqdm: bool,

@@ -59,14 +59,16 @@ def test_the_processor_replica_gives_samples_and_errors(tmp_path):
     run_file(str(src), str(out), config, defaults, RunOptions(show_progress=False))
     local = [json.loads(line) for line in out.read_text().splitlines()]
     row_replica = RowReplica(config, defaults, drop=("key",))
-    rows = [*ROWS, {"id": "d", "prompt": "x", "temperature": -1}]
+    rows = [*ROWS, {"id": "d", "prompt": "x", "temperature": -1},
+            {"id": "a", "prompt": "again"}]  # a request id is unique, as in mlxpa run
     columns = ("id", "prompt", "n", "temperature", "max_tokens")  # a column per field
     table = pa.Table.from_pylist([{**{c: r.get(c) for c in columns}, "key": 1} for r in rows])
     got = row_replica(table).to_pylist()
     assert [(r["id"], r["sample_index"]) for r in got] == [("a", 0), ("a", 1), ("b", 0),
-                                                           ("c", 0), ("d", 0)]
+                                                           ("c", 0), ("d", 0), ("a", 0)]
     assert all("key" not in r for r in got)
     assert [(r["text"], r["completion_tokens"]) for r in got[:4]] == [
         (r["text"], r["completion_tokens"]) for r in local]
     assert got[4]["error"] == ('<dataset>: field "temperature" must be a finite number >= 0, '
                                "got -1.0")
+    assert got[5]["error"] == "<dataset> id 'a': duplicate id \"a\" (first at row 0)"
