@@ -170,7 +170,7 @@ def test_labels_sharing_first_tokens_scored_against_mlx_lm(default_model):
     prompts = [chat(tok, "Label the review as very positive, positive, neutral, negative or "
                          "very negative.\n\nReview: " + r) for r in reviews]
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
-    outs = {o.request_id: o for o in eng.generate(
+    outs = {int(o.request_id): o for o in eng.generate(
         EngineRequest(str(i), p, SamplingParams(max_tokens=8, structured_outputs=so, logprobs=0))
         for i, p in enumerate(prompts))}
     for i, ids in enumerate(prompts):
