@@ -46,7 +46,7 @@ def decoding_engine(model, tok, a) -> LLMEngine:
     engine = LLMEngine(config, model, tok,
                        kv_blocks_needed=kv_blocks_needed(lengths, config.block_size))
     for i in prefix_order(wl.prompts, config.block_size):
-        engine.add_request(i, wl.prompts[i], SamplingParams(max_tokens=a.decode_steps + 8,
+        engine.add_request(str(i), wl.prompts[i], SamplingParams(max_tokens=a.decode_steps + 8,
                                                             ignore_eos=True))
     sched = engine.scheduler
     while sched.waiting or any(r.num_computed_tokens < r.num_tokens - 1 for r in sched.running):

@@ -46,7 +46,7 @@ def decoding_engine(model, tok, prompts, params, kv_gib: float) -> LLMEngine:
     config = EngineConfig(kv_cache_memory_bytes=int(kv_gib * 2**30), max_num_seqs=len(prompts))
     eng = LLMEngine(config, model, tok)
     for i, p in enumerate(prompts):
-        eng.add_request(i, p, params)
+        eng.add_request(str(i), p, params)
     while any(r.num_output_tokens == 0 for r in [*eng.scheduler.running,
                                                 *eng.scheduler.waiting]):
         eng.step()

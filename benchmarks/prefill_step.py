@@ -44,7 +44,7 @@ def step_seconds(tile: int, split_rows: int, num_streams: int, shapeless: bool) 
     engine = LLMEngine(EngineConfig(kv_cache_memory_bytes=2**29, max_num_batched_tokens=B * L),
                        model, tok)
     for i, p in enumerate(wl.prompts):
-        engine.add_request(i, p, SamplingParams(max_tokens=1, ignore_eos=True))
+        engine.add_request(str(i), p, SamplingParams(max_tokens=1, ignore_eos=True))
     t0 = time.perf_counter()
     engine.step()
     return time.perf_counter() - t0

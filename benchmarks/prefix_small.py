@@ -36,7 +36,7 @@ def run_once(model, tok, prompts, output_len, variant):
     t0 = time.perf_counter()
     engine.counters.start_time = t0
     for i in order:
-        engine.add_request(i, prompts[i], SamplingParams(max_tokens=output_len,
+        engine.add_request(str(i), prompts[i], SamplingParams(max_tokens=output_len,
                                                          ignore_eos=True))
     steps, prefill_time = 0, 0.0
     sched = engine.scheduler

@@ -53,8 +53,9 @@ def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: 
     from mlxpa.bench.systems import run_mlxpa
     from mlxpa.bench.workloads import random_workload
     from mlxpa.config import EngineConfig
-    from mlxpa.engine import LLMEngine, PromptInput
+    from mlxpa.engine import LLMEngine
     from mlxpa.loader.models import load_model, model_dtype
+    from mlxpa.request import EngineRequest
     from mlxpa.sampling_params import SamplingParams
 
     model, tok, _ = load_model(EngineConfig(model=folder, keep_quantized=keep_quantized,
@@ -67,8 +68,8 @@ def run_variant(folder: str, keep_quantized: bool, num_prompts: int, input_len: 
     config = EngineConfig(kv_cache_memory_bytes=int(kv_memory * 2**30))
     result = run_mlxpa(model, tok, wl, config)
     engine = LLMEngine(config, model, tok)
-    got = {o.request_id: o.token_ids for o in engine.generate(
-        PromptInput(i, wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
+    got = {int(o.request_id): o.token_ids for o in engine.generate(
+        EngineRequest(str(i), wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
                                                      ignore_eos=True)) for i in refs)}
     figures = result.figures()
     return {"folder": folder, "keep_quantized": keep_quantized,

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mlxpa.batch.run import RunOptions, run_file  # noqa: E402
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload  # noqa: E402
-from mlxpa.config import EngineConfig  # noqa: E402
+from mlxpa.config import EngineConfig
 from mlxpa.ray.run import RayOptions, run_file_ray  # noqa: E402
 from mlxpa.sampling_params import SamplingParams  # noqa: E402
 
@@ -62,11 +62,12 @@ def shard_serialization(path: str, config: EngineConfig, replicas: int) -> dict:
     from mlx_lm.utils import load_tokenizer
 
     from mlxpa.batch.requests import to_request
-    from mlxpa.data import InputOptions, read_rows
+    from mlxpa.data import read_rows
+    from mlxpa.inputs import InputProcessor
     from mlxpa.loader.models import resolve_model
 
-    tok = load_tokenizer(resolve_model(config.model))
-    items = [(r, to_request(r, SamplingParams(), tok, InputOptions())) for r in read_rows(path)]
+    processor = InputProcessor(load_tokenizer(resolve_model(config.model)))
+    items = [(r, to_request(r, SamplingParams(), processor)) for r in read_rows(path)]
     items = [it for it in items if not isinstance(it[1], str)]
     start = time.perf_counter()
     blob = pickle.dumps(items)

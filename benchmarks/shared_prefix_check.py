@@ -17,9 +17,10 @@ import time
 from mlxpa.bench.workloads import shared_prefix_workload
 from mlxpa.config import EngineConfig
 from mlxpa.core.prefix_order import prefix_order
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import summarize
 from mlxpa.loader.models import load_model
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
 
@@ -28,10 +29,10 @@ def run(model, tok, wl, prefix_caching: bool) -> tuple[dict, dict]:
     engine = LLMEngine(config, model, tok)
     order = prefix_order(wl.prompts, config.block_size) if prefix_caching else range(
         len(wl.prompts))
-    items = [PromptInput(i, wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
+    items = [EngineRequest(str(i), wl.prompts[i], SamplingParams(max_tokens=wl.output_lens[i],
                                                            ignore_eos=True)) for i in order]
     engine.counters.start_time = time.perf_counter()
-    outs = {o.request_id: o.token_ids for o in engine.generate(items)}
+    outs = {int(o.request_id): o.token_ids for o in engine.generate(items)}
     s = summarize(engine.counters)
     computed = s.prompt_tokens - s.cached_prompt_tokens
     return outs, {"prefix_cache_hit_rate": s.prefix_cache_hit_rate,

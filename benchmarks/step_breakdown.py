@@ -42,7 +42,7 @@ def new_engine() -> LLMEngine:
     e = LLMEngine(EngineConfig(kv_cache_memory_bytes=2**29, max_num_batched_tokens=2048), model,
                   tok)
     for i, p in enumerate(wl.prompts):
-        e.add_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True))
+        e.add_request(str(i), p, SamplingParams(max_tokens=out, ignore_eos=True))
     if MODE == "decode":
         for _ in range(4):
             e.step()

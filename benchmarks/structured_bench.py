@@ -126,9 +126,10 @@ def validity(model: str | None, n: int, workdir: str) -> dict:
 
 def overhead(model: str | None, n: int) -> dict:
     from mlxpa.config import EngineConfig
-    from mlxpa.engine import LLMEngine, PromptInput
+    from mlxpa.engine import LLMEngine
     from mlxpa.engine.metrics import summarize
     from mlxpa.loader.models import load_model
+    from mlxpa.request import EngineRequest
     from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
     mdl, tok, _ = load_model(EngineConfig(model=model))
@@ -143,8 +144,8 @@ def overhead(model: str | None, n: int) -> dict:
         if any(p.structured_outputs for p in params):  # tokenizer built before the clock starts
             eng.prepare()
         eng.counters.start_time = time.perf_counter()
-        outs = {o.request_id: o for o in eng.generate(
-            PromptInput(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params)))}
+        outs = {int(o.request_id): o for o in eng.generate(
+            EngineRequest(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params)))}
         return outs, summarize(eng.counters).to_dict()
 
     c_outs, c_stats = timed([SamplingParams(max_tokens=128, structured_outputs=so)] * n)

@@ -1,8 +1,11 @@
-"""Request state: one dataclass with derived properties, status an ordered IntEnum.
+"""The engine's request types: what a caller hands the engine (:class:`EngineRequest`), the
+request's state while it runs (:class:`Request`, status an ordered IntEnum) and what the engine
+returns per sample (:class:`SampleOutput`).
 
-Follows vLLM v1's ``Request`` / ``RequestStatus``: ``num_computed_tokens`` counts tokens whose
-K/V are in the pool, so chunked prefill, decode and recompute after preemption are one code
-path (the scheduler schedules ``num_tokens - num_computed_tokens`` tokens).
+Follows vLLM v1's ``EngineCoreRequest``, ``Request`` / ``RequestStatus``:
+``num_computed_tokens`` counts tokens whose K/V are in the pool, so chunked prefill, decode and
+recompute after preemption are one code path (the scheduler schedules
+``num_tokens - num_computed_tokens`` tokens).
 """
 
 from __future__ import annotations
@@ -36,6 +39,23 @@ FINISH_REASONS = {
 }
 
 
+class EngineRequest(NamedTuple):
+    """One request for the engine, as the input processor makes it (vLLM's
+    ``EngineCoreRequest``; :class:`mlxpa.inputs.InputProcessor`).
+
+    Attributes:
+        request_id: The caller's id, unique among the engine's unfinished requests; an
+            unseeded request's randomness comes from it (with the engine seed and the sample
+            index).
+        prompt_token_ids: The prompt's token ids (BOS included when the tokenizer adds one).
+        sampling_params: How to sample and when to stop (``n`` samples of the prompt).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+
+
 class TokenLogprob(NamedTuple):
     """One generated token's log-probability under the model (log-softmax of the raw
     logits, before the grammar mask, ``min_tokens`` and sampling filters).
@@ -59,7 +79,8 @@ class Request:
     """One prompt being generated.
 
     Attributes:
-        request_id: Caller-given id (the input row index).
+        request_id: The caller's id (:attr:`EngineRequest.request_id`); the ``n`` samples of
+            a prompt and a choice row's scoring requests share it.
         prompt_token_ids: Prompt tokens (BOS included when the tokenizer adds one).
         sampling_params: How to sample and when to stop.
         arrival_time: ``time.perf_counter()`` seconds at admission to the engine.
@@ -92,12 +113,9 @@ class Request:
         prompt_logprobs: Prompt position to the :class:`TokenLogprob` of the prompt token
             there, for a request with ``sampling_params.prompt_logprobs`` (filled by the
             engine from the scored positions; samples 1..n-1 share sample 0's).
-        seed_key: What a request without a ``seed`` derives its seed from, with the engine
-            seed and ``sample_index`` (the input row's id, so inserting another row does not
-            change its samples; None: ``request_id``).
     """
 
-    request_id: object
+    request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0
@@ -115,7 +133,6 @@ class Request:
     scored_top_logprobs: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     target_token_ids: tuple[int, ...] = ()
-    seed_key: object = None
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     score_only: bool = False
 
@@ -150,7 +167,7 @@ class SampleOutput:
     the ``n`` samples of a prompt into :class:`mlxpa.entrypoints.outputs.RequestOutput`).
 
     Attributes:
-        request_id: The request's id.
+        request_id: The request's id (the caller's).
         sample_index: Which sample of the prompt (n > 1), 0-based.
         text: Detokenized completion (stop string excluded).
         token_ids: Generated token ids (tokens after a stop string's end trimmed).
@@ -177,7 +194,7 @@ class SampleOutput:
             the length cap or an error did (vLLM's ``CompletionOutput.stop_reason``).
     """
 
-    request_id: object
+    request_id: str
     text: str
     token_ids: list[int]
     finish_reason: str
@@ -193,3 +210,42 @@ class SampleOutput:
     choice_probs: dict[str, float] | None = None
     choice_outside_prob: float | None = None
     stop_reason: int | str | None = None
+
+
+def sample_output(req: Request, text: str, eos_token_ids: frozenset[int],
+                  sample_index: int | None = None) -> SampleOutput:
+    """The :class:`SampleOutput` of a finished request.
+
+    Args:
+        req: The request (finished; a sample's request, or a choice row's sample).
+        text: Its detokenized completion.
+        eos_token_ids: The model's EOS ids (EOS is no ``stop_reason``, as in vLLM, even when
+            it is also a stop token id, unless the request ignores EOS).
+        sample_index: The sample it reports (None: ``req.sample_index``).
+    """
+    times = req.token_times
+    tokens = list(req.output_token_ids)
+    reason = req.stop_reason if req.status == RequestStatus.FINISHED_STOPPED else None
+    if reason in eos_token_ids and not req.sampling_params.ignore_eos:
+        reason = None
+    return SampleOutput(
+        request_id=req.request_id,
+        sample_index=req.sample_index if sample_index is None else sample_index,
+        text=text, token_ids=tokens,
+        finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
+        num_cached_tokens=max(req.num_cached_tokens, 0),
+        ttft_s=times[0] - req.arrival_time if times else None,
+        itl_s=[b - a for a, b in zip(times, times[1:])],
+        error=req.stop_reason if req.finish_reason == "abort" and isinstance(
+            req.stop_reason, str) else None,
+        logprobs=(req.logprobs[:len(tokens)] if req.sampling_params.logprobs is not None
+                  else None), stop_reason=reason, prompt_logprobs=_prompt_logprobs(req))
+
+
+def _prompt_logprobs(req: Request) -> list[TokenLogprob | None] | None:
+    """vLLM's ``prompt_logprobs`` of a request that asks: None for the first prompt token,
+    then each token's :class:`TokenLogprob` (None where it was not computed: a request that
+    failed before its prefill ended)."""
+    if req.sampling_params.prompt_logprobs is None:
+        return None
+    return [None] + [req.prompt_logprobs.get(p) for p in range(1, req.num_prompt_tokens)]

@@ -1,5 +1,6 @@
 """The file run, ``mlxpa run`` as one pipeline: the library call (:mod:`~mlxpa.batch.run`),
-pass 2 (:mod:`~mlxpa.batch.job`), rows to token ids (:mod:`~mlxpa.batch.prompts`), the engine
-sized to the input (:mod:`~mlxpa.batch.setup`), the progress bar and final report
-(:mod:`~mlxpa.batch.progress`); ``mlxpa plan`` (:mod:`~mlxpa.batch.plan`) predicts such a run.
+pass 1 (:mod:`~mlxpa.batch.validation`), rows to requests (:mod:`~mlxpa.batch.requests`,
+:mod:`~mlxpa.batch.prompts`: through :mod:`mlxpa.inputs`), pass 2 (:mod:`~mlxpa.batch.job`),
+the engine sized to the input (:mod:`~mlxpa.batch.setup`), the final report
+(:mod:`~mlxpa.batch.report`); ``mlxpa plan`` (:mod:`~mlxpa.batch.plan`) predicts such a run.
 """

@@ -1,24 +1,25 @@
 """Pass 2 of a file run (:func:`mlxpa.batch.run.run_file`): the windows of
-:func:`~mlxpa.batch.requests.feed` through the streaming core
-(:class:`~mlxpa.batch.stream.RowStream`: each window in prefix order), each finished row's
-samples to result records in the writer, rows that cannot run to error records, rows already
-done skipped."""
+:func:`~mlxpa.batch.requests.rows_to_requests` through the streaming core
+(:class:`~mlxpa.engine.stream.RequestStream`: each window in prefix order), each finished row's
+samples to result records in the writer. Rows that cannot run stay on this side: as each
+window is read, they are written as error records, or skipped when already done
+(:func:`write_unrunnable`), and only the others reach the engine."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console
 
-from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.report import model_name
-from mlxpa.batch.requests import Fed
-from mlxpa.batch.stream import RowStream
+from mlxpa.batch.requests import RowRequest
 from mlxpa.data import STDIN, ResultWriter, Row
 from mlxpa.data.records import error_records, result_records
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
+from mlxpa.engine.progress import RunProgress
+from mlxpa.engine.stream import RequestStream
 from mlxpa.request import SampleOutput
 
 
@@ -31,43 +32,43 @@ class Job:
     place: Callable[[Row], str]  # "file line 3" for run-time errors
     writer: ResultWriter
     progress: RunProgress
-    # finished samples of rows whose other samples still run (a row is written whole)
-    pending: dict[int, list[SampleOutput]] = dataclasses.field(default_factory=dict)
+    # finished samples of requests whose other samples still run (a row is written whole)
+    pending: dict[str, list[SampleOutput]] = dataclasses.field(default_factory=dict)
 
-    def run(self, windows: Iterable[list[Fed]], order: str,
+    def run(self, windows: Iterable[list[RowRequest]], order: str,
             should_stop: Callable[[], bool]) -> None:
         model = model_name(self.engine.config.model)
-        stream = RowStream(self.engine, order, pending=self.pending)
-        for fed, outs in stream.run(windows, should_stop):
-            if not outs:
-                settle_row(fed, self.writer, self.out_fmt, self.engine.counters)
-                self.progress.advance(int(fed.error is not None))
-                continue
+        stream = RequestStream(self.engine, order, pending=self.pending)
+        for rr, outs in stream.run(self._runnable(windows), should_stop):
             if any(o.error for o in outs):
                 self.engine.counters.failed_rows += 1
-            self.writer.add(fed.row.index, result_records(
-                fed.row, outs, self.out_fmt, model, self.place(fed.row), self.engine.tokenizer))
+            self.writer.add(rr.row.index, result_records(
+                rr.row, outs, self.out_fmt, model, self.place(rr.row), self.engine.tokenizer))
             self.progress.advance()
 
+    def _runnable(self, windows: Iterable[list[RowRequest]]) -> Iterator[list[RowRequest]]:
+        """Each window's rows that run, as it is read; the others written or skipped."""
+        for window in windows:
+            runs = write_unrunnable(window, self.writer, self.out_fmt, self.engine.counters)
+            self.progress.advance(sum(rr.error is not None for rr in window))
+            yield runs
 
-def settle(window: list[Fed], writer: ResultWriter, out_fmt: str,
-           counters: Counters) -> list[Fed]:
-    """:func:`settle_row` for each row of ``window``; returns the rows that run, in input
-    order."""
-    return [fed for fed in window if settle_row(fed, writer, out_fmt, counters)]
 
-
-def settle_row(fed: Fed, writer: ResultWriter, out_fmt: str, counters: Counters) -> bool:
-    """Write the error row of ``fed`` if it cannot run (counted in ``counters.failed_rows``)
-    or skip it if the output already holds it; returns whether it runs."""
-    if fed.request is not None:
-        return True
-    if fed.error is not None:
-        counters.failed_rows += 1
-        writer.add(fed.row.index, error_records(fed.row, fed.error, out_fmt))
-    else:
-        writer.skip(fed.row.index)
-    return False
+def write_unrunnable(window: list[RowRequest], writer: ResultWriter, out_fmt: str,
+                     counters: Counters) -> list[RowRequest]:
+    """Write the error row of each row of ``window`` that cannot run (counted in
+    ``counters.failed_rows``), skip each the output already holds; returns the rows that
+    run, in input order."""
+    runs = []
+    for rr in window:
+        if rr.request is not None:
+            runs.append(rr)
+        elif rr.error is not None:
+            counters.failed_rows += 1
+            writer.add(rr.row.index, error_records(rr.row, rr.error, out_fmt))
+        else:
+            writer.skip(rr.row.index)
+    return runs
 
 
 def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, stopped: bool,

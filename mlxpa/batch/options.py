@@ -6,11 +6,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from mlxpa.core.prefix_order import ORDERS
+from mlxpa.core.prefix_order import ORDERS, PREFIX_WINDOW
 from mlxpa.data import STDIN
 from mlxpa.data._files import check_output_path
-
-PREFIX_WINDOW = 4096  # rows read, tokenized and ordered by shared prefix at a time
 
 
 class OptionError(ValueError):

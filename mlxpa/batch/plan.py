@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from mlxpa.batch.requests import feed, over_context
+from mlxpa.batch.requests import rows_to_requests
 from mlxpa.batch.source import Source
 from mlxpa.config import KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data.validate import Validation
+from mlxpa.inputs import InputProcessor, over_context
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.utils import cdiv
 
@@ -104,7 +105,7 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
               defaults: SamplingParams, *, block_size: int = 16, top_k: int = 5,
               max_model_len: int | None = None) -> Plan:
     """Predict prefix sharing for every row of ``src``: its requests as ``mlxpa run`` makes
-    them (:func:`~mlxpa.batch.requests.feed`, the same merge and tokenization).
+    them (:func:`~mlxpa.batch.requests.rows_to_requests`, the same merge and tokenization).
 
     Args:
         src: The input (a ``system`` message in its settings changes which blocks are
@@ -122,19 +123,20 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
         InputError: The input is malformed.
     """
     rows, ids, caps, ns, bad, over = [], [], [], [], 0, []
-    for fed in feed(src, validation, defaults, tokenizer, None):
-        if fed.request is None:
+    processor = InputProcessor(tokenizer, split_special_tokens=src.inputs.split_special_tokens)
+    for rr in rows_to_requests(src, validation, defaults, processor):
+        if rr.request is None:
             bad += 1
             continue
-        prompt, params = fed.request.prompt_token_ids, fed.request.params
+        prompt, params = rr.request.prompt_token_ids, rr.request.sampling_params
         cap = params.max_tokens
         if max_model_len is not None:
             problem = over_context(len(prompt), max_model_len)
             if problem is not None:
-                over.append(f"{src.place(fed.row)}: {problem}")
+                over.append(f"{src.place(rr.row)}: {problem}")
                 continue
             cap = min(cap, max_model_len - len(prompt))
-        rows.append(fed.row)
+        rows.append(rr.row)
         ids.append(prompt)
         caps.append(cap)
         ns.append(params.n)

@@ -1,56 +1,33 @@
-"""Rows to prompt token ids: text prompts tokenized, chat messages rendered by the model's
-chat template (mlx-lm's rule for BOS: a rendered template that already starts with the BOS
-text is encoded without adding special tokens, so exactly one BOS is present).
-
-Control tokens (the tokenizer's special tokens: ``<start_of_turn>``, ``<end_of_turn>``,
-``<eos>``, ``<bos>``, ``<|im_start|>`` ...) come only from the chat template: text in a
-message that spells one is tokenized as ordinary text (Hugging Face's
-``split_special_tokens``), exactly as the same text is when it spells none: each span between
-the template's own control tokens is encoded once, so a row can neither forge a turn or end
-its own prompt nor lose the merges across the edges of what it wrote. A text ``prompt`` is
-tokenized as written, control tokens included (users pre-render templates there), unless
-``split_special_tokens`` is set for the run."""
+"""A file row's prompt for the input processor (:func:`row_prompt`), and pass 1's checks of a
+row's prompt that need the tokenizer but not the weights (:func:`prompt_checker`: its chat
+messages against the template, a choice row's labels after its prompt). Tokenization and chat
+templates themselves are :mod:`mlxpa.inputs`'."""
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 
 from mlxpa.data import Row
+from mlxpa.inputs import ChatPrompt, InputProcessor, PromptType
+from mlxpa.inputs.encode import chat_token_ids, render_chat
 from mlxpa.sampling_params import StructuredOutput
 from mlxpa.structured.labels import choice_label_checker
 
 
-def prompt_token_ids(row: Row, tokenizer, split_special_tokens: bool = False) -> list[int]:
-    """Token ids of ``row``'s prompt: its ``prompt_token_ids`` as given, its ``messages``
-    rendered by the chat template (with its ``chat_template_kwargs``), or its text tokenized.
-
-    Args:
-        row: A valid row (``row.error`` is None).
-        tokenizer: The model's mlx-lm ``TokenizerWrapper``.
-        split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
-            too (BOS is still added by the tokenizer). Chat messages always are.
-
-    Returns:
-        Prompt token ids (BOS included when the tokenizer adds one).
-
-    Raises:
-        ValueError: ``messages`` given but the model has no chat template, or the template
-            rejects them (e.g. roles that do not alternate).
-    """
+def row_prompt(row: Row) -> PromptType:
+    """The prompt of a valid row (``row.error`` None) as the input processor takes it: its
+    ``prompt_token_ids``, its ``messages`` with its ``chat_template_kwargs``, or its text."""
     if row.prompt_token_ids is not None:
-        return list(row.prompt_token_ids)
+        return row.prompt_token_ids
     if row.messages is not None:
-        return _chat_token_ids(row.messages, tokenizer, row.chat_template_kwargs)
-    if split_special_tokens:
-        return _encode(tokenizer, row.prompt, True, split=True)
-    return _encode(tokenizer, row.prompt, _adds_bos(tokenizer, row.prompt))
+        return ChatPrompt(row.messages, row.chat_template_kwargs)
+    return row.prompt
 
 
 def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Row], str | None]:
     """A validation-pass check of chat rows without the weights: ``check(row)`` is the error
-    :func:`prompt_token_ids` would raise for ``row``'s ``messages`` (no chat template, or the
+    the input processor would raise for ``row``'s ``messages`` (no chat template, or the
     template rejects them), else None. ``get_tokenizer`` is called once, at the first chat
     row (text-only inputs never load the tokenizer); None from it turns the check off."""
     held: list = []
@@ -65,8 +42,8 @@ def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Ro
             return None
         try:
             if not tokenizer.has_chat_template:
-                _chat_token_ids(row.messages, tokenizer)
-            _render(row.messages, tokenizer, row.chat_template_kwargs)
+                chat_token_ids(row.messages, tokenizer)  # the error it raises
+            render_chat(row.messages, tokenizer, row.chat_template_kwargs)
         except ValueError as e:
             return str(e)
         return None
@@ -89,111 +66,7 @@ def prompt_checker(get_tokenizer: Callable[[], object | None], split_special_tok
     tokenizer = functools.cache(get_tokenizer)
     chat = messages_checker(tokenizer)
     labels = choice_label_checker(
-        tokenizer, lambda row, tok: prompt_token_ids(row, tok, split_special_tokens), default)
+        tokenizer, lambda row, tok: InputProcessor(
+            tok, split_special_tokens=split_special_tokens).prompt_token_ids(row_prompt(row)),
+        default)
     return lambda row: chat(row) or labels(row)
-
-
-def control_tokens(tokenizer) -> list[str]:
-    """The tokenizer's special (control) token strings, longest first."""
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    names = {t.content for t in decoder.values() if getattr(t, "special", False)}
-    names.update(getattr(tokenizer, "all_special_tokens", None) or ())
-    return sorted((n for n in names if n), key=len, reverse=True)
-
-
-def _chat_token_ids(messages: list[dict], tokenizer,
-                    template_kwargs: dict | None = None) -> list[int]:
-    if not tokenizer.has_chat_template:
-        raise ValueError(
-            "field \"messages\": this model has no chat template; give a text \"prompt\"")
-    texts = [v for m in messages for v in m.values() if isinstance(v, str)]
-    find = _control_finder(tokenizer)
-    if not any(find(t) for t in texts):
-        text = _render(messages, tokenizer, template_kwargs)  # nothing forged: as rendered
-        return _encode(tokenizer, text, _adds_bos(tokenizer, text))
-    # Each forged control string is swapped for a marker the template passes through.
-    mark = next(chr(c) for c in range(0xE000, 0xF900) if not any(chr(c) in t for t in texts))
-    forged: list[str] = []
-
-    def escape(text: str) -> str:
-        out, at = [], 0
-        for start, end in find(text):
-            forged.append(text[start:end])
-            out += [text[at:start], f"{mark}{len(forged) - 1}{mark}"]
-            at = end
-        return "".join(out) + text[at:]
-
-    escaped = [{k: escape(v) if isinstance(v, str) else v for k, v in m.items()}
-               for m in messages]
-    rendered = _render(escaped, tokenizer, template_kwargs)
-
-    def restored(span: str) -> str:
-        return re.sub(f"{mark}(\\d+){mark}", lambda m: forged[int(m.group(1))], span)
-
-    # The template's own control tokens are the only ones left in what it rendered. Each span
-    # between them, row text with its forged strings put back, is encoded once as ordinary
-    # text: what the same text gives as plain text, merges across a forged string's edges
-    # included.
-    ids, at, bos = [], 0, _adds_bos(tokenizer, rendered)
-    for start, end in [*find(rendered), (len(rendered), len(rendered))]:
-        span = restored(rendered[at:start])
-        ids += _encode(tokenizer, span, at == 0 and bos, split=True)
-        ids += _encode(tokenizer, rendered[start:end], False) if end > start else []
-        at = end
-    return ids
-
-
-Finder = Callable[[str], list[tuple[int, int]]]
-_FINDERS: dict[int, tuple[object, Finder]] = {}
-
-
-def _control_finder(tokenizer) -> Finder:
-    """``find(text)``: the ``(start, end)`` character spans of control tokens in ``text``,
-    built once per tokenizer: the Rust tokenizer's own matching (Aho-Corasick over the added
-    tokens) and its offsets, or a regex for a tokenizer without one."""
-    held = _FINDERS.get(id(tokenizer))
-    if held is not None and held[0] is tokenizer:
-        return held[1]
-    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special = {i: t.content for i, t in decoder.items() if getattr(t, "special", False)}
-    if backend is not None:
-        def find(text: str) -> list[tuple[int, int]]:
-            # NOTE: transformers leaves the backend's flag as its last encode call set it
-            # (True after split_special_tokens=True); matching needs it off.
-            backend.encode_special_tokens = False
-            enc = backend.encode(text, add_special_tokens=False)
-            # an unknown character becomes the unk token, often special: not a match
-            return [(a, b) for i, (a, b) in zip(enc.ids, enc.offsets)
-                    if i in special and text[a:b] == special[i]]
-    else:
-        controls = control_tokens(tokenizer)
-        pattern = re.compile("|".join(map(re.escape, controls))) if controls else None
-
-        def find(text: str) -> list[tuple[int, int]]:
-            return [m.span() for m in pattern.finditer(text)] if pattern else []
-    _FINDERS[id(tokenizer)] = (tokenizer, find)
-    return find
-
-
-def _render(messages: list[dict], tokenizer, template_kwargs: dict | None = None) -> str:
-    """The chat template's text of ``messages``; ``template_kwargs`` (a row's
-    ``chat_template_kwargs``) go to the template, ``add_generation_prompt`` True unless they
-    say otherwise."""
-    kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
-    try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-    except Exception as e:  # jinja2 TemplateError and friends: the row's fault
-        raise ValueError(f"field \"messages\": the chat template rejected them: {e}") from e
-
-
-def _adds_bos(tokenizer, text: str) -> bool:
-    bos = tokenizer.bos_token
-    return not (bos and text.startswith(bos))
-
-
-def _encode(tokenizer, text: str, add_special_tokens: bool, split: bool = False) -> list[int]:
-    if split:
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens,
-                                     split_special_tokens=True))
-    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -9,8 +9,8 @@ import os
 from rich.console import Console
 
 from mlxpa.batch.options import RunOptions
-from mlxpa.batch.progress import summary_table
 from mlxpa.engine.metrics import Stats
+from mlxpa.engine.progress import summary_table
 
 
 def final_report(stats: Stats, console: Console, options: RunOptions, *,

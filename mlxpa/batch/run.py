@@ -3,15 +3,15 @@
 Data flow (one way)::
 
     Source.open(input)                  stdin spooled to a temporary file (read twice)
-    prepare(source)                     pass 1, before the model loads: --resume, problems,
+    validate_input(source)              pass 1, before the model loads: --resume, problems,
                                         duplicates, token ids, chat templates
-    feed(source) -> windows             pass 2, lazy: rows to requests (to_request), in
-                                        windows of rows
+    rows_to_requests(source) -> windows pass 2, lazy: rows to requests (to_request: the
+                                        input processor), in windows of rows
     build_engine(first window)          the model loads; the KV pool is sized to the first
                                         window's requests (the budget when more rows follow)
-    Job: RowStream (each window in prefix order -> LLMEngine.generate, stops between steps
-        when asked; a row's samples grouped) -> result_records -> ResultWriter (reorder
-        buffer; flushed as rows finish)
+    Job: rows that cannot run written as each window is read; RequestStream (each window in
+        prefix order -> LLMEngine.generate, stops between steps when asked; a row's samples
+        grouped) -> result_records -> ResultWriter (reorder buffer; flushed as rows finish)
     final_report
 
 When the first window is the whole input and none of its rows can run (each invalid, over the
@@ -30,19 +30,20 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console
 
-from mlxpa.batch.job import Job, close_in_order, report_written, settle
-from mlxpa.batch.model_files import ModelFiles
+from mlxpa.batch.job import Job, close_in_order, report_written, write_unrunnable
+from mlxpa.batch.model_meta import ModelMeta
 from mlxpa.batch.options import OptionError, RunOptions, check_targets
-from mlxpa.batch.prepare import Prepared, prepare
-from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.report import final_report
-from mlxpa.batch.requests import Fed, feed, windows
+from mlxpa.batch.requests import RowRequest, rows_to_requests
 from mlxpa.batch.setup import build_engine
 from mlxpa.batch.source import Source
+from mlxpa.batch.validation import Validated, validate_input
 from mlxpa.config import EngineConfig
 from mlxpa.data import STDIN, InputOptions, ResultWriter
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters, Stats, summarize
+from mlxpa.engine.progress import RunProgress
+from mlxpa.engine.stream import windows
 from mlxpa.sampling_params import SamplingParams
 
 __all__ = ["OptionError", "RunOptions", "run_file"]
@@ -83,16 +84,16 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     options, inputs = options or RunOptions(), inputs or InputOptions()
     check_targets(source, output, options)
     console = console or Console(stderr=True)
-    model = ModelFiles(config, engine)
+    model = ModelMeta(config, engine)
     with Source.open(source, inputs) as src:
-        p = prepare(src, output, defaults, options, console, vocab_size=model.vocab_size(),
-                    tokenizer=model.tokenizer_or_none)
+        p = validate_input(src, output, defaults, options, console,
+                           vocab_size=model.vocab_size(), tokenizer=model.tokenizer_or_none)
         if p.num_to_run == 0:  # nothing to run: no model load
             return _without_model(output, src.name, p, [], options, console)
-        fed = windows(feed(src, p.validation, defaults, model.tokenizer(), model.context_len()),
-                      options.window)
+        fed = windows(rows_to_requests(src, p.validation, defaults,
+                                       model.input_processor(src.inputs)), options.window)
         first = next(fed, [])
-        requests = [f.request for f in first if f.request is not None]
+        requests = [rr.request for rr in first if rr.request is not None]
         more = len(first) < p.validation.num_rows
         if engine is None and not requests and not more:  # every row failed before the load
             return _without_model(output, src.name, p, first, options, console)
@@ -107,14 +108,14 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     return stats
 
 
-def _without_model(output: str, name: str, p: Prepared, window: list[Fed],
+def _without_model(output: str, name: str, p: Validated, window: list[RowRequest],
                    options: RunOptions, console: Console) -> Stats:
     """Nothing for the model to run: the rows of ``window`` (the whole input) written as
     error rows or skipped, the output put in input order; no model load."""
     counters = Counters()
     with ResultWriter(output, ordered=options.ordered, append=options.resume,
                       positions=p.validation.done) as writer:
-        settle(window, writer, p.out_fmt, counters)
+        write_unrunnable(window, writer, p.out_fmt, counters)
         close_in_order(writer, output, options.resume and options.ordered, False,
                        options.show_progress, console)
     if options.show_progress and not window and not options.resume:
@@ -127,9 +128,9 @@ def _without_model(output: str, name: str, p: Prepared, window: list[Fed],
     return stats
 
 
-def _generate(engine: LLMEngine, src: Source, p: Prepared, output: str, options: RunOptions,
+def _generate(engine: LLMEngine, src: Source, p: Validated, output: str, options: RunOptions,
               console: Console, should_stop: Callable[[], bool],
-              fed: Iterable[list[Fed]]) -> None:
+              fed: Iterable[list[RowRequest]]) -> None:
     """Pass 2: every row to run through the engine, results written as they finish."""
     if should_stop():  # asked before anything was written: leave the output alone
         raise KeyboardInterrupt

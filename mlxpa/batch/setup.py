@@ -15,10 +15,11 @@ from rich.console import Console
 
 from mlxpa.config import EngineConfig
 from mlxpa.core.kv_sizing import kv_blocks_needed
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 
 
-def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
+def build_engine(config: EngineConfig, first: list[EngineRequest], more: bool, *,
                  constrained: bool, console: Console, verbose: bool,
                  tokenizer=None) -> LLMEngine:
     """Load ``config.model`` and build an engine whose KV pool fits the requests to run.
@@ -46,7 +47,8 @@ def build_engine(config: EngineConfig, first: list[PromptInput], more: bool, *,
         config, on_tokenizer=start_grammar_tokenizer if constrained else None,
         tokenizer=tokenizer)
     need = None if more else kv_blocks_needed(
-        ((len(r.prompt_token_ids), r.params.max_tokens, r.params.n) for r in first),
+        ((len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
+         for r in first),
         config.block_size, max_model_len=config.max_model_len)
     engine = LLMEngine(config, model, tokenizer, kv_blocks_needed=need)
     r = engine.runner

@@ -104,7 +104,7 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
     order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching
              else range(len(wl.prompts)))
     for i in order:
-        engine.add_request(i, wl.prompts[i], SamplingParams(
+        engine.add_request(str(i), wl.prompts[i], SamplingParams(
             max_tokens=wl.output_lens[i], ignore_eos=True, structured_outputs=wl.structured))
     series, shown = [], 0
     decode_only = _watch_decode_steps(engine)

@@ -102,7 +102,8 @@ def shared_prefix_workload(tokenizer, num_groups: int = 8, prompts_per_group: in
 def file_workload(tokenizer, path: str, output_len: int = 64,
                   vocab_size: int | None = None) -> Workload:
     """Every valid row of an input file ``mlxpa run`` accepts, checked and made into requests
-    as ``run`` does (:func:`~mlxpa.batch.prepare.prepare`, :func:`~mlxpa.batch.requests.feed`);
+    as ``run`` does (:func:`~mlxpa.batch.validation.validate_input`,
+    :func:`~mlxpa.batch.requests.rows_to_requests`);
     a row that sets ``max_tokens`` generates that many tokens, the others ``output_len``.
     Invalid rows are left out: ``params["invalid_rows"]`` counts them, ``params["problems"]``
     names the first of them by file, line and field. Rows with ``max_tokens`` 0 generate
@@ -113,26 +114,28 @@ def file_workload(tokenizer, path: str, output_len: int = 64,
         InputError: The file is malformed, or has no valid row.
     """
     from mlxpa.batch.options import RunOptions
-    from mlxpa.batch.prepare import prepare
-    from mlxpa.batch.requests import feed
+    from mlxpa.batch.requests import rows_to_requests
     from mlxpa.batch.source import Source
+    from mlxpa.batch.validation import validate_input
     from mlxpa.data import InputError
+    from mlxpa.inputs import InputProcessor
     from mlxpa.sampling_params import SamplingParams
 
     defaults = SamplingParams(max_tokens=output_len)
     with Source.open(path) as src:
-        v = prepare(src, None, defaults, RunOptions(skip_invalid=True, show_progress=False),
-                    vocab_size=vocab_size, tokenizer=lambda: tokenizer
-                    ).validation
-        requests = [f.request for f in feed(src, v, defaults, tokenizer, None)
-                    if f.request is not None]
-    timed = [r for r in requests if r.params.max_tokens > 0]
+        v = validate_input(src, None, defaults,
+                           RunOptions(skip_invalid=True, show_progress=False),
+                           vocab_size=vocab_size, tokenizer=lambda: tokenizer).validation
+        processor = InputProcessor(tokenizer, split_special_tokens=src.inputs.split_special_tokens)
+        requests = [rr.request for rr in rows_to_requests(src, v, defaults, processor)
+                    if rr.request is not None]
+    timed = [r for r in requests if r.sampling_params.max_tokens > 0]
     if not timed:
         raise InputError(v.report(what="nothing to time") if v.num_problems else
                          "every row has max_tokens 0: nothing to time" if requests else
                          "no rows", source=path)
     return Workload("file", [r.prompt_token_ids for r in timed],
-                    [r.params.max_tokens for r in timed],
+                    [r.sampling_params.max_tokens for r in timed],
                     dict(path=path, output_len=output_len, invalid_rows=v.num_problems,
                          problems=v.problems, empty_rows=len(requests) - len(timed)))
 
@@ -145,9 +148,9 @@ def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
     Raises:
         ValueError: The tokenizer has no chat template.
     """
-    from mlxpa.batch.prompts import prompt_token_ids
-    from mlxpa.data.rows import Row
+    from mlxpa.inputs import ChatPrompt, InputProcessor
 
+    processor = InputProcessor(tokenizer)
     rng = np.random.default_rng(seed)
     prefix: list[dict] = []
     for k, (review, label) in enumerate(_SHOTS):
@@ -155,11 +158,11 @@ def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
         prefix += [{"role": "user", "content": (intro if k == 0 else "") + "Review: " + review},
                    {"role": "assistant", "content": label}]
     prompts = []
-    for i in range(num_prompts):
+    for _ in range(num_prompts):
         words = [str(rng.choice(part)) for part in _REVIEW_PARTS]
         review = " ".join(words[:3]) + ("." if words[3] == "." else " " + words[3])
-        row = Row(i, i, None, [*prefix, {"role": "user", "content": "Review: " + review}], {})
-        prompts.append(prompt_token_ids(row, tokenizer))
+        messages = [*prefix, {"role": "user", "content": "Review: " + review}]
+        prompts.append(processor.prompt_token_ids(ChatPrompt(messages)))
     return Workload("annotation", prompts, [output_len] * num_prompts,
                     dict(num_prompts=num_prompts, output_len=output_len, seed=seed,
                          choices=list(LABELS)),

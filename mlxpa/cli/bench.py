@@ -66,7 +66,7 @@ def bench(
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
     With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
-    from mlxpa.batch.model_files import ModelFiles
+    from mlxpa.batch.model_meta import ModelMeta
     from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
     from mlxpa.bench.workloads import make_workload
@@ -77,7 +77,7 @@ def bench(
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
         config = opt.engine_config(engine or {})
-        files = ModelFiles(config)  # the tokenizer loads once, before the weights
+        files = ModelMeta(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
                 workload.value, files.tokenizer(), input=input,

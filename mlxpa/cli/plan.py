@@ -53,10 +53,10 @@ def plan(
 
     from rich.console import Console
 
-    from mlxpa.batch.model_files import ModelFiles
+    from mlxpa.batch.model_meta import ModelMeta
     from mlxpa.batch.plan import plan_file, plan_tables
-    from mlxpa.batch.prepare import prepare
     from mlxpa.batch.source import Source
+    from mlxpa.batch.validation import validate_input
     from mlxpa.data import InputError
 
     console = Console(stderr=True)
@@ -64,14 +64,15 @@ def plan(
         config = engine_config(engine or {})
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
-        files = ModelFiles(config)
-        tokenizer = files.tokenizer()
+        meta = ModelMeta(config)
+        tokenizer = meta.tokenizer()
         with Source.open(input, inputs) as src:
-            v = prepare(src, None, defaults, options, console, vocab_size=files.vocab_size(),
-                        tokenizer=lambda: tokenizer,
-                        refusal="nothing was planned (--skip-invalid plans the rest)").validation
+            v = validate_input(
+                src, None, defaults, options, console, vocab_size=meta.vocab_size(),
+                tokenizer=lambda: tokenizer,
+                refusal="nothing was planned (--skip-invalid plans the rest)").validation
             p = plan_file(src, v, tokenizer, defaults, block_size=config.block_size, top_k=top,
-                          max_model_len=files.context_len())
+                          max_model_len=meta.context_len())
         kv, why = _kv_plan(config)
     except InputError as e:
         fail(console, e, 2)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 # Admission orders of a file run: by shared prefix (this module), or the input's own order.
 ORDERS = ("prefix", "input")
+PREFIX_WINDOW = 4096  # prompts read, tokenized and ordered by shared prefix at a time
 
 
 class SharedPrefix(NamedTuple):

@@ -17,7 +17,7 @@ pyarrow and ``datasets``; no MLX.
 Data flow::
 
     read_rows(source, options) -> Row(index, id, prompt | messages, params, error)
-        -> engine request (request_id = Row.index) -> result record
+        -> engine request (request_id: the row's id as text) -> result record
         -> ResultWriter.add(Row.index, record)   # reorder buffer -> input order on disk
 """
 

@@ -48,7 +48,7 @@ class InputOptions:
             :func:`~mlxpa.data.rows.parse_row`).
         keep_columns: Input fields copied to every output record (``Row.keep``).
         split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
-            (chat ``messages`` always are); see :func:`mlxpa.batch.prompts.prompt_token_ids`.
+            (chat ``messages`` always are); see :mod:`mlxpa.inputs.encode`.
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.

@@ -33,6 +33,12 @@ from mlxpa.data.fields import (
 )
 from mlxpa.data.inputs import RowSpec, sampling_like, where
 from mlxpa.data.params import PROMPT_FIELDS, parse_params
+from mlxpa.inputs.prompts import (
+    parse_messages,
+    template_kwargs_problem,
+    text_problem,
+    token_ids_problem,
+)
 from mlxpa.messages import field_error_text, quote_value
 from mlxpa.structured.fields import parse_structured
 
@@ -159,10 +165,6 @@ def _check_unknown(obj: dict, spec: RowSpec, problems: list[str]) -> None:
 
 
 TOKENS = PROMPT_FIELDS[0]  # "prompt_token_ids"
-# Arguments of ``apply_chat_template`` that change what it returns, not the template's text.
-_NOT_TEMPLATE_KWARGS = frozenset(("conversation", "tokenize", "return_dict", "return_tensors",
-                                  "padding", "truncation", "max_length", "tokenizer_kwargs",
-                                  "return_assistant_tokens_mask", "chat_template"))
 
 
 def _parse_token_ids(fields: dict, spec: RowSpec, problems: list[str]) -> list[int] | None:
@@ -170,14 +172,11 @@ def _parse_token_ids(fields: dict, spec: RowSpec, problems: list[str]) -> list[i
     ids = fields[TOKENS]
     given = [c for c in (spec.options.prompt_column, spec.options.messages_column)
              if fields.get(c) is not None]
-    if given:
-        problems.append(f'give field "{given[0]}" or field "{TOKENS}", not both')
-    elif not (isinstance(ids, list) and ids and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-        problems.append(field_error_text(TOKENS, "a non-empty list of token ids (integers >= 0)",
-                                         ids))
-    else:
-        return ids
+    problem = (f'give field "{given[0]}" or field "{TOKENS}", not both' if given
+               else token_ids_problem(ids, TOKENS))
+    if problem is None:
+        return list(ids)
+    problems.append(problem)
     return None
 
 
@@ -196,11 +195,9 @@ def _template_kwargs(fields: dict, prefix: str, chat: bool,
     if gen is not None and not isinstance(gen, bool):
         problems.append(field_error_text(prefix + "add_generation_prompt", "true or false", gen))
         return None
-    if kwargs is not None and not (isinstance(kwargs, dict) and all(
-            isinstance(k, str) and k not in _NOT_TEMPLATE_KWARGS for k in kwargs)):
-        problems.append(field_error_text(
-            prefix + "chat_template_kwargs", "an object of template variables "
-            f"(not {', '.join(sorted(_NOT_TEMPLATE_KWARGS))})", kwargs))
+    problem = template_kwargs_problem(kwargs, prefix + "chat_template_kwargs")
+    if problem is not None:
+        problems.append(problem)
         return None
     return {**({} if gen is None else {"add_generation_prompt": gen}), **(kwargs or {})}
 
@@ -224,43 +221,15 @@ def _parse_input(fields: dict, prefix: str, spec: RowSpec,
             problems.append(f'missing field "{pc}" (or "{mc}"){hint}')
         return None, None
     if messages is None:
-        if isinstance(prompt, str) and prompt.strip():
+        problem = text_problem(prompt, pc)
+        if problem is None:
             return prompt, None
-        problems.append(field_error_text(pc, "a non-empty string", prompt))
+        problems.append(problem)
         return None, None
-    if not isinstance(messages, list) or not messages:
-        problems.append(field_error_text(mc, 'a non-empty list of {"role", "content"} objects',
-                                         messages))
-        return None, None
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            problems.append(field_error_text(f"{mc}[{i}]", 'an object with "role" and "content"',
-                                             m))
-            return None, None
-        m = {k: v for k, v in m.items() if v is not None}
-        if isinstance(m.get("content"), list):
-            text = _text_parts(m["content"])
-            if text is None:
-                problems.append(field_error_text(
-                    f"{mc}[{i}].content", 'a string or a list of {"type": "text", "text": '
-                    'string} parts', m["content"]))
-                return None, None
-            m["content"] = text
-        for key in ("role", "content"):
-            if not isinstance(m.get(key), str):
-                problems.append(field_error_text(f"{mc}[{i}].{key}", "a string", m.get(key)))
-                return None, None
-        clean.append(m)
+    clean, problem = parse_messages(messages, mc)
+    if problem is not None:
+        problems.append(problem)
     return None, clean
-
-
-def _text_parts(parts: list) -> str | None:
-    """OpenAI content parts, text only, joined by newlines (as vLLM does), or None."""
-    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-    if not texts or len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
-        return None
-    return "\n".join(texts)
 
 
 def _with_system(system: str, prompt: str | None,

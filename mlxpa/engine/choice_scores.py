@@ -164,7 +164,7 @@ class ChoiceScores:
                     f"{joined.start + len(ids)} tokens; the limit is {self._max_model_len - 1}")
         params = row.sampling_params
         prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
-                          arrival_time=row.arrival_time, seed_key=row.seed_key,
+                          arrival_time=row.arrival_time,
                           score_only=True, target_token_ids=tuple(t[0] for t in joined.tokens),
                           scored_top_logprobs=params.logprobs or 0)
         schedule(prefill)
@@ -193,6 +193,17 @@ class ChoiceScores:
             self._rows[req], self._label[req] = state, k
             starts.append(req)
         return starts
+
+    def __len__(self) -> int:
+        """Choice rows in flight."""
+        return len({id(state) for state in self._rows.values()})
+
+    def abort(self, request_ids: set[str]) -> None:
+        """Forget the rows of ``request_ids`` (the engine finishes their requests)."""
+        gone = [r for r, state in self._rows.items() if state.row.request_id in request_ids]
+        for req in gone:
+            del self._rows[req]
+            self._label.pop(req, None)
 
     def on_step(self, out: SchedulerOutput, result: StepResult) -> list[SampleOutput]:
         """Record a step's scores (after ``update_from_output``): each label's first token
@@ -226,7 +237,7 @@ class ChoiceScores:
         """The outputs of a row whose requests all finished."""
         row, params, start = state.row, state.row.sampling_params, state.prefill.num_prompt_tokens
         samples = [Request(row.request_id, row.prompt_token_ids, params,
-                           arrival_time=row.arrival_time, sample_index=i, seed_key=row.seed_key,
+                           arrival_time=row.arrival_time, sample_index=i,
                            num_cached_tokens=state.prefill.num_cached_tokens)
                    for i in range(params.n)]
         missing = [label for label, ids, by_pos in zip(state.labels, state.tokens, state.values)

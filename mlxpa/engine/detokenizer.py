@@ -1,4 +1,5 @@
-"""Incremental detokenization with stop strings, on mlx-lm's streaming detokenizers.
+"""Incremental detokenization with stop strings, on mlx-lm's streaming detokenizers, and the
+stops of a request's new token (:func:`check_stop`: stop strings, grammar endings).
 
 mlx-lm's ``StreamingDetokenizer`` classes (SPM, BPE, naive) hold back bytes of an incomplete
 UTF-8 character, so the text never contains a broken character. On top of that this module
@@ -7,6 +8,9 @@ text plus ``max(len(stop)) - 1`` characters before it are searched (O(new text) 
 """
 
 from __future__ import annotations
+
+from mlxpa.core.scheduler import Scheduler
+from mlxpa.request import Request, RequestStatus
 
 
 class IncrementalDetokenizer:
@@ -65,3 +69,34 @@ class IncrementalDetokenizer:
         if self.stop_index is None:
             return text
         return text[:self.stop_index + (len(self.stop_string) if self.include_stop else 0)]
+
+
+def check_stop(req: Request, detok: IncrementalDetokenizer, sched: Scheduler,
+               grammar_ended: dict[Request, str | None]) -> None:
+    """Stop strings (``detok``) and grammar completion or failure of ``req``'s new token
+    (``grammar_ended``: the runner's report, :attr:`StepResult.grammar_ended`); a request
+    that stops is finished through ``sched``.
+
+    An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
+    else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
+    """
+    tok = req.output_token_ids[-1]
+    ended = req in grammar_ended
+    if (not req.is_finished and tok in sched.eos_token_ids and ended
+            and grammar_ended[req] is None):
+        req.stop_reason = tok
+        sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+    is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
+    if not is_eos and detok.add_token(tok):
+        req.stop_reason = detok.stop_string
+        if req.is_finished:  # also hit max_tokens: the stop string names the reason
+            req.status = RequestStatus.FINISHED_STOPPED
+        else:
+            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+    if req.is_finished or not ended:
+        return
+    if grammar_ended[req] is None:  # complete, only EOS may follow: done without it
+        sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+    else:
+        sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        req.stop_reason = f"structured output failed: {grammar_ended[req]}"

@@ -3,47 +3,28 @@
 ``LLMEngine.step()`` reads as vLLM's: ``Scheduler.schedule()`` → ``ModelRunner.execute()`` →
 update (forks, log-probabilities, scores, ``Scheduler.update_from_output()``) → stops
 (incremental detokenization and stop strings, grammar endings), and returns the requests that
-finished. ``generate()`` streams requests in from any iterable, admitting more only while the
-waiting queue is short, so large inputs never sit in memory.
+finished. Requests come in by the caller's string id (``add_request``) and can be dropped by it
+(``abort_request``); ``generate()`` streams requests in from any iterable, admitting more only
+while the waiting queue is short, so large inputs never sit in memory.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
 
 from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
-from mlxpa.engine.detokenizer import IncrementalDetokenizer
+from mlxpa.engine.detokenizer import IncrementalDetokenizer, check_stop
 from mlxpa.engine.metrics import Counters
 from mlxpa.messages import token_id_problem
-from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
+from mlxpa.request import EngineRequest, Request, RequestStatus, SampleOutput, sample_output
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.model_runner import ModelRunner
 from mlxpa.worker.outputs import StepResult
-
-
-class PromptInput(NamedTuple):
-    """One request to run: caller id, prompt token ids, sampling parameters, and the key an
-    unseeded request's seed is derived from (None: ``request_id``; see
-    :attr:`mlxpa.request.Request.seed_key`)."""
-
-    request_id: object
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seed_key: object = None
-
-
-class Passthrough(NamedTuple):
-    """An item :meth:`LLMEngine.generate` yields back untouched, in its place among the
-    outputs: what a caller streams along with its requests (an input row that cannot run
-    reaches the consumer when it is pulled, so nothing is read ahead to hold it)."""
-
-    item: object
 
 
 class LLMEngine:
@@ -77,6 +58,7 @@ class LLMEngine:
         self._detok: dict[Request, IncrementalDetokenizer] = {}
         self._pending_forks: list[Request] = []
         self._released: list[SampleOutput] = []
+        self._unfinished: dict[str, int] = {}  # request id -> its samples not yet returned
         self._build_pool(self.runner.kv_blocks_for(kv_blocks_needed))
 
     def _build_pool(self, num_blocks: int) -> None:
@@ -129,24 +111,38 @@ class LLMEngine:
         """
         return self.runner.prepare(on_wait)
 
-    def add_request(self, request_id: object, prompt_token_ids: list[int],
-                    params: SamplingParams, seed_key: object = None,
-                    ) -> list[SampleOutput] | None:
-        """Queue a request (``params.n`` samples of one prompt: sample 0 runs the prefill;
-        when it is done, the others fork its blocks while ``max_num_seqs`` leaves slots and
-        the rest wait, reading the prompt from the prefix cache when admitted). A
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    sampling_params: SamplingParams) -> list[SampleOutput] | None:
+        """Queue a request (``sampling_params.n`` samples of one prompt: sample 0 runs the
+        prefill; when it is done, the others fork its blocks while ``max_num_seqs`` leaves
+        slots and the rest wait, reading the prompt from the prefix cache when admitted). A
         ``choice`` row is scored, not decoded (:mod:`mlxpa.engine.choice_scores`): one
         prefill, its labels' tokens, ``n`` labels drawn from the scores.
+
+        Args:
+            request_id: The caller's id (vLLM's ``request_id``): what :meth:`abort_request`
+                takes and every :class:`SampleOutput` of the request carries; an unseeded
+                request's randomness is derived from it.
+            prompt_token_ids: The prompt (checked here against the vocabulary and context).
+            sampling_params: How to sample and when to stop.
 
         Returns:
             Finished :class:`SampleOutput` s (one per sample) right away when the request
             needs no model work (``max_tokens`` 0, not a choice row) or cannot run (empty
             prompt, longer than the context or the pool, labels that cannot be scored:
             ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
+
+        Raises:
+            TypeError: ``request_id`` is not a string.
+            ValueError: ``request_id`` is the id of an unfinished request.
         """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        if request_id in self._unfinished:
+            raise ValueError(f"request id {request_id!r} is already running")
+        params = sampling_params
         req = Request(request_id, list(prompt_token_ids), params,
-                      arrival_time=time.perf_counter(),
-                      seed_key=request_id if seed_key is None else seed_key)
+                      arrival_time=time.perf_counter())
         if params.prompt_logprobs is not None:  # every prompt token after the first
             req.num_scored_tokens = len(req.prompt_token_ids) - 1
             req.scored_top_logprobs = params.prompt_logprobs
@@ -161,16 +157,43 @@ class LLMEngine:
             return [self._error(req, str(e), i) for i in range(params.n)]
         self.counters.prompt_tokens += req.num_prompt_tokens
         if choice:
+            self._unfinished[request_id] = params.n
             if self.choice_scores.waits_for_prefill(prefill):
                 self._pending_forks.append(prefill)
             return None
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
+        self._unfinished[request_id] = params.n
         self._detok[req] = self._detokenizer(params)
         if params.n > 1:
             self._pending_forks.append(req)
         return None
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Abort requests by the caller's id (vLLM's ``abort_request``): every request of
+        each id, running or waiting (its ``n`` samples, those not forked yet, a choice row's
+        scoring requests), finishes as aborted now, its blocks go back to the pool (full
+        blocks stay in the prefix cache), and the runner frees its state at the next step
+        (``SchedulerOutput.finished``). Their outputs are not returned.
+
+        Args:
+            request_ids: One id, or an iterable of ids; an unknown or finished id is ignored.
+        """
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        ids.intersection_update(self._unfinished)
+        if not ids:
+            return
+        sched = self.scheduler
+        for req in [r for r in (*sched.running, *sched.waiting) if r.request_id in ids]:
+            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        self.choice_scores.abort(ids)
+        self._pending_forks = [r for r in self._pending_forks if r.request_id not in ids]
+        for req in [r for r in self._detok if r.request_id in ids]:
+            del self._detok[req]
+        self._released = [o for o in self._released if o.request_id not in ids]
+        for request_id in ids:
+            del self._unfinished[request_id]
 
     def _check_token_ids(self, req: Request) -> None:
         """Every id the request gives indexes the model's vocabulary (an id out of range
@@ -212,7 +235,7 @@ class LLMEngine:
             else:
                 children = [Request(parent.request_id, parent.prompt_token_ids,
                                     parent.sampling_params, arrival_time=parent.arrival_time,
-                                    sample_index=i, seed_key=parent.seed_key,
+                                    sample_index=i,
                                     prompt_logprobs=parent.prompt_logprobs)  # computed once
                             for i in range(1, parent.sampling_params.n)]
                 for child in children:
@@ -221,26 +244,14 @@ class LLMEngine:
             self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
         self._pending_forks = still
 
-    def abort_unfinished(self) -> int:
-        """Abort every request in flight and drop what the engine holds for them (a caller
-        that stopped reading :meth:`generate`: Ctrl-C in a notebook, a loop left early), so
-        the next :meth:`generate` starts clean; their blocks go back to the pool (full blocks
-        stay in the prefix cache) and the runner frees their state in one empty step.
-
-        Returns:
-            How many requests (samples and choice scoring requests included) were aborted.
-        """
-        sched = self.scheduler
-        unfinished = [*sched.running, *sched.waiting]
-        for req in unfinished:
-            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
-        if sched.has_finished_requests():
-            self.step()  # SchedulerOutput.finished: the runner frees their state
-        self._detok.clear()
-        self._pending_forks.clear()
-        self._released.clear()
-        self.choice_scores = self._choice_scores()
-        return len(unfinished)
+    def abort_unfinished(self) -> None:
+        """Abort every request in flight (:meth:`abort_request` of every unfinished id: a
+        caller that stopped reading :meth:`generate`, Ctrl-C in a notebook, a loop left
+        early) and run the empty step in which the runner frees their state, so the next
+        :meth:`generate` starts clean."""
+        self.abort_request(list(self._unfinished))
+        if self.scheduler.has_finished_requests():
+            self.step()
 
     def _choice_scores(self) -> ChoiceScores:
         """Fresh bookkeeping of choice rows (none in flight)."""
@@ -259,7 +270,12 @@ class LLMEngine:
         out = self.scheduler.schedule()
         result = self.runner.execute(out)
         updated = self._update(out, result)
-        return self._check_stops(updated, result.grammar_ended)
+        finished = self._check_stops(updated, result.grammar_ended)
+        for o in finished:  # a request id is free again once its last sample is returned
+            left = self._unfinished.pop(o.request_id, 1) - 1
+            if left:
+                self._unfinished[o.request_id] = left
+        return finished
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> list[Request]:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
@@ -288,39 +304,10 @@ class LLMEngine:
         of the requests that finished (and of those released since the last step)."""
         finished, self._released = self._released, []
         for req in updated:
-            self._check_stop(req, grammar_ended)
+            check_stop(req, self._detok[req], self.scheduler, grammar_ended)
             if req.is_finished:
                 finished.append(self._output(req, self._detok.pop(req).finalize()))
         return finished
-
-    def _check_stop(self, req: Request, grammar_ended: dict[Request, str | None]) -> None:
-        """Stop strings (detokenizer) and grammar completion or failure of ``req``'s token
-        (``grammar_ended``: the runner's report, :attr:`StepResult.grammar_ended`).
-
-        An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
-        else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
-        """
-        sched, detok = self.scheduler, self._detok[req]
-        tok = req.output_token_ids[-1]
-        ended = req in grammar_ended
-        if (not req.is_finished and tok in sched.eos_token_ids and ended
-                and grammar_ended[req] is None):
-            req.stop_reason = tok
-            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
-        if not is_eos and detok.add_token(tok):
-            req.stop_reason = detok.stop_string
-            if req.is_finished:  # also hit max_tokens: the stop string names the reason
-                req.status = RequestStatus.FINISHED_STOPPED
-            else:
-                sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        if req.is_finished or not ended:
-            return
-        if grammar_ended[req] is None:  # complete, only EOS may follow: done without it
-            sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        else:
-            sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
-            req.stop_reason = f"structured output failed: {grammar_ended[req]}"
 
     def _count_kv(self, out: SchedulerOutput) -> None:
         """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
@@ -343,58 +330,37 @@ class LLMEngine:
             c.mask_steps += 1
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
+        out = sample_output(req, text, self.scheduler.eos_token_ids, sample_index)
         c = self.counters
         c.requests += 1
-        index = req.sample_index if sample_index is None else sample_index
-        if index == 0:  # the prompt is counted once per row, as prompt_tokens is
-            c.cached_prompt_tokens += max(req.num_cached_tokens, 0)
-        times = req.token_times
-        ttft = times[0] - req.arrival_time if times else None
-        itl = [b - a for a, b in zip(times, times[1:])]
-        if ttft is not None:
-            c.ttft_s.append(ttft)
-        c.itl_s.extend(itl)
-        tokens = list(req.output_token_ids)
-        reason = req.stop_reason if req.status == RequestStatus.FINISHED_STOPPED else None
-        if reason in self.scheduler.eos_token_ids and not req.sampling_params.ignore_eos:
-            reason = None  # EOS is no stop reason (vLLM), even when also a stop token id
-        return SampleOutput(
-            request_id=req.request_id,
-            sample_index=index,
-            text=text, token_ids=tokens,
-            finish_reason=req.finish_reason or "abort", num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0), ttft_s=ttft, itl_s=itl,
-            error=req.stop_reason if req.finish_reason == "abort" and isinstance(
-                req.stop_reason, str) else None,
-            logprobs=(req.logprobs[:len(tokens)] if req.sampling_params.logprobs is not None
-                      else None), stop_reason=reason, prompt_logprobs=_prompt_logprobs(req))
+        if out.sample_index == 0:  # the prompt is counted once per row, as prompt_tokens is
+            c.cached_prompt_tokens += out.num_cached_tokens
+        if out.ttft_s is not None:
+            c.ttft_s.append(out.ttft_s)
+        c.itl_s.extend(out.itl_s)
+        return out
 
-    def generate(self, prompts: Iterable[PromptInput | Passthrough],
-                 max_waiting: int | None = None, should_stop: Callable[[], bool] | None = None,
-                 ) -> Iterator[SampleOutput | Passthrough]:
-        """Run every prompt to completion, yielding outputs as requests finish.
+    def generate(self, requests: Iterable[EngineRequest], max_waiting: int | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:
+        """Run every request to completion, yielding outputs as requests finish.
 
         Args:
-            prompts: Requests to run, pulled lazily; a :class:`Passthrough` is yielded as it
-                is when pulled.
-            max_waiting: Pull more prompts only while fewer than this many wait
+            requests: Requests to run, pulled lazily (:meth:`add_request` each).
+            max_waiting: Pull more requests only while fewer than this many wait
                 (default: ``2 * max_num_seqs``).
             should_stop: Polled between steps; when it returns True, generation ends and
                 the requests in flight stay unfinished (Ctrl-C).
         """
         limit = max_waiting or 2 * self.config.max_num_seqs
-        it = iter(prompts)
+        it = iter(requests)
         exhausted = False
         while should_stop is None or not should_stop():
             while not exhausted and self.num_waiting < limit:
-                item = next(it, None)
-                if item is None:
+                request = next(it, None)
+                if request is None:
                     exhausted = True
                     break
-                if isinstance(item, Passthrough):
-                    yield item
-                    continue
-                done = self.add_request(*item)
+                done = self.add_request(*request)
                 if done is not None:
                     yield from done
             if not self.has_unfinished_requests():
@@ -404,12 +370,3 @@ class LLMEngine:
                     return
                 continue
             yield from self.step()
-
-
-def _prompt_logprobs(req: Request) -> list[TokenLogprob | None] | None:
-    """vLLM's ``prompt_logprobs`` of a request that asks: None for the first prompt token,
-    then each token's :class:`TokenLogprob` (None where it was not computed: a request that
-    failed before its prefill ended)."""
-    if req.sampling_params.prompt_logprobs is None:
-        return None
-    return [None] + [req.prompt_logprobs.get(p) for p in range(1, req.num_prompt_tokens)]

@@ -1,8 +1,9 @@
 """The Python API, vLLM's offline one (``vllm.entrypoints.llm``): :mod:`~mlxpa.entrypoints.llm`
 (:class:`LLM`: ``generate``, ``chat``, ``generate_iter``), :mod:`~mlxpa.entrypoints.outputs`
 (``RequestOutput``, ``CompletionOutput``, ``Logprob``), :mod:`~mlxpa.entrypoints.prompts` (the
-calls' arguments to the rows ``mlxpa run`` reads), :mod:`~mlxpa.entrypoints.engine_args`
-(the ``LLM`` keywords checked, as ``EngineConfig``'s fields). ``import mlxpa`` exports them;
-this package imports nothing itself, so ``mlxpa.entrypoints.outputs`` stays light (``llm``
-loads mlx).
+calls' arguments to engine requests, through the input processor),
+:mod:`~mlxpa.entrypoints.rows` (a dict prompt: a row of ``mlxpa run``),
+:mod:`~mlxpa.entrypoints.engine_args` (the ``LLM`` keywords checked, as ``EngineConfig``'s fields).
+``import mlxpa`` exports them; this package imports nothing itself, so
+``mlxpa.entrypoints.outputs`` stays light (``llm`` loads mlx).
 """

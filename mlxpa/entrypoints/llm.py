@@ -5,11 +5,13 @@
     outs = llm.chat([{"role": "user", "content": "Hi"}])
     for out in llm.generate_iter(rows_of_a_huge_file): ...    # a stream, in constant memory
 
-Every call runs the rows ``mlxpa run`` would run, the same way: each prompt becomes the row
-a JSONL line would be (:mod:`mlxpa.entrypoints.prompts`), rows become requests through the
-one :func:`~mlxpa.batch.requests.to_request`, and requests run through pass 2's streaming
-core (:class:`~mlxpa.batch.stream.RowStream`: windows in prefix order, a row's samples
-grouped), so a prompt gets the same tokens from ``LLM`` as from a file.
+Every prompt becomes its engine request through the one input processor
+(:class:`~mlxpa.inputs.InputProcessor`; a dict, mlxpa's extension, is read as the row of
+``mlxpa run`` it is: :mod:`mlxpa.entrypoints.rows`), under its id (a dict's ``id``, else its
+index in the call: unique per call, as in ``mlxpa run``), and requests run through the
+streaming core the file run uses (:class:`~mlxpa.engine.stream.RequestStream`: windows in
+prefix order, a prompt's samples grouped), so a prompt gets the same tokens from ``LLM`` as
+from a file.
 
 Errors: :meth:`LLM.generate` and :meth:`LLM.chat` check every prompt before any model work
 and raise ``TypeError`` / ``ValueError`` naming the argument and the prompt's index (vLLM
@@ -27,25 +29,26 @@ from typing import Any
 
 from rich.console import Console
 
-from mlxpa.batch.options import PREFIX_WINDOW
-from mlxpa.batch.progress import RunProgress
-from mlxpa.batch.requests import Fed, windows
-from mlxpa.batch.stream import RowStream, in_input_order
 from mlxpa.core.kv_sizing import kv_blocks_needed
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.core.prefix_order import PREFIX_WINDOW
+from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
+from mlxpa.engine.progress import RunProgress
+from mlxpa.engine.stream import RequestStream, in_input_order, windows
 from mlxpa.entrypoints.engine_args import engine_config
 from mlxpa.entrypoints.outputs import RequestOutput, request_output
 from mlxpa.entrypoints.prompts import (
-    chat_row,
+    CallIds,
+    PromptRequest,
     check_chat_options,
     check_params,
     conversation_list,
-    failed_fed,
     params_list,
-    prompt_fed,
     prompt_list,
+    prompt_request,
 )
+from mlxpa.inputs import ChatPrompt, InputProcessor
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
 
@@ -79,12 +82,9 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        from mlxpa.batch.setup import build_engine
-
         self._config = engine_config(model, kwargs)
         # the model loads (and is checked) here, once; the pool is sized by each call (_fit)
-        self.llm_engine: LLMEngine = build_engine(self._config, [], False, constrained=False,
-                                                  console=Console(stderr=True), verbose=False)
+        self.llm_engine = LLMEngine(self._config, kv_blocks_needed=2)
         self._active: object | None = None  # the stream that owns the engine now
 
     def get_tokenizer(self) -> Any:
@@ -106,16 +106,20 @@ class LLM:
             use_tqdm: Draw a progress bar on stderr.
 
         Returns:
-            One :class:`RequestOutput` per prompt, in input order.
+            One :class:`RequestOutput` per prompt, in input order; its ``request_id`` is the
+            prompt's id: a dict row's ``id`` (as text), else the prompt's index. Ids are
+            unique per call, as ``mlxpa run`` keeps a file's: the first prompt with an id
+            keeps it, and a later one that repeats it (its ``id`` field, or its index when it
+            has none) is refused.
 
         Raises:
             TypeError, ValueError: A bad argument, naming it and the prompt's index
-                (``prompts[3]: field "temperature" must be a finite number >= 0, got -1``);
-                nothing has run.
+                (``prompts[3]: field "temperature" must be a finite number >= 0, got -1``,
+                ``prompts[2]: duplicate id "a" (first at prompts[0]; ...)``); nothing has run.
         """
         items = prompt_list(prompts)
-        return self._run_all(items, params_list(sampling_params, len(items), self._vocab_size),
-                             use_tqdm, "prompts")
+        params = params_list(sampling_params, len(items), self._processor())
+        return self._run_all(items, params, use_tqdm, "prompts")
 
     def chat(self, messages: Any, sampling_params: SamplingParams | list[SamplingParams]
              | None = None, *, use_tqdm: bool = True,
@@ -140,10 +144,10 @@ class LLM:
                 the model has no chat template or the template rejects a conversation.
         """
         check_chat_options(chat_template_kwargs, add_generation_prompt)
-        rows = [chat_row(c, chat_template_kwargs, add_generation_prompt)
-                for c in conversation_list(messages)]
-        return self._run_all(rows, params_list(sampling_params, len(rows), self._vocab_size),
-                             use_tqdm, "messages")
+        chats = [ChatPrompt(c, chat_template_kwargs, add_generation_prompt)
+                 for c in conversation_list(messages)]
+        params = params_list(sampling_params, len(chats), self._processor())
+        return self._run_all(chats, params, use_tqdm, "messages")
 
     def generate_iter(self, prompts: Iterable[Any], sampling_params: SamplingParams | None
                       = None, *, ordered: bool = True, window: int = PREFIX_WINDOW,
@@ -168,65 +172,85 @@ class LLM:
 
         Returns:
             An iterator of :class:`RequestOutput`; a prompt that cannot run (a bad field, a
-            wrong type) gets ``error`` naming ``prompts[i]``, in its place.
+            wrong type, an id an earlier prompt has, as in :meth:`generate`) gets ``error``
+            naming ``prompts[i]``, in its place.
 
         Raises:
             TypeError, ValueError: A bad ``sampling_params`` or ``window``, at the call.
         """
         params = sampling_params or SamplingParams()
-        check_params(params, "sampling_params", self._vocab_size)
+        processor = self._processor()
+        check_params(params, "sampling_params", processor)
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        feds = (self._fed_or_error(i, p, params) for i, p in enumerate(prompts))
+        ids = CallIds("prompts")
+        items = (self._request_or_error(i, p, params, processor, ids)
+                 for i, p in enumerate(prompts))
         self._fit(None)
-        return _outputs(self._stream(windows(feds, window), ordered, use_tqdm, None, "prompts"))
+        return _outputs(self._stream(windows(items, window), ordered, use_tqdm, None, "prompts"))
 
     # ---------------------------------------------------------------------------- internals
 
-    @property
-    def _vocab_size(self) -> int:
-        return self.llm_engine.runner.vocab_size
-
-    def _fed(self, index: int, prompt: Any, params: SamplingParams, arg: str) -> Fed:
+    def _processor(self) -> InputProcessor:
+        """The input processor of the engine's model (its vocabulary and context)."""
         engine = self.llm_engine
-        return prompt_fed(index, prompt, params, engine.tokenizer,
-                          vocab_size=engine.runner.vocab_size,
-                          max_model_len=engine.runner.max_model_len, arg=arg)
+        return InputProcessor(engine.tokenizer, engine.runner.vocab_size,
+                              engine.runner.max_model_len)
 
-    def _fed_or_error(self, index: int, prompt: Any, params: SamplingParams) -> Fed:
+    @staticmethod
+    def _request(index: int, prompt: Any, params: SamplingParams, processor: InputProcessor,
+                 ids: CallIds, arg: str) -> PromptRequest:
+        """The request of one prompt (a dict through the row parser), its id claimed.
+
+        Raises:
+            TypeError: ``prompt`` is not a prompt (naming ``arg[index]``).
+        """
+        if isinstance(prompt, dict):
+            from mlxpa.entrypoints.rows import row_request
+
+            item = row_request(index, prompt, params, processor, arg)
+        else:
+            item = prompt_request(index, prompt, params, processor, arg)
+        duplicate = ids.claim(index, item.request_id, item.request_id != str(index))
+        if duplicate is not None:
+            item = item._replace(request=None, error=item.error or duplicate)
+        return item
+
+    def _request_or_error(self, index: int, prompt: Any, params: SamplingParams,
+                          processor: InputProcessor, ids: CallIds) -> PromptRequest:
         try:
-            return self._fed(index, prompt, params, "prompts")
+            return self._request(index, prompt, params, processor, ids, "prompts")
         except TypeError as e:
-            return failed_fed(index, str(e))
+            return PromptRequest(index, str(index), None, error=str(e))
 
     def _run_all(self, items: list[Any], params: list[SamplingParams], use_tqdm: bool,
                  arg: str) -> list[RequestOutput]:
         """Every item checked first (raising on the first bad one), then run."""
-        feds = []
+        processor, ids, requests = self._processor(), CallIds(arg), []
         for i, (item, p) in enumerate(zip(items, params)):
-            fed = self._fed(i, item, p, arg)
-            if fed.error is not None:
-                raise ValueError(fed.error)
-            feds.append(fed)
-        self._fit([f.request for f in feds])
-        if any(f.request.params.structured_outputs is not None for f in feds):
+            request = self._request(i, item, p, processor, ids, arg)
+            if request.error is not None:
+                raise ValueError(request.error)
+            requests.append(request)
+        self._fit([r.request for r in requests])
+        if any(r.request.sampling_params.structured_outputs is not None for r in requests):
             self.llm_engine.prepare()  # the grammar tokenizer, before the first step
-        results: list[RequestOutput | None] = [None] * len(feds)
-        for index, out in self._stream(windows(feds, PREFIX_WINDOW), False, use_tqdm,
-                                       len(feds), arg):
+        results: list[RequestOutput | None] = [None] * len(requests)
+        for index, out in self._stream(windows(requests, PREFIX_WINDOW), False, use_tqdm,
+                                       len(requests), arg):
             results[index] = out
         return results
 
-    def _fit(self, requests: list[PromptInput] | None) -> None:
+    def _fit(self, requests: list[EngineRequest] | None) -> None:
         """Grow the KV pool to what ``requests`` can use (None: an unknown need, the whole
         budget), at most the budget (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`, as
         ``mlxpa run``); a pool that holds it already is kept."""
         engine, runner, config = self.llm_engine, self.llm_engine.runner, self._config
         need = None
         if requests is not None:
-            need = kv_blocks_needed(((len(r.prompt_token_ids), r.params.max_tokens, r.params.n)
-                                     for r in requests), config.block_size,
-                                    runner.budget_blocks, config.max_model_len)
+            need = kv_blocks_needed(((len(r.prompt_token_ids), r.sampling_params.max_tokens,
+                                      r.sampling_params.n) for r in requests),
+                                    config.block_size, runner.budget_blocks, config.max_model_len)
         num_blocks = runner.kv_blocks_for(need)
         if num_blocks > runner.num_blocks:
             self._active = None  # a stream left open ends (RuntimeError), its prompts dropped
@@ -234,19 +258,20 @@ class LLM:
                 engine.abort_unfinished()
             engine.resize_kv_pool(num_blocks)
 
-    def _stream(self, rows: Iterable[list[Fed]], ordered: bool, use_tqdm: bool,
+    def _stream(self, items: Iterable[list[PromptRequest]], ordered: bool, use_tqdm: bool,
                 total: int | None, arg: str) -> Generator[tuple[int, RequestOutput]]:
-        """Rows through the streaming core; ``(row index, output)`` as rows finish (or in
-        input order). The engine's counters restart for the call (``llm_engine.counters``:
-        this call's statistics). A later call takes the engine over: this stream then
-        raises ``RuntimeError`` instead of reading another call's outputs."""
+        """Windows of prompts through the streaming core; ``(index, output)`` as prompts
+        finish (or in input order). The engine's counters restart for the call
+        (``llm_engine.counters``: this call's statistics). A later call takes the engine
+        over: this stream then raises ``RuntimeError`` instead of reading another call's
+        outputs."""
         engine, token = self.llm_engine, object()
         if engine.has_unfinished_requests():  # a stream left open: its prompts are dropped
             engine.abort_unfinished()
         self._active = token
         engine.counters = Counters()
-        results = RowStream(engine).run(rows)
-        results = in_input_order(results) if ordered else results
+        results = RequestStream(engine).run(items)
+        results = in_input_order(results, _index) if ordered else results
         decode = engine.tokenizer.decode
         try:
             with RunProgress(total, engine.counters, Console(stderr=True), use_tqdm) as bar:
@@ -258,7 +283,7 @@ class LLM:
                     if result is None:
                         return
                     bar.advance()
-                    index = result.fed.row.index
+                    index = result.item.index
                     out = request_output(result, decode, f"{arg}[{index}]")
                     engine.counters.failed_rows += out.error is not None
                     yield index, out
@@ -267,6 +292,10 @@ class LLM:
                 self._active = None
                 if engine.has_unfinished_requests():
                     engine.abort_unfinished()
+
+
+def _index(item: PromptRequest) -> int:
+    return item.index
 
 
 def _outputs(pairs: Generator[tuple[int, RequestOutput]]) -> Iterator[RequestOutput]:

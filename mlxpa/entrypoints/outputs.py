@@ -3,8 +3,8 @@
 mlxpa's ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` (choice rows) and
 ``error`` (a prompt that could not run). No mlx.
 
-    RowResult(fed, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt, prompt_token_ids,
-                                              outputs=[CompletionOutput(index=0..n-1, ...)])
+    Finished(PromptRequest, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt,
+                            prompt_token_ids, outputs=[CompletionOutput(index=0..n-1, ...)])
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from mlxpa.request import SampleOutput, TokenLogprob
 
 if TYPE_CHECKING:
-    from mlxpa.batch.stream import RowResult
+    from mlxpa.engine.stream import Finished
+    from mlxpa.entrypoints.prompts import PromptRequest
 
 Decode = Callable[[list[int]], str]  # token ids to text (the tokenizer's decode)
 
@@ -116,27 +117,27 @@ class RequestOutput:
     error: str | None = None
 
 
-def request_output(result: RowResult, decode: Decode, place: str) -> RequestOutput:
-    """The :class:`RequestOutput` of one row done by the streaming core.
+def request_output(result: Finished[PromptRequest], decode: Decode,
+                   place: str) -> RequestOutput:
+    """The :class:`RequestOutput` of one prompt done by the streaming core.
 
     Args:
-        result: The row, its request (None if it did not run) and its samples' outputs.
-        decode: The tokenizer's decode (a chat row's ``prompt``, ``decoded_token``).
+        result: The prompt with its request (None if it did not run) and its samples'
+            outputs.
+        decode: The tokenizer's decode (a chat prompt's ``prompt``, ``decoded_token``).
         place: Where the prompt was given (``prompts[3]``), put before a sample's error.
     """
-    row, request, outs = result.fed.row, result.fed.request, result.outputs
-    ids = request.prompt_token_ids if request is not None else None
-    prompt = row.prompt
-    if row.messages is not None and ids is not None:
-        prompt = decode(ids)
-    error = result.fed.error or next(
+    item, outs = result.item, result.outputs
+    ids = item.request.prompt_token_ids if item.request is not None else None
+    prompt = decode(ids) if item.chat and ids is not None else item.prompt
+    error = item.error or next(
         (f"{place}: {o.error}" for o in outs if o.error is not None), None)
     prompt_logprobs = None
-    if outs and outs[0].prompt_logprobs is not None:  # the row's samples share one list
+    if outs and outs[0].prompt_logprobs is not None:  # the prompt's samples share one list
         prompt_logprobs = [None if lp is None else position_logprobs(lp, decode)
                            for lp in outs[0].prompt_logprobs]
     return RequestOutput(
-        request_id=str(row.id), prompt=prompt, prompt_token_ids=ids,
+        request_id=item.request_id, prompt=prompt, prompt_token_ids=ids,
         prompt_logprobs=prompt_logprobs,
         outputs=[completion_output(o, decode) for o in outs], finished=True,
         num_cached_tokens=outs[0].num_cached_tokens if outs else None, error=error)

@@ -1,32 +1,46 @@
-"""The arguments of :class:`~mlxpa.entrypoints.llm.LLM`'s calls to the rows ``mlxpa run``
-reads, so both take the one path from rows to requests (``parse_row``, then
-:func:`~mlxpa.batch.requests.to_request`: the one merge of a row's fields with the sampling
-parameters, the one tokenization)::
+"""The arguments of :class:`~mlxpa.entrypoints.llm.LLM`'s calls to engine requests, through
+the one input processor (:class:`~mlxpa.inputs.InputProcessor`)::
 
-    "text"                       -> {"prompt": "text"}
-    [1, 2, 3], TokensPrompt      -> {"prompt_token_ids": [1, 2, 3]}
-    {"prompt" | "messages" | "prompt_token_ids", "id", fields...}   (a JSONL row, as it is)
-    chat conversation            -> {"messages": [...], "add_generation_prompt", ...}
+    "text", [1, 2, 3]            -> the processor (tokenized, checked)
+    chat conversation            -> ChatPrompt -> the processor (the chat template)
+    {"prompt" | "messages" | "prompt_token_ids", "id", fields...}
+                                 -> a row of mlxpa run (mlxpa.entrypoints.rows, its own fields)
 
-Every problem names the argument and the prompt's index (``prompts[3]: field "temperature"
-must be ...``).
+Each prompt's request id is its ``id`` field (a dict row), else its index in the call; ids are
+unique per call, as in ``mlxpa run``. Every problem names the argument and the prompt's index
+(``prompts[3]: field "temperature" must be ...``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-from mlxpa.batch.requests import Fed, to_request
-from mlxpa.data import InputOptions, Row
-from mlxpa.data.inputs import RowSpec
-from mlxpa.data.rows import parse_row
-from mlxpa.data.validate import run_problem
-from mlxpa.messages import token_id_problem
+from mlxpa.inputs import ChatPrompt, InputProcessor
+from mlxpa.inputs.prompts import is_token_ids
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
-from mlxpa.structured.spec import check
 
-INPUTS = InputOptions()
+
+class PromptRequest(NamedTuple):
+    """One prompt of a call with its request, or with why it cannot run.
+
+    Attributes:
+        index: The prompt's position in the call.
+        request_id: Its id: a dict row's ``id`` as text, else ``str(index)``.
+        request: The engine's request; None when it cannot run.
+        prompt: The text prompt (None for token ids and chat messages).
+        chat: The prompt is chat messages (its text is the rendered template, decoded).
+        error: Why it cannot run, naming ``arg[index]``; None when it runs.
+    """
+
+    index: int
+    request_id: str
+    request: EngineRequest | None
+    prompt: str | None = None
+    chat: bool = False
+    error: str | None = None
 
 
 def prompt_list(prompts: Any) -> list[Any]:
@@ -36,7 +50,7 @@ def prompt_list(prompts: Any) -> list[Any]:
     Raises:
         TypeError: ``prompts`` is none of these.
     """
-    if isinstance(prompts, (str, dict)) or _token_ids(prompts):
+    if isinstance(prompts, (str, dict)) or (is_token_ids(prompts) and prompts):
         return [prompts]
     if isinstance(prompts, Iterable):
         return list(prompts)
@@ -60,13 +74,6 @@ def conversation_list(messages: Any) -> list[Any]:
                     '"content"} dicts) or a list of conversations')
 
 
-def chat_row(conversation: Any, chat_template_kwargs: dict[str, Any] | None,
-             add_generation_prompt: bool) -> dict[str, Any]:
-    """The ``messages`` row of one conversation (vLLM's chat fields as row fields)."""
-    return {"messages": conversation, "add_generation_prompt": add_generation_prompt,
-            "chat_template_kwargs": chat_template_kwargs}
-
-
 def check_chat_options(chat_template_kwargs: Any, add_generation_prompt: Any) -> None:
     """Raises ``TypeError`` naming the argument when a chat option has the wrong type."""
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
@@ -78,17 +85,18 @@ def check_chat_options(chat_template_kwargs: Any, add_generation_prompt: Any) ->
 
 
 def params_list(sampling_params: Any, num_prompts: int,
-                vocab_size: int | None = None) -> list[SamplingParams]:
+                processor: InputProcessor) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt: ``sampling_params`` for every prompt, or its
-    items in order (None: the defaults). Each constraint is compiled once here.
+    items in order (None: the defaults), each checked once here
+    (:meth:`InputProcessor.check_params`).
 
     Raises:
         TypeError: Not a ``SamplingParams``, a list of them or None (naming the item).
         ValueError: A list of another length than the prompts', a constraint that does
-            not compile, or a token id outside ``vocab_size`` (naming the item).
+            not compile, or a token id outside the vocabulary (naming the item).
     """
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        check_params(sampling_params or SamplingParams(), "sampling_params", vocab_size)
+        check_params(sampling_params or SamplingParams(), "sampling_params", processor)
         return [sampling_params or SamplingParams()] * num_prompts
     if not isinstance(sampling_params, (list, tuple)):
         raise TypeError("sampling_params must be a SamplingParams, a list of them (one per "
@@ -97,73 +105,78 @@ def params_list(sampling_params: Any, num_prompts: int,
         raise ValueError(f"sampling_params: {len(sampling_params)} given for {num_prompts} "
                          "prompts (give one, or one per prompt)")
     for i, params in enumerate(sampling_params):
-        check_params(params, f"sampling_params[{i}]", vocab_size)
+        check_params(params, f"sampling_params[{i}]", processor)
     return list(sampling_params)
 
 
-def check_params(params: Any, name: str, vocab_size: int | None = None) -> None:
-    """Raises ``TypeError`` when ``params`` is not a :class:`SamplingParams`, ``ValueError``
-    when its constraint does not compile or one of its token ids (``stop_token_ids``,
-    ``logit_bias``) is not below ``vocab_size`` (both naming ``name``)."""
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"{name} must be a SamplingParams, got {type(params).__name__}")
-    so = params.structured_outputs
-    problem = check(so) if so is not None else None
-    if problem is not None:
-        raise ValueError(f"{name}: structured_outputs: {problem}")
-    if vocab_size is not None:
-        for field, ids in (("stop_token_ids", params.stop_token_ids),
-                           ("logit_bias", params.logit_bias or ())):
-            problem = token_id_problem(field, ids, vocab_size)
-            if problem is not None:
-                raise ValueError(f"{name}: {problem}")
-
-
-def prompt_fed(index: int, prompt: Any, params: SamplingParams, tokenizer, *,
-               vocab_size: int | None, max_model_len: int | None, arg: str = "prompts") -> Fed:
-    """The row of one prompt with its request, or with why it cannot run (``fed.error``,
-    naming ``arg[index]``): its fields (as a file row's are checked), its token ids against
-    the vocabulary, its fields merged with ``params``, its chat template, the context.
-
-    Args:
-        index: The prompt's position in the call (its row index and default id).
-        prompt: A string, a list of token ids, or a dict row.
-        params: The sampling parameters the row's own fields override.
-        tokenizer: The model's mlx-lm ``TokenizerWrapper``.
-        vocab_size: The model's vocabulary size (token ids are checked against it).
-        max_model_len: The context in tokens.
-        arg: The argument's name in messages (``prompts``, ``messages``).
+def check_params(params: Any, name: str, processor: InputProcessor) -> None:
+    """:meth:`InputProcessor.check_params`, its errors naming ``name``.
 
     Raises:
-        TypeError: ``prompt`` is not a string, a list of token ids or a dict.
+        TypeError: ``params`` is not a :class:`SamplingParams`.
+        ValueError: Its constraint does not compile, or one of its token ids is outside the
+            vocabulary.
+    """
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"{name} must be a SamplingParams, got {type(params).__name__}")
+    try:
+        processor.check_params(params)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def prompt_request(index: int, prompt: str | list[int] | ChatPrompt, params: SamplingParams,
+                   processor: InputProcessor, arg: str) -> PromptRequest:
+    """The request of a text, token-id or chat prompt (``params`` checked already), or why it
+    cannot run (naming ``arg[index]``).
+
+    Raises:
+        TypeError: ``prompt`` is none of these (naming ``arg[index]``).
     """
     place = f"{arg}[{index}]"
-    row = parse_row(_as_row(prompt, place), index, None, RowSpec(place, "row", INPUTS))
-    problem = row.error or run_problem(row, params, vocab_size)
-    if problem is None:
-        req = to_request(row, params, tokenizer, INPUTS, max_model_len)
-        if not isinstance(req, str):
-            return Fed(row, req)
-        problem = req
-    return Fed(row, error=problem if problem.startswith(place) else f"{place}: {problem}")
+    if not (isinstance(prompt, (str, ChatPrompt)) or is_token_ids(prompt)):
+        raise TypeError(f"{place}: expected a string, a list of token ids or a dict (a row of "
+                        f"mlxpa run), got {type(prompt).__name__}")
+    text = prompt if isinstance(prompt, str) else None
+    chat = isinstance(prompt, ChatPrompt)
+    try:
+        request = processor.prompt_request(str(index), prompt, params)
+    except ValueError as e:
+        return PromptRequest(index, str(index), None, text, chat, f"{place}: {e}")
+    return PromptRequest(index, str(index), request, text, chat)
 
 
-def failed_fed(index: int, error: str) -> Fed:
-    """The row of a prompt that is not one (a streamed item of a wrong type)."""
-    return Fed(Row(index, index, None, None, {}, error), error=error)
+class CallIds:
+    """The request ids of one call's prompts, unique as ``mlxpa run`` keeps a file's: a
+    prompt's id is its ``id`` field (as text: ``7`` and ``"7"`` are one id), else its index;
+    the first prompt with an id keeps it, a later one is refused. Holds only the ids given in
+    ``id`` fields, so a stream of plain prompts takes no memory here.
+    """
+
+    def __init__(self, arg: str) -> None:
+        self.arg = arg
+        self._given: dict[str, int] = {}  # an id from an "id" field -> the prompt's index
+        self._own = set()  # indices of the prompts with an "id" field
+
+    def claim(self, index: int, request_id: str, given: bool) -> str | None:
+        """Claim ``request_id`` for prompt ``index`` (``given``: from its ``id`` field, not
+        its index); returns None, or why it is refused (``prompts[3]: duplicate id "a" (first at
+        prompts[1]) ...``)."""
+        first = self._given.get(request_id)
+        if first is None and given and _index_id(request_id, index, self._own):
+            first = int(request_id)
+        if first is None:
+            if given:
+                self._given[request_id] = index
+                self._own.add(index)
+            return None
+        return (f"{self.arg}[{index}]: duplicate id {json.dumps(request_id)} (first at "
+                f"{self.arg}[{first}]; a prompt's id is its \"id\" field, else its index)")
 
 
-def _as_row(prompt: Any, place: str) -> dict[str, Any]:
-    if isinstance(prompt, str):
-        return {"prompt": prompt}
-    if isinstance(prompt, dict):
-        return prompt
-    if isinstance(prompt, (list, tuple)) and _token_ids(prompt, empty=True):
-        return {"prompt_token_ids": list(prompt)}
-    raise TypeError(f"{place}: expected a string, a list of token ids or a dict (a row of "
-                    f"mlxpa run), got {type(prompt).__name__}")
-
-
-def _token_ids(value: Any, empty: bool = False) -> bool:
-    return isinstance(value, (list, tuple)) and (empty or bool(value)) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+def _index_id(request_id: str, index: int, own: set[int]) -> bool:
+    """Whether ``request_id`` is the id of an earlier prompt without an ``id`` field (its
+    index, as text)."""
+    if not (request_id.isdecimal() and request_id == str(int(request_id))):
+        return False
+    return int(request_id) < index and int(request_id) not in own

@@ -1,5 +1,5 @@
 """The Ray driver's pass 2 (``mlxpa run --ray``): pass 2's windows of rows
-(:func:`~mlxpa.batch.requests.feed`), each cut into prefix-aware shards
+(:func:`~mlxpa.batch.requests.rows_to_requests`), each cut into prefix-aware shards
 (:func:`~mlxpa.ray.shard.plan_shards`) and fed to a pool of replica actors
 (:class:`~mlxpa.ray.replica.ShardReplica`, one shard at a time each); results go to the
 writer as shards return.
@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mlxpa.batch.job import settle
-from mlxpa.batch.progress import RunProgress
+from mlxpa.batch.job import write_unrunnable
 from mlxpa.batch.report import model_name
-from mlxpa.batch.requests import Fed
+from mlxpa.batch.requests import RowRequest
 from mlxpa.batch.source import Source
 from mlxpa.config import EngineConfig
 from mlxpa.data import ResultWriter
+from mlxpa.engine.progress import RunProgress
 from mlxpa.ray.options import RayOptions
 from mlxpa.ray.replica import ShardReplica
 from mlxpa.ray.shard import plan_shards
@@ -97,7 +97,7 @@ class ShardFeeder:
         self.num_shards = 0
         self.driver_s = 0.0  # reading, tokenizing and sharding
 
-    def run(self, windows: Iterable[list[Fed]], should_stop: Callable[[], bool]) -> None:
+    def run(self, windows: Iterable[list[RowRequest]], should_stop: Callable[[], bool]) -> None:
         """Run every window's rows (stops between shards once ``should_stop`` is true)."""
         start = time.perf_counter()
         for k, window in enumerate(windows):
@@ -111,12 +111,12 @@ class ShardFeeder:
         while self.pool.has_next() and not should_stop():
             self._collect()
 
-    def _submit(self, key: int, window: list[Fed]) -> None:
+    def _submit(self, key: int, window: list[RowRequest]) -> None:
         """The window's error rows written, its done rows skipped, its shards submitted."""
-        runs = settle(window, self.writer, self.out_fmt, self.cluster.counters)
-        self.progress.advance(sum(fed.error is not None for fed in window))
+        runs = write_unrunnable(window, self.writer, self.out_fmt, self.cluster.counters)
+        self.progress.advance(sum(rr.error is not None for rr in window))
         block_size, rows, sharding, seed = self.plan
-        shards = plan_shards([f.request.prompt_token_ids for f in runs], block_size, rows,
+        shards = plan_shards([rr.request.prompt_token_ids for rr in runs], block_size, rows,
                              sharding, seed)
         for shard in shards:
             self.pool.submit(lambda a, v: a.run_shard.remote(*v),

@@ -13,12 +13,12 @@ import socket
 import time
 from typing import Any
 
-from mlxpa.batch.requests import Fed
-from mlxpa.batch.stream import RowStream
+from mlxpa.batch.requests import RowRequest
 from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import where
 from mlxpa.data.records import result_records
 from mlxpa.engine import LLMEngine
+from mlxpa.engine.stream import RequestStream
 from mlxpa.ray.stats import delta, snapshot
 from mlxpa.request import SampleOutput
 
@@ -37,9 +37,9 @@ class ReplicaEngine:
         self.replica = _actor_name()
         self.process = f"{socket.gethostname()}:{os.getpid()}"
 
-    def run(self, rows: list[Fed]) -> tuple[dict[int, list[SampleOutput]], dict[str, Any]]:
+    def run(self, rows: list[RowRequest]) -> tuple[dict[int, list[SampleOutput]], dict[str, Any]]:
         """Run ``rows`` (each with its request) to completion, admitted in prefix order
-        (:class:`~mlxpa.batch.stream.RowStream`, the rows as one window).
+        (:class:`~mlxpa.engine.stream.RequestStream`, the rows as one window).
 
         Returns:
             The outputs of each row index (one per sample, in sample order), and what the
@@ -49,8 +49,8 @@ class ReplicaEngine:
         c = self.engine.counters
         before = snapshot(c)
         outs: dict[int, list[SampleOutput]] = {}
-        for fed, group in RowStream(self.engine).run([rows]):
-            outs[fed.row.index] = group
+        for rr, group in RequestStream(self.engine).run([rows]):
+            outs[rr.row.index] = group
             c.failed_rows += any(o.error is not None for o in group)
         return outs, delta(c, before, self.replica, self.process, self.load_s)
 
@@ -76,7 +76,7 @@ class ShardReplica(ReplicaEngine):
         """The replica's process (``host:pid``), once its model has loaded."""
         return self.process
 
-    def run_shard(self, key: Any, shard: list[Fed],
+    def run_shard(self, key: Any, shard: list[RowRequest],
                   ) -> tuple[Any, list[tuple[int, list[dict]]], dict[str, Any]]:
         """Run ``shard`` (rows with their requests) to completion.
 
@@ -85,10 +85,10 @@ class ShardReplica(ReplicaEngine):
             delta (:func:`mlxpa.ray.stats.delta`).
         """
         outs, stats = self.run(shard)
-        records = [(fed.row.index, result_records(
-            fed.row, outs[fed.row.index], self.out_fmt, self.model_name,
-            where(self.source, fed.row.line, self.unit), self.engine.tokenizer))
-            for fed in shard]
+        records = [(rr.row.index, result_records(
+            rr.row, outs[rr.row.index], self.out_fmt, self.model_name,
+            where(self.source, rr.row.line, self.unit), self.engine.tokenizer))
+            for rr in shard]
         return key, records, stats
 
 

@@ -1,14 +1,18 @@
 """The replica of :func:`mlxpa.ray.build_processor`: Arrow batches of dataset rows in, the
-same rows with their results out."""
+same rows with their results out. A row's request id is its id (its position in the batch when
+it has none), as in ``mlxpa run``; a later row of a batch that repeats an id gets an error."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from mlxpa.batch.requests import Fed, to_request
+from mlxpa.batch.requests import RowRequest, to_request
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import InputOptions, RowSpec
+from mlxpa.data.inputs import RowSpec
+from mlxpa.data.resume import id_key
 from mlxpa.data.rows import parse_row
+from mlxpa.inputs import InputProcessor
 from mlxpa.ray.replica import ReplicaEngine
 from mlxpa.sampling_params import SamplingParams
 
@@ -29,22 +33,24 @@ class RowReplica(ReplicaEngine):
         super().__init__(config)
         self.defaults, self.drop = defaults, drop
         self.spec = RowSpec(SOURCE, unit="row")
+        self.processor = InputProcessor(self.engine.tokenizer)  # the engine checks the rest
 
     def __call__(self, batch: Any) -> Any:
         """``batch``: a ``pyarrow.Table`` of rows; returns a table with one row per sample."""
         import pyarrow as pa
 
         records = batch.to_pylist()
-        rows, failed = [], {}
+        rows, failed, first = [], {}, {}
         for i, obj in enumerate(records):
             row = parse_row({k: v for k, v in obj.items() if k not in self.drop}, i, None,
                             self.spec)
-            req = row.error or to_request(row, self.defaults, self.engine.tokenizer,
-                                          InputOptions())
+            seen = first.setdefault(id_key(row.id), i)
+            req = row.error or (f"duplicate id {json.dumps(row.id)} (first at row {seen})"
+                                if seen != i else to_request(row, self.defaults, self.processor))
             if isinstance(req, str):
                 failed[i] = req if row.error else f"{SOURCE} id {row.id!r}: {req}"
             else:
-                rows.append(Fed(row, req))
+                rows.append(RowRequest(row, req))
         outs, _ = self.run(rows)
         rows = []
         for i, obj in enumerate(records):

@@ -2,8 +2,8 @@
 
 Data flow (one way)::
 
-    Source.open(input), prepare(source)  pass 1 on the driver, as a local run's (no model)
-    feed(source) -> windows              pass 2 on the driver: rows to requests (tokenizer
+    Source.open(input), validate_input   pass 1 on the driver, as a local run's (no model)
+    rows_to_requests(source) -> windows  pass 2 on the driver: rows to requests (tokenizer
                                          only); skipped and invalid rows go to the writer
     plan_shards per window               radix prefix order, cut between prefix groups
     ActorPool(ShardReplica actors)       a shard at a time per replica, at most two windows
@@ -22,16 +22,17 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from mlxpa.batch.model_files import ModelFiles
+from mlxpa.batch.model_meta import ModelMeta
 from mlxpa.batch.options import RunOptions, check_targets
-from mlxpa.batch.prepare import Prepared, prepare
-from mlxpa.batch.progress import RunProgress
 from mlxpa.batch.report import final_report
-from mlxpa.batch.requests import feed, windows
+from mlxpa.batch.requests import rows_to_requests
 from mlxpa.batch.source import Source
+from mlxpa.batch.validation import Validated, validate_input
 from mlxpa.config import EngineConfig
 from mlxpa.data import InputOptions, ResultWriter
 from mlxpa.engine.metrics import summarize
+from mlxpa.engine.progress import RunProgress
+from mlxpa.engine.stream import windows
 from mlxpa.ray.cluster import ray_session, require_ray
 from mlxpa.ray.driver import ShardFeeder, shard_rows, start_replicas
 from mlxpa.ray.options import RayOptions
@@ -67,16 +68,17 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
     console = console or Console(stderr=True)
     should_stop = should_stop or (lambda: False)
     start = time.perf_counter()
-    model, cluster = ModelFiles(config), ClusterCounters()
+    model, cluster = ModelMeta(config), ClusterCounters()
     extra = {"num_replicas": ray.num_replicas, "ray_init_s": 0.0, "driver_s": 0.0,
              "num_shards": 0}
     with Source.open(source, inputs) as src:
-        p = prepare(src, output, defaults, options, console, vocab_size=model.vocab_size(),
-                    tokenizer=model.tokenizer_or_none)
+        p = validate_input(src, output, defaults, options, console,
+                           vocab_size=model.vocab_size(), tokenizer=model.tokenizer_or_none)
         with ResultWriter(output, ordered=options.ordered, append=options.resume,
                           positions=p.validation.done) as writer:
             if p.num_to_run:
-                fed = feed(src, p.validation, defaults, model.tokenizer(), model.context_len())
+                fed = rows_to_requests(src, p.validation, defaults,
+                                       model.input_processor(src.inputs))
                 extra["driver_s"] = time.perf_counter() - start
                 with ray_session(ray.address) as init_s:
                     extra["ray_init_s"] = init_s
@@ -95,7 +97,7 @@ def run_file_ray(source: str, output: str, config: EngineConfig, defaults: Sampl
     return metrics
 
 
-def _execute(fed, src: Source, p: Prepared, config: EngineConfig, writer: ResultWriter,
+def _execute(fed, src: Source, p: Validated, config: EngineConfig, writer: ResultWriter,
              cluster: ClusterCounters, opts: RayOptions, options: RunOptions,
              console: Console, should_stop: Callable[[], bool]) -> tuple[float, int]:
     """Start the replicas and feed them the input's windows; returns the driver's seconds in

@@ -231,15 +231,15 @@ class ModelRunner:
 
     def seed_for(self, req: Request) -> int:
         """The request's seed (sample 0) or one derived from it and the sample index, or,
-        without a seed, one derived from the engine seed, the request's ``seed_key`` (the
-        row's id; ``request_id`` when None) and the sample index. The hash is CRC-32 of the
-        key's ``repr`` (stable across processes, unlike Python's salted ``hash``)."""
+        without a seed, one derived from the engine seed, the caller's ``request_id`` and the
+        sample index (so a request's samples depend on its id, not on what else runs). The
+        hash is CRC-32 of the key's ``repr`` (stable across processes, unlike Python's salted
+        ``hash``)."""
         seed = req.sampling_params.seed
         if seed is not None and req.sample_index == 0:
             return seed
-        ident = req.request_id if req.seed_key is None else req.seed_key
         key = (seed, req.sample_index) if seed is not None else (
-            self.config.seed, ident, req.sample_index)
+            self.config.seed, req.request_id, req.sample_index)
         return zlib.crc32(repr(key).encode())
 
     def _free(self, finished: list[Request], preempted: list[Request]) -> None:

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from mlxpa.batch.setup import build_engine
 from mlxpa.config import EngineConfig
-from mlxpa.engine import PromptInput
 from mlxpa.loader.models import load_model
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
@@ -21,7 +21,7 @@ PROMPTS = ["hello there", "the cat sat on the mat and looked around", "x"]
 def _setup(tmp_path, kv_memory, more: bool = False):
     folder = save_tiny_model(tmp_path / "tiny")
     _, tok, _ = load_model(EngineConfig(model=folder))
-    requests = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=5 + i))
+    requests = [EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=5 + i))
                 for i, p in enumerate(PROMPTS)]
     config = EngineConfig(model=folder, block_size=4,
                           kv_cache_memory_bytes=int(kv_memory * 2**30))

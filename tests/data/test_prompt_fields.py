@@ -10,10 +10,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mlxpa.batch.prompts import prompt_token_ids
+from mlxpa.batch.prompts import row_prompt
 from mlxpa.data import read_rows
 from mlxpa.data.inputs import InputOptions
 from mlxpa.data.validate import run_problem, validate
+from mlxpa.inputs import InputProcessor
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer
 
@@ -40,7 +41,7 @@ def test_token_id_rows_in_jsonl_parquet_and_csv(tmp_path):
     (tmp_path / "t.csv").write_text('prompt_token_ids\n"[3, 4]"\n')
     (row,) = read_rows(str(tmp_path / "t.csv"))
     assert row.prompt_token_ids == [3, 4] and row.error is None
-    assert prompt_token_ids(row, byte_tokenizer()) == [3, 4]
+    assert InputProcessor(byte_tokenizer()).prompt_token_ids(row_prompt(row)) == [3, 4]
 
 
 def test_token_id_row_problems_name_the_field(tmp_path):
@@ -87,7 +88,7 @@ def test_chat_template_kwargs_reach_the_template(tmp_path):
         {"messages": messages, "add_generation_prompt": False,
          "chat_template_kwargs": {"add_generation_prompt": True}},  # the kwargs win (vLLM)
     ]))
-    got = [prompt_token_ids(r, tok) for r in rows]
+    got = [InputProcessor(tok).prompt_token_ids(row_prompt(r)) for r in rows]
 
     def oracle(**kwargs) -> list[int]:
         return tok.apply_chat_template(messages, **kwargs)

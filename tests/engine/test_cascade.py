@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import attention, cascade, model_runner
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -91,7 +92,7 @@ def _compare(model, items, spies, **config):
 
 def _items(prompts: list[list[int]], max_tokens: int = 12, n: dict | None = None):
     n = n or {}
-    return [PromptInput(i, p, SamplingParams(max_tokens=max_tokens, n=n.get(i, 1)))
+    return [EngineRequest(str(i), p, SamplingParams(max_tokens=max_tokens, n=n.get(i, 1)))
             for i, p in enumerate(prompts)]
 
 

@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
@@ -44,7 +45,7 @@ def test_choice_tokens_are_canonical_and_greedy_is_the_argmax():
     choice = StructuredOutput.make("choice", [" red", " green"])
     greedy = SamplingParams(max_tokens=8, structured_outputs=choice)
     sampled = SamplingParams(max_tokens=8, structured_outputs=choice, temperature=1.0, n=3)
-    items = [PromptInput((kind, i), tok.encode(p), params)
+    items = [EngineRequest(f"{kind}/{i}", tok.encode(p), params)
              for i, p in enumerate(PROMPTS)
              for kind, params in (("greedy", greedy), ("sampled", sampled))]
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=128), tiny_llama(), tok)
@@ -52,7 +53,7 @@ def test_choice_tokens_are_canonical_and_greedy_is_the_argmax():
     assert len(outs) == len(PROMPTS) * 4
     for o in outs:
         assert o.text in canonical and o.token_ids == canonical[o.text], (o.text, o.token_ids)
-        if o.request_id[0] == "greedy":
+        if o.request_id.startswith("greedy/"):
             scores = o.choice_logprobs
             assert o.text == max(scores, key=scores.get)
             assert sum(map(math.exp, scores.values())) <= 1 + 1e-6  # disjoint events

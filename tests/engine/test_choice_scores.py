@@ -17,8 +17,9 @@ import pytest
 from mlxpa.config import EngineConfig
 from mlxpa.data.rows import Row
 from mlxpa.data.validate import validate
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
 from mlxpa.engine.choice_scores import choose_label, label_probs
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from mlxpa.structured.labels import LabelJoiner
 from tests.engine.test_choice_canonical import merged_tokenizer
@@ -58,12 +59,17 @@ def chi_square(counts: list[int], probs: list[float]) -> tuple[float, int]:
     return sum((c - e) ** 2 / e for c, e in cells), len(cells) - 1
 
 
+def _rid(key) -> str:
+    """The request id of a test's key: ``("greedy", 0)`` -> ``"greedy/0"``."""
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
 def run(model, items, config=None, tok=None):
     tok = tok or byte_tokenizer()
     eng = LLMEngine(config or EngineConfig(block_size=8, num_blocks=128), model, tok)
-    outs = {}
-    for o in eng.generate(PromptInput(*it) for it in items):
-        outs.setdefault(o.request_id, []).append(o)
+    outs, keys = {}, {_rid(it[0]): it[0] for it in items}  # the engine's ids are strings
+    for o in eng.generate(EngineRequest(_rid(key), *rest) for key, *rest in items):
+        outs.setdefault(keys[o.request_id], []).append(o)
     eng.kv_cache_manager.check_invariants([])
     return eng, {k: sorted(v, key=lambda o: o.sample_index) for k, v in outs.items()}
 
@@ -161,7 +167,7 @@ def check_row(model, tok, prompt_ids: list[int], outs, labels=LABELS) -> None:
             assert [v.token_id for v in out.logprobs] == tokens[k]
             for v, want in zip(out.logprobs, per_token[k]):
                 assert abs(v.logprob - want) < 1e-4
-    greedy = [o for o in outs if o.sample_index == 0 and o.request_id[0] == "greedy"]
+    greedy = [o for o in outs if o.sample_index == 0 and o.request_id.startswith("greedy/")]
     for out in greedy:
         assert out.text == labels[int(np.argmax(scores))]
 
@@ -267,12 +273,12 @@ def test_cost_is_one_prefill_plus_the_labels_tokens(model):
         return out
 
     eng.scheduler.schedule = counting
-    outs = list(eng.generate(PromptInput(i, tok.encode(p), SamplingParams(
+    outs = list(eng.generate(EngineRequest(str(i), tok.encode(p), SamplingParams(
         max_tokens=8, structured_outputs=so)) for i, p in enumerate(prompts)))
     assert sampled == 0 and len(outs) == 3
     multi = sum(len(c) for c in labels if len(c) > 1)
     assert computed == sum(o.num_prompt_tokens - o.num_cached_tokens for o in outs) + 3 * multi
-    by_id = {o.request_id: o for o in outs}
+    by_id = {int(o.request_id): o for o in outs}
     assert by_id[1].num_cached_tokens == 8  # "a review of a " fills one block of 8
     assert eng.counters.generation_tokens == sum(len(o.token_ids) for o in outs)
     assert eng.counters.peak_kv_blocks > 0 and eng.counters.kv_tokens_held > 0
@@ -362,14 +368,16 @@ def test_labels_that_tokenize_the_same_are_refused(model):
     with pytest.raises(ValueError, match='label "a" is given twice'):
         StructuredOutput.make("choice", ["a", "b", "a"])
 
-    from mlxpa.batch.prompts import prompt_token_ids
+    from mlxpa.batch.prompts import row_prompt
+    from mlxpa.inputs import InputProcessor
     from mlxpa.structured.labels import choice_label_checker
 
     rows = [Row(0, 0, "hi", None, {"structured_outputs": so}, line=1),
             Row(1, 1, "hi", None, {}, line=2),
             Row(2, 2, "hi", None, {"structured_outputs": fine}, line=3)]
-    check = choice_label_checker(lambda: tok, prompt_token_ids,
-                                 StructuredOutput.make("choice", ["™", "€"], source="--choice"))
+    check = choice_label_checker(
+        lambda: tok, lambda row, t: InputProcessor(t).prompt_token_ids(row_prompt(row)),
+        StructuredOutput.make("choice", ["™", "€"], source="--choice"))
     v = validate(rows, source="in.jsonl", unit="line", check_prompt=check)
     assert v.problems == [
         'in.jsonl line 1: field "guided_choice": labels "€" and "™" are the same tokens '

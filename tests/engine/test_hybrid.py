@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.engine.test_llm_engine import MAX_TOKENS, PROMPTS, mlx_lm_greedy, run_engine
 from tests.loader.tiny_archs import build
@@ -44,7 +45,7 @@ def test_samples_are_requests_of_their_own(model_and_refs):
     """``n = 3`` greedy samples of one prompt: each equals mlx-lm's greedy continuation."""
     model, tok, ids, refs = model_and_refs
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=64), model, tok)
-    outs = list(eng.generate([PromptInput("p", ids[0], SamplingParams(max_tokens=MAX_TOKENS,
+    outs = list(eng.generate([EngineRequest("p", ids[0], SamplingParams(max_tokens=MAX_TOKENS,
                                                                         n=3))]))
     assert sorted(o.sample_index for o in outs) == [0, 1, 2]
     assert all(o.token_ids == refs[0] for o in outs)

@@ -15,7 +15,8 @@ from mlx_lm.generate import generate_step
 
 from mlxpa.config import EngineConfig
 from mlxpa.data import read_rows
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.sampling import sample_one as sample_row
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
@@ -41,14 +42,14 @@ def test_engine_refuses_out_of_vocabulary_ids_and_the_neighbour_is_unchanged(tin
     model, tok = tiny
     ref_b = _greedy(model, tok, B_PROMPT, 4)
     for bad in (VOCAB + ref_b[0], VOCAB, 1 << 40):
-        a = PromptInput("A", tok.encode(A_PROMPT),
+        a = EngineRequest("A", tok.encode(A_PROMPT),
                         SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=(bad,)))
-        b = PromptInput("B", tok.encode(B_PROMPT), SamplingParams(max_tokens=4))
+        b = EngineRequest("B", tok.encode(B_PROMPT), SamplingParams(max_tokens=4))
         outs = {o.request_id: o for o in _engine(model, tok).generate([a, b])}
         assert outs["B"].token_ids == ref_b
         assert outs["A"].error == (f'field "stop_token_ids": token id {bad} is outside the '
                                    f"model's vocabulary ({VOCAB} ids, 0..{VOCAB - 1})")
-    prompt = PromptInput("P", [5, VOCAB + 3], SamplingParams(max_tokens=2))
+    prompt = EngineRequest("P", [5, VOCAB + 3], SamplingParams(max_tokens=2))
     (out,) = _engine(model, tok).generate([prompt])
     assert 'field "prompt_token_ids": token id 259' in out.error
 
@@ -70,7 +71,7 @@ def test_min_tokens_mask_never_indexes_past_the_logits(tiny):
 def test_temperatures_below_vllm_eps_are_greedy(tmp_path, tiny, temperature):
     model, tok = tiny
     ref = _greedy(model, tok, B_PROMPT, 6)
-    p = PromptInput("t", tok.encode(B_PROMPT),
+    p = EngineRequest("t", tok.encode(B_PROMPT),
                     SamplingParams(max_tokens=6, temperature=temperature, seed=1))
     (out,) = _engine(model, tok).generate([p])
     assert out.token_ids == ref

@@ -28,7 +28,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.engine.test_llm_engine import PROMPTS
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -95,8 +96,9 @@ def run(model, tok, config: EngineConfig, prompts=PROMPTS, n: int = 1):
     eng = LLMEngine(config, model, tok)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=n)
     outs: dict = {}
-    for o in eng.generate(PromptInput(i, tok.encode(p), params) for i, p in enumerate(prompts)):
-        outs.setdefault(o.request_id, []).append(o.token_ids)
+    for o in eng.generate(EngineRequest(str(i), tok.encode(p), params)
+                          for i, p in enumerate(prompts)):
+        outs.setdefault(int(o.request_id), []).append(o.token_ids)
     eng.kv_cache_manager.check_invariants([])
     return eng, outs
 

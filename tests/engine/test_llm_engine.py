@@ -8,7 +8,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
@@ -39,8 +40,8 @@ def model_and_refs(request):
 def run_engine(model, tok, ids, config, params=None):
     eng = LLMEngine(config, model, tok)
     params = params or SamplingParams(max_tokens=MAX_TOKENS)
-    outs = {o.request_id: o for o in eng.generate(
-        PromptInput(i, p, params) for i, p in enumerate(ids))}
+    outs = {int(o.request_id): o for o in eng.generate(
+        EngineRequest(str(i), p, params) for i, p in enumerate(ids))}
     assert sorted(outs) == list(range(len(ids)))
     eng.kv_cache_manager.check_invariants([])
     return eng, outs
@@ -115,11 +116,11 @@ def test_eos_and_stop_strings(model_and_refs):
 def test_max_tokens_zero_and_errors(model_and_refs):
     model, tok, ids, _ = model_and_refs
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=5), model, tok)  # 32 tokens of pool
-    items = [PromptInput(0, ids[0], SamplingParams(max_tokens=0)),
-             PromptInput(1, [], SamplingParams()),
-             PromptInput(2, tok.encode("y" * 40), SamplingParams()),
-             PromptInput(3, ids[1], SamplingParams(max_tokens=100))]
-    outs = {o.request_id: o for o in eng.generate(items)}
+    items = [EngineRequest("0", ids[0], SamplingParams(max_tokens=0)),
+             EngineRequest("1", [], SamplingParams()),
+             EngineRequest("2", tok.encode("y" * 40), SamplingParams()),
+             EngineRequest("3", ids[1], SamplingParams(max_tokens=100))]
+    outs = {int(o.request_id): o for o in eng.generate(items)}
     assert outs[0].finish_reason == "length" and outs[0].token_ids == [] and outs[0].text == ""
     assert outs[1].error and "empty" in outs[1].error
     assert outs[2].error and "prompt has 40 tokens; the limit is 31" in outs[2].error

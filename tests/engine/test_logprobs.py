@@ -9,7 +9,8 @@ import mlx.core as mx
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
@@ -33,13 +34,13 @@ def test_token_logprobs_match_mlx_lm(model, config):
     tok = byte_tokenizer()
     prompts = ["hello world, this is a test", "abc", "0123456789abcdefghij" * 2]
     eng = LLMEngine(config, model, tok)
-    items = [PromptInput(0, tok.encode(prompts[0]), SamplingParams(
+    items = [EngineRequest("0", tok.encode(prompts[0]), SamplingParams(
                  max_tokens=10, logprobs=3, ignore_eos=True)),
-             PromptInput(1, tok.encode(prompts[1]), SamplingParams(
+             EngineRequest("1", tok.encode(prompts[1]), SamplingParams(
                  max_tokens=10, temperature=0.9, seed=3, logprobs=0, ignore_eos=True,
                  structured_outputs=StructuredOutput.make("regex", "[a-z ]+"))),
-             PromptInput(2, tok.encode(prompts[2]), SamplingParams(max_tokens=10))]
-    outs = {o.request_id: o for o in eng.generate(items)}
+             EngineRequest("2", tok.encode(prompts[2]), SamplingParams(max_tokens=10))]
+    outs = {int(o.request_id): o for o in eng.generate(items)}
     assert outs[2].logprobs is None
     for i in (0, 1):
         out = outs[i]
@@ -65,9 +66,9 @@ def test_choice_logprobs_are_teacher_forced_sums(model, prompt):
     so = StructuredOutput.make("choice", choices)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=128), model, tok)
     ids = tok.encode(prompt)
-    outs = list(eng.generate([PromptInput(0, ids, SamplingParams(max_tokens=8,
+    outs = list(eng.generate([EngineRequest("0", ids, SamplingParams(max_tokens=8,
                                                                  structured_outputs=so)),
-                              PromptInput(1, ids, SamplingParams(max_tokens=8, n=2, seed=1,
+                              EngineRequest("1", ids, SamplingParams(max_tokens=8, n=2, seed=1,
                                                                  temperature=1.0,
                                                                  structured_outputs=so))]))
     assert len(outs) == 3

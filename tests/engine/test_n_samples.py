@@ -32,7 +32,7 @@ def run(model, tok, params: SamplingParams, max_num_seqs: int, **config):
     """All samples' token ids by sample index, and the most sequences run at once."""
     eng = LLMEngine(EngineConfig(block_size=BS, num_blocks=96, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=64, **config), model, tok)
-    assert eng.add_request(0, tok.encode(PROMPT), params) is None
+    assert eng.add_request("0", tok.encode(PROMPT), params) is None
     outs, most = [], 0
     while eng.has_unfinished_requests():
         outs.extend(eng.step())

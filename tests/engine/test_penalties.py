@@ -20,7 +20,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
@@ -84,8 +85,8 @@ def test_greedy_matches_mlx_lm_logits_processors(model, config):
                              frequency_penalty=sp.frequency_penalty, logit_bias=sp.logit_bias)
               for _, sp in ROWS]
     eng = LLMEngine(config, model, tok)
-    outs = {o.request_id: o for o in eng.generate(
-        PromptInput(i, p, sp) for i, (p, sp) in enumerate(zip(ids, params)))}
+    outs = {int(o.request_id): o for o in eng.generate(
+        EngineRequest(str(i), p, sp) for i, (p, sp) in enumerate(zip(ids, params)))}
     changed = 0
     for i, (p, sp) in enumerate(zip(ids, params)):
         want = mlx_lm_greedy(model, p, sp)
@@ -101,14 +102,14 @@ def test_logit_bias_forces_and_bans_a_token(model):
     tok = byte_tokenizer(eos_id=-1)
     ids = tok.encode("hello world")
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
-    plain, forced, banned = (next(iter(eng.generate([PromptInput(0, ids, sp)])))
+    plain, forced, banned = (next(iter(eng.generate([EngineRequest("0", ids, sp)])))
                              for sp in (SamplingParams(max_tokens=8),
                                         SamplingParams(max_tokens=8, logit_bias={77: 100}),
                                         SamplingParams(max_tokens=8, temperature=1.0, seed=1,
                                                        logit_bias={77: 100})))
     assert forced.token_ids == [77] * 8 and banned.token_ids == [77] * 8
     top = plain.token_ids[0]
-    ban = next(iter(eng.generate([PromptInput(0, ids, SamplingParams(
+    ban = next(iter(eng.generate([EngineRequest("0", ids, SamplingParams(
         max_tokens=8, logit_bias={top: -100}))])))
     assert top not in ban.token_ids
 
@@ -116,7 +117,7 @@ def test_logit_bias_forces_and_bans_a_token(model):
 def test_a_bias_id_outside_the_vocabulary_is_a_row_error(model):
     tok = byte_tokenizer(eos_id=-1)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
-    (out,) = eng.add_request(0, tok.encode("hi"), SamplingParams(logit_bias={256: 1.0}))
+    (out,) = eng.add_request("0", tok.encode("hi"), SamplingParams(logit_bias={256: 1.0}))
     assert out.finish_reason == "abort"
     assert out.error == ('field "logit_bias": token id 256 is outside the model\'s '
                          "vocabulary (256 ids, 0..255)")
@@ -137,13 +138,13 @@ def test_a_bias_never_lifts_the_grammar_mask(model):
         "x", add_special_tokens=False)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
     outs = list(eng.generate([
-        PromptInput(0, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+        EngineRequest("0", ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            logit_bias={x: 100.0})),
-        PromptInput(1, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+        EngineRequest("1", ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            logit_bias={seven: 100.0})),
-        PromptInput(2, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+        EngineRequest("2", ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            repetition_penalty=2.0))]))
-    by_id = {o.request_id: o.text for o in outs}
+    by_id = {int(o.request_id): o.text for o in outs}
     assert re.fullmatch("[0-9]{6}", by_id[0]) and "x" not in by_id[0]
     assert by_id[1] == "777777"
     assert re.fullmatch("[0-9]{6}", by_id[2])
@@ -162,12 +163,12 @@ def test_a_repetition_penalty_beyond_float32_keeps_a_constrained_row_valid(model
     digits = StructuredOutput.make("regex", "[0-9]{6}")
     ids = tok.encode("abc abc 123 xyz")
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
-    other = PromptInput(2, tok.encode("hello"), SamplingParams(max_tokens=6, temperature=1.0,
+    other = EngineRequest("2", tok.encode("hello"), SamplingParams(max_tokens=6, temperature=1.0,
                                                                seed=3))
-    outs = {o.request_id: o for o in eng.generate([
-        PromptInput(0, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+    outs = {int(o.request_id): o for o in eng.generate([
+        EngineRequest("0", ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            repetition_penalty=1e-300)),
-        PromptInput(1, ids, SamplingParams(max_tokens=8, structured_outputs=digits,
+        EngineRequest("1", ids, SamplingParams(max_tokens=8, structured_outputs=digits,
                                            repetition_penalty=1e300, temperature=1.0)),
         other])}
     for i in (0, 1):

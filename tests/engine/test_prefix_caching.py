@@ -8,7 +8,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
@@ -42,7 +43,7 @@ def run(model, tok, prompts, params=None, **config):
     cfg = dict(block_size=BS, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=64)
     eng = LLMEngine(EngineConfig(**{**cfg, **config}), model, tok)
     params = params or SamplingParams(max_tokens=MAX_TOKENS)
-    outs = list(eng.generate(PromptInput(i, tok.encode(p), params)
+    outs = list(eng.generate(EngineRequest(str(i), tok.encode(p), params)
                              for i, p in enumerate(prompts)))
     eng.kv_cache_manager.check_invariants([])
     return eng, outs
@@ -54,7 +55,7 @@ def test_outputs_identical_on_off_and_to_mlx_lm(model, tok, case):
     refs = [mlx_lm_greedy(model, tok.encode(p), MAX_TOKENS) for p in prompts]
     on, outs_on = run(model, tok, prompts)
     off, outs_off = run(model, tok, prompts, enable_prefix_caching=False)
-    by_id = lambda outs: [o.token_ids for o in sorted(outs, key=lambda o: o.request_id)]  # noqa
+    by_id = lambda outs: [o.token_ids for o in sorted(outs, key=lambda o: int(o.request_id))]  # noqa
     assert by_id(outs_on) == refs
     assert by_id(outs_off) == refs
     assert off.counters.cached_prompt_tokens == 0
@@ -70,7 +71,7 @@ def test_exact_hit_counts(model, tok):
     assert cached == [0, 48, 48]
     prompts = CASES["block-multiple"]  # 32, 40, 32 tokens
     _, outs = run(model, tok, prompts)
-    by = {o.request_id: o.num_cached_tokens for o in outs}
+    by = {int(o.request_id): o.num_cached_tokens for o in outs}
     # Prompt 2 (32 tokens, all cached) may reuse only 3 blocks: the last token is computed.
     assert by == {0: 0, 1: 32, 2: 24}
 
@@ -79,7 +80,7 @@ def test_eviction_under_tiny_pool_keeps_outputs(model, tok):
     prompts = [f"{c * 20} tail {i}" for i, c in enumerate("abcdefgh")] + CASES["shared-system"]
     refs = [mlx_lm_greedy(model, tok.encode(p), MAX_TOKENS) for p in prompts]
     eng, outs = run(model, tok, prompts, num_blocks=24, max_num_seqs=2)
-    assert [o.token_ids for o in sorted(outs, key=lambda o: o.request_id)] == refs
+    assert [o.token_ids for o in sorted(outs, key=lambda o: int(o.request_id))] == refs
     assert eng.kv_cache_manager.evicted_blocks > 0
 
 
@@ -106,7 +107,7 @@ def test_fork_copies_the_shared_partial_block(model, tok):
 
     eng = LLMEngine(EngineConfig(block_size=BS, num_blocks=64), model, tok)
     ids = tok.encode(SYSTEM + "Q: fork")             # 51 tokens: 6 full blocks + 3 tokens
-    eng.add_request(0, ids, SamplingParams(max_tokens=4, n=3))
+    eng.add_request("0", ids, SamplingParams(max_tokens=4, n=3))
     eng.step()                                       # prefill of sample 0, then the fork
     running = eng.scheduler.running
     assert len(running) == 3

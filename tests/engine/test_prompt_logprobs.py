@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import logprobs as logprobs_module
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -39,7 +40,7 @@ def check(model, ids: list[int], got, top: int = TOP) -> None:
             assert abs(v - row[t]) < 1e-4, (p, t)
 
 
-def run(model, config: EngineConfig, inputs: list[PromptInput]):
+def run(model, config: EngineConfig, inputs: list[EngineRequest]):
     eng = LLMEngine(config, model, byte_tokenizer(eos_id=-1))
     outs = {}
     for o in eng.generate(inputs):
@@ -54,8 +55,8 @@ def run(model, config: EngineConfig, inputs: list[PromptInput]):
 def test_prompt_logprobs_match_mlx_lm(model, config):
     ids = byte_tokenizer().encode(PROMPT)
     sp = SamplingParams(max_tokens=3, prompt_logprobs=TOP)
-    _, outs = run(model, config, [PromptInput("a", ids, sp),
-                                  PromptInput("b", ids[:9], SamplingParams(max_tokens=2))])
+    _, outs = run(model, config, [EngineRequest("a", ids, sp),
+                                  EngineRequest("b", ids[:9], SamplingParams(max_tokens=2))])
     check(model, ids, outs[("a", 0)].prompt_logprobs)
     assert outs[("b", 0)].prompt_logprobs is None
 
@@ -67,9 +68,9 @@ def test_exact_after_the_cache_holds_the_prompt(model):
     ids = byte_tokenizer().encode(PROMPT)
     config = EngineConfig(block_size=8, num_blocks=64, max_num_seqs=1)
     _, outs = run(model, config, [
-        PromptInput("warm", ids, SamplingParams(max_tokens=1)),
-        PromptInput("scored", ids, SamplingParams(max_tokens=1, prompt_logprobs=0)),
-        PromptInput("plain", ids, SamplingParams(max_tokens=1))])
+        EngineRequest("warm", ids, SamplingParams(max_tokens=1)),
+        EngineRequest("scored", ids, SamplingParams(max_tokens=1, prompt_logprobs=0)),
+        EngineRequest("plain", ids, SamplingParams(max_tokens=1))])
     assert outs[("scored", 0)].num_cached_tokens == 0
     assert outs[("plain", 0)].num_cached_tokens == 40
     check(model, ids, outs[("scored", 0)].prompt_logprobs, top=0)
@@ -77,7 +78,7 @@ def test_exact_after_the_cache_holds_the_prompt(model):
 
 def test_n_samples_share_one_computation(model):
     ids = byte_tokenizer().encode(PROMPT)
-    eng, outs = run(model, EngineConfig(block_size=8, num_blocks=64), [PromptInput(
+    eng, outs = run(model, EngineConfig(block_size=8, num_blocks=64), [EngineRequest(
         "n", ids, SamplingParams(max_tokens=4, n=3, temperature=1.0, prompt_logprobs=2))])
     assert eng.counters.scored_tokens == len(ids) - 1  # once, not once per sample
     first = outs[("n", 0)].prompt_logprobs
@@ -100,7 +101,7 @@ def test_the_head_runs_in_bounded_slices(monkeypatch):
         mx.synchronize()
         mx.reset_peak_memory()
         base = mx.get_active_memory()
-        (out,) = eng.generate([PromptInput(0, ids, sp)])
+        (out,) = eng.generate([EngineRequest("0", ids, sp)])
         return mx.get_peak_memory() - base, out.prompt_logprobs
 
     whole, a = peak(1 << 30)

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import attention, cascade
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.real_model
 def test_examples_identical_with_and_without_cascade(default_model, monkeypatch):
     model, tok, _ = default_model
     rows = [json.loads(line) for line in open("examples/prompts.jsonl")]
-    items = [PromptInput(i, tok.encode(r["prompt"]),
+    items = [EngineRequest(str(i), tok.encode(r["prompt"]),
                          SamplingParams(max_tokens=r["max_tokens"], stop=tuple(r["stop"])))
              for i, r in enumerate(rows)]
     monkeypatch.setattr(cascade, "worth_cascading", lambda rows, blocks: True)
@@ -31,7 +32,7 @@ def test_examples_identical_with_and_without_cascade(default_model, monkeypatch)
     for on in (True, False):
         engine = LLMEngine(EngineConfig(block_size=16, num_blocks=256,
                                         disable_cascade_attn=not on), model, tok)
-        got = sorted(engine.generate(items), key=lambda o: o.request_id)
+        got = sorted(engine.generate(items), key=lambda o: int(o.request_id))
         outs.append([(o.text, o.token_ids) for o in got])
         if on:
             assert calls, "cascade attention never ran"

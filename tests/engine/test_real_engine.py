@@ -9,7 +9,8 @@ import pytest
 from mlx_lm import generate
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
@@ -30,9 +31,9 @@ def test_greedy_matches_mlx_lm_generate(default_model):
     # Small blocks and a small step budget: chunked prefill and several blocks per prompt.
     engine = LLMEngine(EngineConfig(block_size=8, num_blocks=64, max_num_batched_tokens=40),
                        model, tok)
-    items = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=MAX_TOKENS))
+    items = [EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=MAX_TOKENS))
              for i, p in enumerate(PROMPTS)]
-    outs = {o.request_id: o for o in engine.generate(items)}
+    outs = {int(o.request_id): o for o in engine.generate(items)}
     assert [outs[i].text for i in range(len(PROMPTS))] == refs
     assert "Paris" in outs[0].text
     engine.kv_cache_manager.check_invariants([])
@@ -63,28 +64,29 @@ def test_kernel_auto_and_reference_agree(default_model):
     """``--kernel auto`` (the dispatcher's choice on this machine) and ``reference`` give
     identical greedy outputs."""
     model, tok, _ = default_model
-    items = [PromptInput(i, tok.encode(p), SamplingParams(max_tokens=8))
+    items = [EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=8))
              for i, p in enumerate(PROMPTS[:2])]
     texts = []
     for kernel in ("auto", "reference"):
         engine = LLMEngine(EngineConfig(num_blocks=32, attention_backend=kernel), model, tok)
         texts.append([o.text for o in sorted(engine.generate(items),
-                                             key=lambda o: o.request_id)])
+                                             key=lambda o: int(o.request_id))])
     assert texts[0] == texts[1]
 
 
 def test_chat_template_rejection_is_a_row_error(default_model):
     """Gemma's template raises on roles that do not alternate: that row fails alone."""
-    from mlxpa.batch.prompts import prompt_token_ids
+    from mlxpa.batch.prompts import row_prompt
     from mlxpa.data import Row
+    from mlxpa.inputs import InputProcessor
 
     _, tok, _ = default_model
     row = Row(0, 0, None, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
               {})
     with pytest.raises(ValueError, match="chat template rejected"):
-        prompt_token_ids(row, tok)
+        InputProcessor(tok).prompt_token_ids(row_prompt(row))
     ok = Row(1, 1, None, [{"role": "user", "content": "Name a colour."}], {})
-    ids = prompt_token_ids(ok, tok)
+    ids = InputProcessor(tok).prompt_token_ids(row_prompt(ok))
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
     assert tok.decode(ids).endswith("<start_of_turn>model\n")
 
@@ -99,6 +101,7 @@ def test_long_prompts_tiled_and_row_split_match_mlx_lm(default_model):
     assert all(len(tok.encode(p)) > 600 for p in prompts)
     refs = [generate(model, tok, p, max_tokens=8) for p in prompts]
     engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
-    outs = {o.request_id: o for o in engine.generate(
-        PromptInput(i, tok.encode(p), SamplingParams(max_tokens=8)) for i, p in enumerate(prompts))}
+    outs = {int(o.request_id): o for o in engine.generate(
+        EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=8))
+        for i, p in enumerate(prompts))}
     assert [outs[i].text for i in range(len(prompts))] == refs

@@ -28,7 +28,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
@@ -57,8 +58,8 @@ def test_example_rows_match_mlx_lm_quantized_cache(default_model, kv_cache_dtype
     engine = LLMEngine(EngineConfig(block_size=8, num_blocks=128, kv_cache_dtype=kv_cache_dtype),
                        model, tok)
     assert all(s.k_bits == bits for s in engine.runner.kv_storage.specs)
-    outs = {o.request_id: o for o in engine.generate(
-        PromptInput(i, p, SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True,
+    outs = {int(o.request_id): o for o in engine.generate(
+        EngineRequest(str(i), p, SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True,
                                          logprobs=0))
         for i, (r, p) in enumerate(zip(rows, ids)))}
     compared = 0

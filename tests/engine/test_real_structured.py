@@ -16,7 +16,8 @@ import mlx.core as mx
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.real_model
@@ -46,12 +47,12 @@ def test_constraints_labels_and_probabilities(default_model):
     phone = chat(tok, "Write a phone number like (555) 123-4567.")
     choice = StructuredOutput.make("choice", ["positive", "negative"])
     items = [
-        PromptInput("free", label_ids, SamplingParams(max_tokens=1)),
-        PromptInput("label", label_ids, SamplingParams(max_tokens=4, structured_outputs=choice,
+        EngineRequest("free", label_ids, SamplingParams(max_tokens=1)),
+        EngineRequest("label", label_ids, SamplingParams(max_tokens=4, structured_outputs=choice,
                                                        logprobs=3)),
-        PromptInput("json", person, SamplingParams(
+        EngineRequest("json", person, SamplingParams(
             max_tokens=60, structured_outputs=StructuredOutput.make("json", SCHEMA))),
-        PromptInput("regex", phone, SamplingParams(
+        EngineRequest("regex", phone, SamplingParams(
             max_tokens=20,
             structured_outputs=StructuredOutput.make("regex", r"\(\d{3}\) \d{3}-\d{4}"))),
     ]
@@ -92,7 +93,7 @@ def test_choice_label_is_a_canonical_tokenization(default_model):
     choices = [" red", " green", " blue", "ü €"]
     so = StructuredOutput.make("choice", choices)
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
-    (out,) = eng.generate([PromptInput("c", tok.encode("Pick a colour:"), SamplingParams(
+    (out,) = eng.generate([EngineRequest("c", tok.encode("Pick a colour:"), SamplingParams(
         max_tokens=8, structured_outputs=so, logprobs=0))])
     assert out.token_ids == tok.encode(out.text, add_special_tokens=False)
     scores = out.choice_logprobs
@@ -110,7 +111,7 @@ def test_choice_labels_with_punctuation_tokens_finish(default_model):
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=64), model, tok)
     cases = {"comma": [" Paris, France", " Rome"], "period": [" Paris.", " Rome"],
              "words": [" Paris is nice", " Rome"]}
-    outs = list(eng.generate([PromptInput(k, prompt, SamplingParams(
+    outs = list(eng.generate([EngineRequest(str(k), prompt, SamplingParams(
         max_tokens=8, structured_outputs=StructuredOutput.make("choice", v)))
         for k, v in cases.items()]))
     for out in outs:
@@ -125,8 +126,9 @@ def test_labels_join_the_prompt_as_gemmas_tokenizer_writes_them(default_model):
     chat prompt (after ``<start_of_turn>model\\n``), the prompt's tokens up to where the
     labels start, then each label's tokens, are exactly the tokenizer's encoding of the
     prompt's text followed by the label's."""
-    from mlxpa.batch.prompts import prompt_token_ids
+    from mlxpa.batch.prompts import row_prompt
     from mlxpa.data.rows import Row
+    from mlxpa.inputs import InputProcessor
     from mlxpa.structured.labels import LabelJoiner
 
     _, tok, _ = default_model
@@ -140,7 +142,7 @@ def test_labels_join_the_prompt_as_gemmas_tokenizer_writes_them(default_model):
     healed = 0
     for name, text in texts.items():
         row = Row(0, 0, None, chat, {}) if name == "chat" else Row(0, 0, text, None, {})
-        ids = prompt_token_ids(row, tok)
+        ids = InputProcessor(tok).prompt_token_ids(row_prompt(row))
         joined = joiner.join(ids, labels)
         healed += joined.start < len(ids)
         for label, tokens in zip(labels, joined.tokens):
@@ -168,8 +170,8 @@ def test_labels_sharing_first_tokens_scored_against_mlx_lm(default_model):
     prompts = [chat(tok, "Label the review as very positive, positive, neutral, negative or "
                          "very negative.\n\nReview: " + r) for r in reviews]
     eng = LLMEngine(EngineConfig(block_size=16, num_blocks=256), model, tok)
-    outs = {o.request_id: o for o in eng.generate(
-        PromptInput(i, p, SamplingParams(max_tokens=8, structured_outputs=so, logprobs=0))
+    outs = {int(o.request_id): o for o in eng.generate(
+        EngineRequest(str(i), p, SamplingParams(max_tokens=8, structured_outputs=so, logprobs=0))
         for i, p in enumerate(prompts))}
     for i, ids in enumerate(prompts):
         out = outs[i]

@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from mlxpa.structured.spec import check
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -50,12 +51,17 @@ def model(request):
     return tiny_llama() if request.param == "llama" else tiny_gemma3(sliding_window=8)
 
 
+def _rid(key) -> str:
+    """The request id of a test's key: ``("json", 0)`` -> ``"json/0"``."""
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
 def run(model, config, items, tok=None):
     tok = tok or byte_tokenizer()
     eng = LLMEngine(config, model, tok)
-    outs = {}
-    for o in eng.generate(PromptInput(*it) for it in items):
-        outs.setdefault(o.request_id, []).append(o)
+    outs, keys = {}, {_rid(it[0]): it[0] for it in items}  # the engine's ids are strings
+    for o in eng.generate(EngineRequest(_rid(key), *rest) for key, *rest in items):
+        outs.setdefault(keys[o.request_id], []).append(o)
     eng.kv_cache_manager.check_invariants([])
     return eng, {k: sorted(v, key=lambda o: o.sample_index) for k, v in outs.items()}
 

@@ -36,14 +36,15 @@ def _reference(model) -> list[list[int]]:
 
 def _engine(model) -> list[list[int]]:
     from mlxpa.config import EngineConfig
-    from mlxpa.engine import LLMEngine, PromptInput
+    from mlxpa.engine import LLMEngine
+    from mlxpa.request import EngineRequest
     from mlxpa.sampling_params import SamplingParams
     from tests.tiny_models import byte_tokenizer
 
     eng = LLMEngine(EngineConfig(block_size=4, num_blocks=64), model, byte_tokenizer())
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = {o.request_id: o.token_ids for o in eng.generate(
-        PromptInput(i, list(p), params) for i, p in enumerate(PROMPTS))}
+    outs = {int(o.request_id): o.token_ids for o in eng.generate(
+        EngineRequest(str(i), list(p), params) for i, p in enumerate(PROMPTS))}
     return [outs[i] for i in range(len(PROMPTS))]
 
 

@@ -11,7 +11,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from tests.tiny_models import save_tiny_model
 
@@ -73,8 +74,8 @@ def engine_greedy(engine: LLMEngine) -> list[list[int]]:
     """The engine's greedy ids for every prompt, batched."""
     ids = prompt_ids(engine.tokenizer)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = {o.request_id: o.token_ids for o in engine.generate(
-        PromptInput(i, p, params) for i, p in enumerate(ids))}
+    outs = {int(o.request_id): o.token_ids for o in engine.generate(
+        EngineRequest(str(i), p, params) for i, p in enumerate(ids))}
     return [outs[i] for i in range(len(ids))]
 
 

@@ -16,7 +16,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import quantize_model
 
 from mlxpa.config import EngineConfig
-from mlxpa.engine import LLMEngine, PromptInput
+from mlxpa.engine import LLMEngine
+from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.model_runner import ModelRunner
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -33,8 +34,8 @@ def greedy_pair(model) -> tuple[list[list[int]], list[list[int]]]:
             for p in ids]
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=64), model, tok)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = {o.request_id: o.token_ids for o in eng.generate(
-        PromptInput(i, p, params) for i, p in enumerate(ids))}
+    outs = {int(o.request_id): o.token_ids for o in eng.generate(
+        EngineRequest(str(i), p, params) for i, p in enumerate(ids))}
     return refs, [outs[i] for i in range(len(ids))]
 
 

@@ -22,7 +22,7 @@ from mlxpa.data.validate import Validation, check, validate
 from mlxpa.sampling_params import SamplingParams
 
 
-class Prepared(NamedTuple):
+class Validated(NamedTuple):
     """What pass 1 found.
 
     Attributes:
@@ -39,9 +39,9 @@ class Prepared(NamedTuple):
         return self.validation.num_rows - self.validation.num_done
 
 
-def prepare(src: Source, output: str | None, defaults: SamplingParams, options: RunOptions,
+def validate_input(src: Source, output: str | None, defaults: SamplingParams, options: RunOptions,
             console: Console | None = None, *, vocab_size: int | None,
-            tokenizer: Callable[[], Any] | None, refusal: str | None = None) -> Prepared:
+            tokenizer: Callable[[], Any] | None, refusal: str | None = None) -> Validated:
     """Read ``src`` once and check every row, before the model loads.
 
     Args:
@@ -61,7 +61,7 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
             words).
 
     Returns:
-        The :class:`Prepared` pass.
+        What pass 1 found (:class:`Validated`).
 
     Raises:
         InputError: The input cannot be read, or has invalid rows without ``skip_invalid``.
@@ -83,7 +83,7 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
     if options.show_progress:
         console.print(f"{src.name}: {v.num_rows} rows checked", markup=False, highlight=False)
     if output is None:
-        return Prepared(v, None)
+        return Validated(v, None)
     out_fmt = resolve_output_format(options.output_fmt, file_fmt,
                                     existing.fmt if existing else None, v.all_openai)
     if v.cut_at is not None:
@@ -92,7 +92,7 @@ def prepare(src: Source, output: str | None, defaults: SamplingParams, options: 
         console.print(f"{output}: {v.num_done} row(s) already done, "
                       f"{v.num_rows - v.num_done} to run", markup=False, highlight=False,
                       soft_wrap=True)
-    return Prepared(v, out_fmt)
+    return Validated(v, out_fmt)
 
 
 def _read_existing(output: str, file_fmt: str, console: Console) -> Existing:

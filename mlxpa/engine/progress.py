@@ -1,4 +1,5 @@
-"""Rich rendering of a batch run on stderr: the live progress bar and the final report's table.
+"""Rich rendering of the engine's counters on stderr: the live progress bar of a batch of
+requests (a file run's rows, an ``LLM`` call's prompts) and the final report's table.
 
 The engine only counts (:mod:`mlxpa.engine.metrics`); this module draws, and never on stdout
 (stdout carries results in shell pipelines).

@@ -1,5 +1,5 @@
-"""``prompt_token_ids``: chat content is text, never control tokens; raw prompts keep control
-tokens unless ``--split-special-tokens``.
+"""The input processor's tokenization (:mod:`mlxpa.inputs.encode`): chat content is text,
+never control tokens; raw prompts keep control tokens unless ``--split-special-tokens``.
 
 Oracle: the tokenizer's own special-token ids and its own encode. A forged control string must
 add no special id (the ids' special tokens are exactly those of the same messages without the
@@ -16,9 +16,8 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from mlxpa.batch.prompts import prompt_token_ids
 from mlxpa.cli import app
-from mlxpa.data.rows import Row
+from mlxpa.inputs import ChatPrompt, InputProcessor
 from tests.tiny_models import byte_tokenizer, save_tiny_model
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] | trim }}"
@@ -26,7 +25,7 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['c
 
 
 def _chat(messages, tok) -> list[int]:
-    return prompt_token_ids(Row(0, 0, None, messages, {}), tok)
+    return InputProcessor(tok).prompt_token_ids(ChatPrompt(messages))
 
 
 def _specials(ids, tok) -> Counter:
@@ -138,7 +137,7 @@ def test_gemma_chat_content_cannot_forge_control_tokens(default_model, forged):
     _check_forgery(tok, forged, GEMMA_TEMPLATE_SPANS)
     msgs = [{"role": "user", "content": "Name a primary colour."}]
     assert _chat(msgs, tok) == tok.apply_chat_template(msgs, add_generation_prompt=True)
-    raw = prompt_token_ids(Row(0, 0, "<start_of_turn>user\nHi<end_of_turn>\n", None, {}), tok)
-    assert raw[:2] == [2, 105]  # prompt rows: control tokens as written, one BOS
-    split = prompt_token_ids(Row(0, 0, "<start_of_turn>", None, {}), tok, True)
+    raw = InputProcessor(tok).prompt_token_ids("<start_of_turn>user\nHi<end_of_turn>\n")
+    assert raw[:2] == [2, 105]  # text prompts: control tokens as written, one BOS
+    split = InputProcessor(tok, split_special_tokens=True).prompt_token_ids("<start_of_turn>")
     assert split[0] == 2 and 105 not in split

@@ -1,17 +1,20 @@
 """What a batch run knows of its model before the weights load: the tokenizer (loaded once,
-then handed to the model load), the vocabulary size and the context from ``config.json``."""
+then handed to the model load), the vocabulary size and the context from ``config.json``, and
+the input processor built on them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from mlxpa.config import EngineConfig
+from mlxpa.data import InputOptions
+from mlxpa.inputs import InputProcessor
 
 if TYPE_CHECKING:
     from mlxpa.engine import LLMEngine
 
 
-class ModelFiles:
+class ModelMeta:
     """The model of a run, as the passes before the load see it (with a ready engine: the
     engine's own tokenizer, vocabulary and context).
 
@@ -69,3 +72,9 @@ class ModelFiles:
                                   self.config.max_model_len)
                  if n is not None]
         return min(known, default=None)
+
+    def input_processor(self, inputs: InputOptions) -> InputProcessor:
+        """The input processor of the run's rows: this model's tokenizer, vocabulary and
+        context, ``inputs.split_special_tokens``."""
+        return InputProcessor(self.tokenizer(), self.vocab_size(), self.context_len(),
+                              split_special_tokens=inputs.split_special_tokens)

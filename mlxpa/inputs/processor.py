@@ -1,0 +1,153 @@
+"""Prompts to engine requests, once for every entry point (vLLM's ``v1/engine/processor.py``):
+a prompt (text, token ids, chat messages) with its :class:`~mlxpa.config.SamplingParams`
+becomes an :class:`~mlxpa.request.EngineRequest` under the caller's request id: tokenized or
+rendered by the chat template (:mod:`mlxpa.inputs.encode`), its token ids checked against the
+vocabulary, the prompt against the context. Every problem is a ``ValueError`` naming the field
+(``field "prompt_token_ids": token id 999 is outside the model's vocabulary ...``), so a server
+can answer it as a bad request and ``LLM`` can put the prompt's index before it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxpa.inputs.encode import chat_token_ids, text_token_ids
+from mlxpa.inputs.prompts import (
+    ChatPrompt,
+    PromptType,
+    parse_messages,
+    template_kwargs_problem,
+    text_problem,
+    token_ids_problem,
+)
+from mlxpa.messages import token_id_problem
+from mlxpa.request import EngineRequest
+from mlxpa.sampling_params import SamplingParams
+from mlxpa.structured.spec import check
+
+
+class InputProcessor:
+    """The requests of one model's prompts.
+
+    Args:
+        tokenizer: The model's mlx-lm ``TokenizerWrapper``.
+        vocab_size: Token ids must be below it (None: not checked here).
+        max_model_len: The context in tokens: a prompt must leave room for one output token
+            (None: not checked here; the engine checks it).
+        split_special_tokens: Tokenize control-token text in a text prompt as ordinary text
+            (chat messages always are; ``mlxpa run --split-special-tokens``).
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None = None,
+                 max_model_len: int | None = None, *, split_special_tokens: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.split_special_tokens = split_special_tokens
+
+    def process_inputs(self, request_id: str, prompt: PromptType,
+                       params: SamplingParams) -> EngineRequest:
+        """The engine's request for ``prompt`` sampled with ``params``.
+
+        Args:
+            request_id: The caller's id (a server's request id, ``LLM``'s prompt index, a
+                file row's id as text); the engine refuses one it is still running.
+            prompt: A text prompt, a list of token ids, or a :class:`ChatPrompt`.
+            params: The request's sampling parameters.
+
+        Raises:
+            TypeError: ``request_id`` not a string, ``prompt`` or ``params`` of a wrong type.
+            ValueError: Naming the field: :meth:`check_params`, :meth:`prompt_request`.
+        """
+        self.check_params(params)
+        return self.prompt_request(request_id, prompt, params)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Check what ``params`` holds beyond its own ranges: its constraint compiles, its
+        token ids (``stop_token_ids``, ``logit_bias``) index the vocabulary.
+
+        Raises:
+            TypeError: ``params`` is not a :class:`SamplingParams`.
+            ValueError: ``structured_outputs: <why>``, or ``field "<name>": token id ...``.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got "
+                            f"{type(params).__name__}")
+        so = params.structured_outputs
+        problem = check(so) if so is not None else None
+        if problem is not None:
+            raise ValueError(f"structured_outputs: {problem}")
+        if self.vocab_size is not None:
+            for name, ids in (("stop_token_ids", params.stop_token_ids),
+                              ("logit_bias", params.logit_bias or ())):
+                problem = token_id_problem(name, ids, self.vocab_size)
+                if problem is not None:
+                    raise ValueError(problem)
+
+    def prompt_request(self, request_id: str, prompt: PromptType,
+                       params: SamplingParams) -> EngineRequest:
+        """:meth:`process_inputs` for ``params`` already checked (a file row's fields are
+        checked as they are read): the prompt tokenized and checked, the request built.
+
+        Raises:
+            TypeError: ``request_id`` is not a string, ``prompt`` of a wrong type.
+            ValueError: The prompt's field (:meth:`prompt_token_ids`), or a prompt that
+                leaves no room for an output token in the context (:func:`over_context`).
+        """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        ids = self.prompt_token_ids(prompt)
+        problem = over_context(len(ids), self.max_model_len)
+        if problem is not None:
+            raise ValueError(problem)
+        return EngineRequest(request_id, ids, params)
+
+    def prompt_token_ids(self, prompt: PromptType) -> list[int]:
+        """The token ids of ``prompt`` (BOS included when the tokenizer adds one): token ids
+        as given, a text tokenized, chat messages rendered by the model's chat template.
+
+        Raises:
+            TypeError: ``prompt`` is none of these.
+            ValueError: Naming the field: an empty text (``prompt``), token ids that are not
+                ints >= 0 or outside the vocabulary (``prompt_token_ids``), messages of a
+                wrong shape (``messages[1].content``), template variables
+                (``chat_template_kwargs``), a model without a chat template or a template
+                that rejects the messages (``messages``).
+        """
+        if isinstance(prompt, str):
+            _raise(text_problem(prompt))
+            return text_token_ids(prompt, self.tokenizer, self.split_special_tokens)
+        if isinstance(prompt, ChatPrompt):
+            return self._chat_token_ids(prompt)
+        if isinstance(prompt, (list, tuple)):
+            _raise(token_ids_problem(prompt))
+            if self.vocab_size is not None:
+                _raise(token_id_problem("prompt_token_ids", prompt, self.vocab_size))
+            return list(prompt)
+        raise TypeError("prompt must be a string, a list of token ids or a ChatPrompt, got "
+                        f"{type(prompt).__name__}")
+
+    def _chat_token_ids(self, prompt: ChatPrompt) -> list[int]:
+        messages, problem = parse_messages(prompt.messages)
+        _raise(problem)
+        _raise(template_kwargs_problem(prompt.chat_template_kwargs))
+        if not isinstance(prompt.add_generation_prompt, bool):
+            raise TypeError("add_generation_prompt must be True or False, got "
+                            f"{type(prompt.add_generation_prompt).__name__}")
+        kwargs = {"add_generation_prompt": prompt.add_generation_prompt,
+                  **(prompt.chat_template_kwargs or {})}
+        return chat_token_ids(messages, self.tokenizer, kwargs)
+
+
+def over_context(num_tokens: int, max_model_len: int | None) -> str | None:
+    """Why a prompt of ``num_tokens`` cannot run in a context of ``max_model_len`` tokens (it
+    leaves no room for one output token; the engine's words), or None."""
+    if max_model_len is None or num_tokens < max_model_len:
+        return None
+    return (f"prompt has {num_tokens} tokens; the limit is {max_model_len - 1} (the model "
+            f"context (--max-model-len) holds {max_model_len} tokens)")
+
+
+def _raise(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
