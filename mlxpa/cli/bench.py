@@ -33,6 +33,7 @@ ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade on request
 
 
 def bench(
+    ctx: typer.Context,
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     model: opt.ModelOpt = None,
     revision: opt.RevisionOpt = None,
@@ -69,7 +70,10 @@ def bench(
     blas: opt.BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
-    With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
+    With --workload limits: mlxpa's prefill and decode against the matmul limit instead.
+    mlxpa bench serve: servers under streaming clients (see its --help)."""
+    if ctx.invoked_subcommand is not None:
+        return _no_options_before(ctx)
     from mlxpa.batch.model_files import ModelFiles
     from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
@@ -107,6 +111,19 @@ def bench(
     except (FileNotFoundError, ValueError) as e:
         opt.fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _no_options_before(ctx: typer.Context) -> None:
+    """``mlxpa bench OPTION serve``: refused (the options before a subcommand are the offline
+    bench's, which does not run)."""
+    from click.core import ParameterSource
+
+    given = [p.opts[0] for p in ctx.command.params
+             if ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE]
+    if given:
+        raise typer.BadParameter(f"{', '.join(given)} before {ctx.invoked_subcommand!r} is an "
+                                 f"option of the offline bench; give the options of "
+                                 f"{ctx.invoked_subcommand!r} after it")
 
 
 def _console() -> Console:
