@@ -55,8 +55,9 @@ def mlxpa_serve_argv(model: str, port: int) -> list[str]:
 
 
 def mlx_lm_server_argv(model: str, port: int) -> list[str]:
-    """``mlx_lm.server --model M --host 127.0.0.1 --port P`` with this interpreter."""
-    return [sys.executable, "-m", "mlx_lm.server", "--model", model, "--host", HOST,
+    """``mlx_lm server --model M --host 127.0.0.1 --port P`` (mlx_lm.server) with this
+    interpreter."""
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--host", HOST,
             "--port", str(port)]
 
 

@@ -100,14 +100,16 @@ class ServerProcess:
             time.sleep(0.25)
 
     def log_tail(self, lines: int = 15) -> str:
-        """The last ``lines`` lines of the server's log, indented, after a colon."""
+        """The last ``lines`` lines of the server's log but its health-check access lines
+        (which would hide why it is not ready), indented, after a colon."""
         try:
             with open(self.log_path, errors="replace") as f:
-                tail = f.read().splitlines()[-lines:]
+                kept = [t for t in f.read().splitlines() if self.health_path + " " not in t]
         except OSError:
             return ""
+        tail = kept[-lines:]
         return (f"; last lines of {self.log_path}:\n" + "\n".join("    " + t for t in tail)
-                if tail else f"; its log {self.log_path} is empty")
+                if tail else f"; its log {self.log_path} says nothing more")
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the server's process group, SIGKILL after ``timeout_s``."""

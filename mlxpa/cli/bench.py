@@ -116,10 +116,8 @@ def bench(
 def _no_options_before(ctx: typer.Context) -> None:
     """``mlxpa bench OPTION serve``: refused (the options before a subcommand are the offline
     bench's, which does not run)."""
-    from click.core import ParameterSource
-
-    given = [p.opts[0] for p in ctx.command.params
-             if ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE]
+    given = [p.opts[0] for p in ctx.command.params  # Typer vendors click: compare by name
+             if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
     if given:
         raise typer.BadParameter(f"{', '.join(given)} before {ctx.invoked_subcommand!r} is an "
                                  f"option of the offline bench; give the options of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import typer
@@ -89,6 +90,7 @@ def serve(
     from mlxpa.loader.models import load_tokenizer_of, resolve_model
 
     console = _console()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
     try:
         systems = _systems(baselines, url)
         _check_outputs(workload.value, input, json_path, plot)
@@ -107,7 +109,7 @@ def serve(
     with BenchProgress(console, enabled=not quiet) as progress:
         bench = ServeBench(levels, warmup, token_counter(tokenizer), ignore_eos, progress)
         if url:
-            bench.drive(url, url.rstrip("/"), served_model_name or _model_name(url, folder),
+            bench.drive(systems[0], url.rstrip("/"), served_model_name or _model_name(url, folder),
                         ignore_eos, server_pid)
         else:
             bench.run(systems, folder, server_timeout)
@@ -128,7 +130,7 @@ def _systems(baselines: str | None, url: str | None) -> tuple[str, ...]:
     if url:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--url must start with http:// or https://, got {url!r}")
-        return (url,)
+        return (url.split("://", 1)[1].rstrip("/"),)
     systems = tuple(s.strip() for s in (baselines or DEFAULT_SYSTEMS).split(",") if s.strip())
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
