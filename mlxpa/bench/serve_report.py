@@ -11,12 +11,19 @@ from mlxpa.bench.serve_offline import OFFLINE
 from mlxpa.bench.serve_systems import ServeRun
 
 
-def _three(f: dict, name: str, scale: float, digits: int) -> str:
-    """``p50 / p90 / p99`` of latency ``name`` (``-`` for none)."""
+def _num(v: float | None) -> str:
+    """Three significant digits or so, no exponent: 0.123, 3.66, 74.1, 1008."""
+    if v is None:
+        return "-"
+    return f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f}"
+
+
+def _three(f: dict, name: str, scale: float) -> str:
+    """``p50/p90/p99`` of latency ``name`` times ``scale`` (``-`` for none)."""
     values = [f.get(f"{name}_p{q}_s") for q in (50, 90, 99)]
     if all(v is None for v in values):
         return "-"
-    return " / ".join("-" if v is None else f"{v * scale:.{digits}f}" for v in values)
+    return "/".join(_num(None if v is None else v * scale) for v in values)
 
 
 def _failures(f: dict) -> str:
@@ -25,7 +32,7 @@ def _failures(f: dict) -> str:
 
 def runs_table(runs: list[ServeRun], title: str) -> Table:
     """One row per system and load level: requests, throughput, TTFT / ITL / E2E
-    percentiles (p50 / p90 / p99), failures by kind, peak RSS of the server's processes."""
+    percentiles (p50/p90/p99), failures by kind, peak RSS of the server's processes."""
     t = Table(title=title)
     cols = ("system", "load", "done", "failed", "req/s", "out tok/s", "total tok/s",
             "TTFT s p50/p90/p99", "ITL ms p50/p90/p99", "E2E s p50/p90/p99", "peak RSS MiB")
@@ -36,8 +43,8 @@ def runs_table(runs: list[ServeRun], title: str) -> Table:
         rss = f.get("peak_rss_bytes")
         t.add_row(r.system, r.load, str(f["completed"]), _failures(f),
                   f"{f['requests_per_s']:.2f}", f"{f['output_tokens_per_s']:.1f}",
-                  f"{f['total_tokens_per_s']:.1f}", _three(f, "ttft", 1, 2),
-                  _three(f, "itl", 1e3, 1), _three(f, "e2e", 1, 2),
+                  f"{f['total_tokens_per_s']:.1f}", _three(f, "ttft", 1),
+                  _three(f, "itl", 1e3), _three(f, "e2e", 1),
                   "-" if rss is None else f"{rss / 2**20:.0f}")
     return t
 

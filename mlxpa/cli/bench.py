@@ -25,6 +25,7 @@ Examples:
       --baselines mlxpa,mlx-lm
   mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
   mlxpa bench --workload limits
+  mlxpa bench serve --concurrency 1,16 --baselines mlx-lm-server
 """
 
 LIMITS = "limits"
