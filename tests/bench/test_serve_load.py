@@ -16,7 +16,7 @@ from mlxpa.bench.serve_load import LoadSpec, arrival_times, drive
 from mlxpa.bench.serve_workloads import ServeRequest
 from tests.bench.fake_openai_server import FakeServer
 
-SLACK = 0.08  # seconds a busy machine may add to a scripted delay (never less than it)
+SLACK = 0.15  # seconds a busy machine may add to a scripted delay (never less than it)
 
 
 def _requests(scripts: list[dict], endpoint: str = "chat") -> list[ServeRequest]:
