@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
-from mlxpa.cli.options import PlainUsageCommand
+from mlxpa.cli.bench_serve import SERVE_EXAMPLES, serve
+from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
 
@@ -43,8 +44,15 @@ app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand,
             short_help="Generate a completion for every row of an input file.")(run)
 app.command(cls=PlainUsageCommand,
             short_help="Predict prefix sharing and KV blocks without the model.")(plan)
-app.command(epilog=BENCH_EXAMPLES, cls=PlainUsageCommand,
-            short_help="Time mlxpa against mlx-lm and static allocation.")(bench)
+# `mlxpa bench` runs the offline bench itself; `mlxpa bench serve` is its command for servers.
+bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
+                        pretty_exceptions_enable=False)
+bench_app.callback(cls=PlainUsageGroup, invoke_without_command=True, epilog=BENCH_EXAMPLES,
+                   subcommand_metavar="[COMMAND [ARGS]...]")(bench)
+bench_app.command("serve", epilog=SERVE_EXAMPLES, cls=PlainUsageCommand,
+                  short_help="Drive OpenAI-compatible servers with streaming clients.")(serve)
+app.add_typer(bench_app, name="bench",
+              short_help="Time mlxpa against mlx-lm and static allocation.")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -25,6 +25,7 @@ Examples:
       --baselines mlxpa,mlx-lm
   mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
   mlxpa bench --workload limits
+  mlxpa bench serve --concurrency 1,16 --baselines mlx-lm-server
 """
 
 LIMITS = "limits"
@@ -40,6 +41,7 @@ BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", 
 
 @opt.engine_options(*BENCH_ENGINE)
 def bench(
+    ctx: typer.Context,
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
@@ -65,7 +67,10 @@ def bench(
     blas: opt.BlasOpt = "auto",
 ) -> None:
     """Time our engine against mlx-lm's batch_generate and static allocation, same prompts.
-    With --workload limits: mlxpa's prefill and decode against the matmul limit instead."""
+    With --workload limits: mlxpa's prefill and decode against the matmul limit instead.
+    mlxpa bench serve: servers under streaming clients (see its --help)."""
+    if ctx.invoked_subcommand is not None:
+        return _no_options_before(ctx)
     from mlxpa.batch.model_meta import ModelMeta
     from mlxpa.bench.progress import BenchProgress
     from mlxpa.bench.systems import SYSTEMS, run_bench
@@ -96,6 +101,17 @@ def bench(
     except (FileNotFoundError, ValueError) as e:
         opt.fail(console, e, 1)
     _report(console, mdl, wl, figures, last, json_path, plot)
+
+
+def _no_options_before(ctx: typer.Context) -> None:
+    """``mlxpa bench OPTION serve``: refused (the options before a subcommand are the offline
+    bench's, which does not run)."""
+    given = [p.opts[0] for p in ctx.command.params  # Typer vendors click: compare by name
+             if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+    if given:
+        raise typer.BadParameter(f"{', '.join(given)} before {ctx.invoked_subcommand!r} is an "
+                                 f"option of the offline bench; give the options of "
+                                 f"{ctx.invoked_subcommand!r} after it")
 
 
 def _console() -> Console:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from mlxpa.config import DTYPES, KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
@@ -217,29 +217,43 @@ _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}
 _PATH_OPTIONS = {"output", "metrics_json", "json_path", "plot", "input"}
 
 
+def plain_metavars(params) -> None:
+    """Give ``params`` click's plain metavars: an argument ``INPUT``, not ``{INPUT}``, and no
+    ``<str>`` type; an option's value ``N``, ``X``, ``PATH``, ``TEXT`` or ``[a|b]`` (its
+    choices), not ``<int>``; flags none."""
+    for p in params:  # Typer vendors click: its classes are not click's
+        if p.param_type_name == "argument":
+            p.metavar = p.metavar or p.name.upper()
+            p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+        elif p.param_type_name == "option" and not p.is_flag and p.metavar is None:
+            shown = p.display_type(None) or ""
+            if "|" in shown:
+                p.metavar = f"[{shown.strip('<>')}]"
+            elif p.name in _PATH_OPTIONS:
+                p.metavar = "PATH"
+            else:
+                p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
+
+
 class PlainUsageCommand(TyperCommand):
-    """A Typer command whose help reads as click's at 80 columns: usage ``INPUT``, not
-    ``{INPUT}``; an argument shows no ``<str>`` type; an option's value is ``N``, ``X``,
-    ``PATH``, ``TEXT`` or ``[a|b]`` (its choices), not ``<int>``; flags show none."""
+    """A Typer command whose help reads as click's at 80 columns (:func:`plain_metavars`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        for p in self.params:  # Typer vendors click: its classes are not click's
-            if p.param_type_name == "argument":
-                p.metavar = p.metavar or p.name.upper()
-                p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
-            elif p.param_type_name == "option" and not p.is_flag and p.metavar is None:
-                shown = p.display_type(None) or ""
-                if "|" in shown:
-                    p.metavar = f"[{shown.strip('<>')}]"
-                elif p.name in _PATH_OPTIONS:
-                    p.metavar = "PATH"
-                else:
-                    p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
+        plain_metavars(self.params)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
                 for p in super().collect_usage_pieces(ctx)]
+
+
+class PlainUsageGroup(TyperGroup):
+    """A Typer group with options of its own (``mlxpa bench``) whose help reads as click's at
+    80 columns (:func:`plain_metavars`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        plain_metavars(self.params)
 
 
 def fail(console, error: Exception, code: int) -> NoReturn:

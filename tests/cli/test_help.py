@@ -17,19 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _help(command: str) -> str:
     env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "mlxpa", command, "--help", "--blas", "bundled"],
+    r = subprocess.run([sys.executable, "-m", "mlxpa", *command.split(), "--help", "--blas",
+                        "bundled"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "bench"])
+USAGE_ARGS = {"run": " INPUT", "plan": " INPUT", "bench": " [COMMAND [ARGS]...]",
+              "bench serve": ""}
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "bench", "bench serve"])
 def test_help_fits_80_columns_without_type_metavars(command):
     text = _help(command)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
-    assert lines[0] == f"Usage: mlxpa {command} [OPTIONS]" + (" INPUT" if command != "bench"
-                                                              else "")
+    assert lines[0] == f"Usage: mlxpa {command} [OPTIONS]" + USAGE_ARGS[command]
     for bad in ("<bool>", "<str>", "<int>", "<float>", "{", "…"):
         assert bad not in text, bad
 
