@@ -100,9 +100,9 @@ def load_model(
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
     """Resolves ``spec`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
-    Order: tokenizer, weights, the adapter (as ``mlx_lm.load(adapter_path=)``), the cast to
-    ``dtype``, then on MLX's CPU back end the quantized layers dequantized when memory allows
-    (:mod:`mlxpa.loader.dequantize`).
+    Order: tokenizer, weights (lazily), the adapter (as ``mlx_lm.load(adapter_path=)``), the
+    cast to ``dtype``, then on MLX's CPU back end the quantized layers read and dequantized one
+    at a time when memory allows (:mod:`mlxpa.loader.dequantize`), then the rest read.
 
     Args:
         spec: See :func:`resolve_model`.
@@ -151,22 +151,30 @@ def load_model(
         tokenizer = _load_tokenizer(folder, config)
     if on_tokenizer is not None:
         on_tokenizer(tokenizer, config)
-    try:
-        model, _ = load_weights(folder)
-    except RuntimeError as err:  # mx.load: a download or copy cut short, a Git LFS pointer
-        raise ValueError(f"{folder}: the model weights cannot be read as safetensors "
-                         f"({' '.join(str(err).split())})") from None
+    # Lazily (nothing read yet), so a quantized model is read one layer at a time as it is
+    # dequantized, and the cast to ``dtype`` happens as each weight is read.
+    model, _ = _read_weights(folder, lambda: load_weights(folder, lazy=True))
     if adapter_path is not None:
         model = apply_adapters(model, adapter_path)
     if dtype is None and on_cpu():
         dtype = "float32"
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
-        mx.eval(model.parameters())
-        dequantize_for_cpu(model, str(spec or folder.name), getattr(mx, dtype), kv_bytes,
-                           keep_quantized)
+        _read_weights(folder, lambda: dequantize_for_cpu(
+            model, str(spec or folder.name), getattr(mx, dtype), kv_bytes, keep_quantized))
+    _read_weights(folder, lambda: mx.eval(model.parameters()))
     logger.info("Loaded %s in %.1f s", folder, time.perf_counter() - start)
     return model, tokenizer, folder
+
+
+def _read_weights(folder: Path, read: Callable[[], Any]) -> Any:
+    """``read()``, with mx.load's errors (a download or copy cut short, a Git LFS pointer) as a
+    ``ValueError`` naming ``folder``."""
+    try:
+        return read()
+    except RuntimeError as err:
+        raise ValueError(f"{folder}: the model weights cannot be read as safetensors "
+                         f"({' '.join(str(err).split())})") from None
 
 
 def peek_vocab_size(spec: str | os.PathLike[str] | None,
