@@ -82,11 +82,14 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         from mlxpa.batch.setup import build_engine
+        from mlxpa.entrypoints.loading import loading_model
 
         self._config = engine_config(model, kwargs)
         # the model loads (and is checked) here, once; the pool is sized by each call (_fit)
-        self.llm_engine: LLMEngine = build_engine(self._config, [], False, constrained=False,
-                                                  console=Console(stderr=True), verbose=False)
+        with loading_model():
+            self.llm_engine: LLMEngine = build_engine(
+                self._config, [], False, constrained=False, console=Console(stderr=True),
+                verbose=False)
         self._active: object | None = None  # the stream that owns the engine now
 
     def get_tokenizer(self) -> Any:

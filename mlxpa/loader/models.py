@@ -31,6 +31,7 @@ from mlxpa.loader.converted import (  # noqa: F401 (names the callers import fro
     default_model,
 )
 from mlxpa.loader.json_file import read_json_object
+from mlxpa.loader.spelling import option
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -66,8 +67,8 @@ def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = No
 
         return hub_snapshot(str(spec), revision)
     if revision is not None:
-        raise ValueError(f"--revision {revision} applies to a Hugging Face repo id, not to "
-                         f"--model {spec or '(the default model)'}")
+        raise ValueError(f"{option('revision', revision)} applies to a Hugging Face repo id, "
+                         f"not to {option('model', spec) if spec else 'the default model'}")
     if spec is None:
         return default_model()
     path = Path(spec).expanduser()
@@ -80,9 +81,9 @@ def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = No
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return converted_gguf(path)
     if path.is_file():
-        raise FileNotFoundError(f"--model {spec}: a file, but not a .gguf; give an MLX model "
-                                "folder (with config.json), a .gguf file or a repo id")
-    raise FileNotFoundError(f"--model {spec}: no such folder or file")
+        raise FileNotFoundError(f"{option('model', spec)}: a file, but not a .gguf; give an "
+                                "MLX model folder (with config.json), a .gguf file or a repo id")
+    raise FileNotFoundError(f"{option('model', spec)}: no such folder or file")
 
 
 def _repo_id_like(spec: str) -> bool:
