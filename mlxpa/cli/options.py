@@ -125,7 +125,50 @@ def engine_config(model: str | None, block_size: int, kv_memory: float | None,
 
 
 _FLAGS = {"kv_memory_gib": "--kv-memory", "enable_prefix_caching": "--prefix-caching",
-          "enable_cascade_attention": "--cascade-attention"}
+          "enable_cascade_attention": "--cascade-attention",
+          "stop_token_ids": "--stop-token-id", "include_stop_str_in_output": "--include-stop-str"}
+
+
+def flag_message(error: ValueError) -> str:
+    """The message of a configuration field's error (:class:`~mlxpa.config.FieldError`) with
+    the field named by its option: ``top_p must be ...`` -> ``--top-p must be ...``; any other
+    error's message as it is."""
+    text = str(error)
+    field = getattr(error, "field", None)
+    if not isinstance(field, str) or not text.startswith(field):
+        return text
+    return _FLAGS.get(field, "--" + field.replace("_", "-")) + text[len(field):]
+
+
+# click's UsageError (Typer vendors click, so it is not click's own class).
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class OneLineError(UsageError):
+    """A usage error shown as one ``error:`` line on stderr (exit status 2), instead of
+    click's usage block (``Usage: ...``, ``Try ... --help``, a blank line, ``Error: ...``)."""
+
+    def show(self, file=None) -> None:
+        typer.echo(f"error: {self.message}", err=True)
+
+
+def one_line(error: Exception) -> OneLineError:
+    """click's usage ``error`` as one line naming the option: a value click could not convert
+    reads ``--temperature: Input should be a valid number, ...``; a command's own check
+    (``BadParameter`` without a parameter) keeps its message."""
+    if isinstance(error, OneLineError):
+        return error
+    param = getattr(error, "param", None)
+    message = getattr(error, "message", None)
+    if isinstance(error, typer.BadParameter) and param is not None and message:
+        longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+        name = max(longs, key=len) if longs else param.human_readable_name
+        text = f"{name}: {message.removeprefix('Value error, ')}"
+    elif isinstance(error, typer.BadParameter) and message and error.param_hint is None:
+        text = message
+    else:
+        text = error.format_message()
+    return OneLineError(text)
 
 
 _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}
@@ -135,7 +178,9 @@ _PATH_OPTIONS = {"output", "metrics_json", "json_path", "plot", "input"}
 class PlainUsageCommand(TyperCommand):
     """A Typer command whose help reads as click's at 80 columns: usage ``INPUT``, not
     ``{INPUT}``; an argument shows no ``<str>`` type; an option's value is ``N``, ``X``,
-    ``PATH``, ``TEXT`` or ``[a|b]`` (its choices), not ``<int>``; flags show none."""
+    ``PATH``, ``TEXT`` or ``[a|b]`` (its choices), not ``<int>``; flags show none. Its usage
+    errors (a bad value, an unknown option, a missing argument) are one line
+    (:func:`one_line`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -151,6 +196,18 @@ class PlainUsageCommand(TyperCommand):
                     p.metavar = "PATH"
                 else:
                     p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as e:
+            raise one_line(e) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            raise one_line(e) from None
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [p[1:-1] if p.startswith("{") and p.endswith("}") else p

@@ -23,6 +23,7 @@ from mlxpa.cli.options import (
     RevisionOpt,
     SystemOpt,
     fail,
+    flag_message,
     input_options,
 )
 
@@ -40,7 +41,7 @@ def plan(
     kv_cache_dtype: KVCacheDtypeOpt = KVCacheDtype.auto,
     kv_group_size: KVGroupSizeOpt = 64,
     kv_memory: KVMemoryOpt = None,
-    top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
+    top: Annotated[int, typer.Option(min=0, help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
     prompt_column: PromptColumnOpt = "prompt",
@@ -68,7 +69,8 @@ def plan(
     console = Console(stderr=True)
     try:
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
-        defaults, options = _plan_settings(max_tokens, skip_invalid)
+        defaults, options = _plan_settings(max_tokens, skip_invalid, block_size, kv_memory,
+                                           kv_group_size)
         files = _model_files(model, revision, max_model_len)
         tokenizer = files.tokenizer()
         with Source.open(input, inputs) as src:
@@ -122,13 +124,24 @@ def _kv_plan(model: str | None, revision: str | None, block_size: int, kv_cache_
         return None, f"{type(e).__name__}: {e}"
 
 
-def _plan_settings(max_tokens: int, skip_invalid: bool):
-    """The sampling defaults and run options a plan reads the input with."""
-    from mlxpa.batch.options import RunOptions
-    from mlxpa.config import SamplingParams
+def _plan_settings(max_tokens: int, skip_invalid: bool, block_size: int,
+                   kv_memory: float | None, kv_group_size: int):
+    """The sampling defaults and run options a plan reads the input with, once the engine
+    options are checked.
 
-    return SamplingParams(max_tokens=max_tokens), RunOptions(skip_invalid=skip_invalid,
-                                                             show_progress=False)
+    Raises:
+        typer.BadParameter: An option out of range, named (``--block-size``, ``--kv-memory``).
+    """
+    from mlxpa.batch.options import RunOptions
+    from mlxpa.config import EngineConfig, SamplingParams
+
+    try:
+        EngineConfig(block_size=block_size, kv_memory_gib=kv_memory,
+                     kv_group_size=kv_group_size)
+        defaults = SamplingParams(max_tokens=max_tokens)
+    except ValueError as e:
+        raise typer.BadParameter(flag_message(e)) from None
+    return defaults, RunOptions(skip_invalid=skip_invalid, show_progress=False)
 
 
 def _model_files(model: str | None, revision: str | None, max_model_len: int | None):

@@ -119,7 +119,7 @@ def test_malformed_input_exits_before_model_load(tmp_path):
 def test_bad_option_is_a_clear_error(tiny):
     folder, _ = tiny
     r = invoke(["-", "--model", folder, "--top-p", "0"], input="")
-    assert r.exit_code == 2 and "top_p" in r.output
+    assert r.exit_code == 2 and "--top-p must be a number in (0, 1], got 0.0" in r.output
 
 
 def test_plan_predicts_hits_and_blocks(tiny, tmp_path):

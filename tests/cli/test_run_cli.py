@@ -168,7 +168,7 @@ def test_stop_and_decode_fields(tmp_path, tiny):
         assert r.exit_code == 0, r.output
         assert read_jsonl(out)[0]["text"] == text
     r = invoke([src2, "--model", folder, "--min-tokens", "-1"])
-    assert r.exit_code == 2 and "min_tokens" in r.output
+    assert r.exit_code == 2 and "--min-tokens must be an integer >= 0, got -1" in r.output
 
 
 def test_ignore_eos_default(tmp_path, tiny):
