@@ -181,9 +181,13 @@ def _read_weights(folder: Path, read: Callable[[], Any]) -> Any:
 def peek_vocab_size(spec: str | os.PathLike[str] | None,
                     revision: str | None = None) -> int | None:
     """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
-    or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
-    resolved or its config does not say (the load then reports the real problem); a repo id
-    that cannot be had raises :class:`~mlxpa.loader.hub.HubModelError`."""
+    or ``text_config.vocab_size``), without loading the weights; None when its config cannot be
+    read or does not say (the load then reports the real problem).
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model` (a missing path, a repo id
+            that cannot be had: :class:`~mlxpa.loader.hub.HubModelError`).
+    """
     config = _peek_config(spec, revision)
     return None if config is None else vocab_size_of(config)
 
@@ -192,23 +196,16 @@ def _peek_config(spec: str | os.PathLike[str] | None, revision: str | None) -> d
     """The model folder's ``config.json`` contents, or None when it cannot be read."""
     folder = _peek_folder(spec, revision)
     try:
-        return None if folder is None else json.loads((folder / "config.json").read_text())
+        return json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
 
 
-def _peek_folder(spec: str | os.PathLike[str] | None, revision: str | None) -> Path | None:
-    """:func:`resolve_model`'s folder, None when it fails; a repo id that cannot be had
-    raises at once (:class:`~mlxpa.loader.hub.HubModelError`), so a download is tried once,
-    before any input is read."""
-    from mlxpa.loader.hub import HubModelError
-
-    try:
-        return resolve_model(spec, revision)
-    except HubModelError:
-        raise
-    except (OSError, ValueError):
-        return None
+def _peek_folder(spec: str | os.PathLike[str] | None, revision: str | None) -> Path:
+    """:func:`resolve_model`'s folder. Its errors are raised at once, so the first peek (before
+    any input is read) reports a missing path or a repo id that cannot be had, and a download is
+    tried once."""
+    return resolve_model(spec, revision)
 
 
 def vocab_size_of(config: dict) -> int | None:
@@ -221,7 +218,11 @@ def vocab_size_of(config: dict) -> int | None:
 def peek_context_len(spec: str | os.PathLike[str] | None,
                      revision: str | None = None) -> int | None:
     """The model's context in tokens (``max_position_embeddings`` of its ``config.json``, or
-    of ``text_config``), without loading the weights; None when it cannot be read."""
+    of ``text_config``), without loading the weights; None when it cannot be read.
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model`.
+    """
     config = _peek_config(spec, revision)
     if config is None:
         return None
@@ -264,11 +265,10 @@ def peek_tokenizer(spec: str | os.PathLike[str] | None,
     None when it cannot be loaded (loading the model then reports the real problem).
 
     Raises:
-        HubModelError: A repo id that cannot be had (:func:`_peek_folder`)."""
+        FileNotFoundError, ValueError: As :func:`resolve_model`."""
     folder = _peek_folder(spec, revision)
     try:
-        return None if folder is None else _load_tokenizer(
-            folder, json.loads((folder / "config.json").read_text()))
+        return _load_tokenizer(folder, json.loads((folder / "config.json").read_text()))
     except Exception:  # any failure here is reported by the model load that follows
         return None
 

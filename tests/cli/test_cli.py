@@ -108,10 +108,10 @@ def test_row_errors_do_not_stop_the_run(tiny, tmp_path):
     assert all(rows[i]["finish_reason"] == "error" for i in (1, 2, 3))
 
 
-def test_malformed_input_exits_before_model_load(tmp_path):
+def test_malformed_input_exits_before_model_load(tmp_path, tokenizer_only):
     src = tmp_path / "bad.jsonl"
     src.write_text('{"prompt": "ok"}\n{not json\n')
-    r = invoke([str(src), "--model", str(tmp_path / "does-not-exist")])
+    r = invoke([str(src), "--model", tokenizer_only])  # no weights: a load would fail
     assert r.exit_code == 2
     assert "bad.jsonl line 2" in r.stderr
 
