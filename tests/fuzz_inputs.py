@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import re
+import warnings
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -220,18 +221,37 @@ def _write_parquet(case: Case, rows: list, path) -> list[int]:
 # ----------------------------------------------------------------------------- checking
 
 def run(case: Case, path, out, model, tok):
-    """``run_file`` of ``path``; returns the output records, or the InputError."""
+    """``run_file`` of ``path``; returns the output records, or the InputError. The one
+    warning an input may cause, a ``--keep-columns`` field no row has a value for, is checked
+    here (it names kept fields only) instead of reaching the test run's summary."""
     engine = LLMEngine(EngineConfig(**case.options), model, tok)
-    try:
-        run_file(str(path), str(out), engine.config, case.defaults,
-                 RunOptions(skip_invalid=case.skip_invalid, show_progress=False,
-                            order=case.order, window=case.window),
-                 inputs=InputOptions(keep_columns=case.keep), engine=engine)
-    except InputError as e:
-        return e
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run_file(str(path), str(out), engine.config, case.defaults,
+                     RunOptions(skip_invalid=case.skip_invalid, show_progress=False,
+                                order=case.order, window=case.window),
+                     inputs=InputOptions(keep_columns=case.keep), engine=engine)
+        except InputError as e:
+            return e
+        finally:
+            _check_warnings(caught, case)
+
     if case.output == "parquet":
         return pq.read_table(out).to_pylist()
     return [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line]
+
+
+def _check_warnings(caught: list[warnings.WarningMessage], case: Case) -> None:
+    """Every ``--keep-columns`` warning names fields the case keeps; any other warning is
+    passed on as it came."""
+    for w in caught:
+        text = str(w.message)
+        if issubclass(w.category, UserWarning) and text.startswith("--keep-columns: no row of "):
+            named = text.split(" has a value for ", 1)[1].split(" (its output column", 1)[0]
+            assert set(named.split(", ")) <= set(case.keep), (text, case.keep)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _unit(case: Case) -> str:

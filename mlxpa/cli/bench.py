@@ -46,16 +46,19 @@ def bench(
     engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     num_prompts: Annotated[int, typer.Option(
-        help="random, annotation: prompts (file: every valid row).")] = 128,
-    input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
-    range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
+        min=1, help="random, annotation: prompts (file: every valid row).")] = 128,
+    input_len: Annotated[int, typer.Option(min=1, help="random: mean prompt tokens.")] = 320,
+    range_ratio: Annotated[float, typer.Option(
+        min=0, callback=lambda v: _below_one(v), help="random: length spread.")] = 0.6,
     output_len: Annotated[int, typer.Option(
-        help="Tokens generated per prompt (file: rows without max_tokens).")] = 64,
-    num_groups: Annotated[int, typer.Option(help="shared-prefix: groups.")] = 8,
-    prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: prompts each.")] = 16,
-    system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: shared tokens.")] = 512,
-    question_len: Annotated[int, typer.Option(help="shared-prefix: own tokens.")] = 64,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+        min=1, help="Tokens generated per prompt (file: rows without max_tokens).")] = 64,
+    num_groups: Annotated[int, typer.Option(min=1, help="shared-prefix: groups.")] = 8,
+    prompts_per_group: Annotated[int, typer.Option(
+        min=1, help="shared-prefix: prompts each.")] = 16,
+    system_prompt_len: Annotated[int, typer.Option(
+        min=1, help="shared-prefix: shared tokens.")] = 512,
+    question_len: Annotated[int, typer.Option(min=1, help="shared-prefix: own tokens.")] = 64,
+    seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
         "mlxpa-nocascade, mlx-lm, static (default: all but mlxpa-nocascade).")] = ALL_SYSTEMS,
@@ -79,9 +82,9 @@ def bench(
     from mlxpa.loader.models import load_model
 
     console = _console()
+    config = opt.checked_engine_config(engine)
     try:
         systems = _check_options(baselines, SYSTEMS, workload.value, input, json_path, plot)
-        config = opt.engine_config(engine or {})
         files = ModelMeta(config)  # the tokenizer loads once, before the weights
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
@@ -112,6 +115,11 @@ def _no_options_before(ctx: typer.Context) -> None:
         raise typer.BadParameter(f"{', '.join(given)} before {ctx.invoked_subcommand!r} is an "
                                  f"option of the offline bench; give the options of "
                                  f"{ctx.invoked_subcommand!r} after it")
+def _below_one(value: float) -> float:
+    """``--range-ratio`` is below 1 (a prompt of length 0 otherwise)."""
+    if value >= 1:
+        raise typer.BadParameter(f"must be below 1, got {value}")
+    return value
 
 
 def _console() -> Console:

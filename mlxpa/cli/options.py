@@ -179,6 +179,19 @@ def engine_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return wrap
 
 
+def checked_engine_config(engine: dict[str, Any] | None) -> EngineConfig:
+    """:func:`engine_config`, its errors as a usage error (one line naming the flag, exit 2,
+    before any input is read).
+
+    Raises:
+        typer.BadParameter: As :func:`engine_config`'s ``ValueError``.
+    """
+    try:
+        return engine_config(engine or {})
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 def engine_config(engine: dict[str, Any]) -> EngineConfig:
     """The :class:`~mlxpa.config.EngineConfig` of a command's engine options (the ``engine``
     of :func:`engine_options`).
@@ -213,6 +226,51 @@ def engine_config(engine: dict[str, Any]) -> EngineConfig:
     return config
 
 
+_FLAGS = {"stop_token_ids": "--stop-token-id", "include_stop_str_in_output": "--include-stop-str"}
+
+
+def flag_message(error: ValueError) -> str:
+    """The message of a configuration field's error (:class:`~mlxpa.config.FieldError`) with
+    the field named by its option: ``top_p must be ...`` -> ``--top-p must be ...``; any other
+    error's message as it is."""
+    text = str(error)
+    field = getattr(error, "field", None)
+    if not isinstance(field, str) or not text.startswith(field):
+        return text
+    return _FLAGS.get(field, "--" + field.replace("_", "-")) + text[len(field):]
+
+
+# click's UsageError (Typer vendors click, so it is not click's own class).
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class OneLineError(UsageError):
+    """A usage error shown as one ``error:`` line on stderr (exit status 2), instead of
+    click's usage block (``Usage: ...``, ``Try ... --help``, a blank line, ``Error: ...``)."""
+
+    def show(self, file=None) -> None:
+        typer.echo(f"error: {self.message}", err=True)
+
+
+def one_line(error: Exception) -> OneLineError:
+    """click's usage ``error`` as one line naming the option: a value click could not convert
+    reads ``--temperature: Input should be a valid number, ...``; a command's own check
+    (``BadParameter`` without a parameter) keeps its message."""
+    if isinstance(error, OneLineError):
+        return error
+    param = getattr(error, "param", None)
+    message = getattr(error, "message", None)
+    if isinstance(error, typer.BadParameter) and param is not None and message:
+        longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+        name = max(longs, key=len) if longs else param.human_readable_name
+        text = f"{name}: {message.removeprefix('Value error, ')}"
+    elif isinstance(error, typer.BadParameter) and message and error.param_hint is None:
+        text = message
+    else:
+        text = error.format_message()
+    return OneLineError(text)
+
+
 _METAVARS = {"int": "N", "float": "X", "list[int]": "N"}
 _PATH_OPTIONS = {"output", "metrics_json", "json_path", "plot", "input"}
 
@@ -235,8 +293,26 @@ def plain_metavars(params) -> None:
                 p.metavar = _METAVARS.get(p.bare_type(), "TEXT")
 
 
-class PlainUsageCommand(TyperCommand):
-    """A Typer command whose help reads as click's at 80 columns (:func:`plain_metavars`)."""
+class _OneLineErrors:
+    """Usage errors (a bad value, an unknown option, a missing argument) as one line
+    (:func:`one_line`), for a command or a group."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as e:
+            raise one_line(e) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            raise one_line(e) from None
+
+
+class PlainUsageCommand(_OneLineErrors, TyperCommand):
+    """A Typer command whose help reads as click's at 80 columns (:func:`plain_metavars`); its
+    usage errors are one line."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -247,9 +323,9 @@ class PlainUsageCommand(TyperCommand):
                 for p in super().collect_usage_pieces(ctx)]
 
 
-class PlainUsageGroup(TyperGroup):
+class PlainUsageGroup(_OneLineErrors, TyperGroup):
     """A Typer group with options of its own (``mlxpa bench``) whose help reads as click's at
-    80 columns (:func:`plain_metavars`)."""
+    80 columns (:func:`plain_metavars`); its usage errors are one line."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -14,9 +14,10 @@ from mlxpa.cli.options import (
     MessagesColumnOpt,
     PromptColumnOpt,
     SystemOpt,
-    engine_config,
+    checked_engine_config,
     engine_options,
     fail,
+    flag_message,
     input_options,
 )
 
@@ -33,7 +34,7 @@ def plan(
     engine: dict | None = None,  # the engine options (PLAN_ENGINE) stand here
     max_tokens: Annotated[int, typer.Option(
         help="Output tokens of a row that does not set max_tokens (KV estimate).")] = 256,
-    top: Annotated[int, typer.Option(help="Shared prefixes to list.")] = 5,
+    top: Annotated[int, typer.Option(min=0, help="Shared prefixes to list.")] = 5,
     system: SystemOpt = None,
     input_format: InputFormatOpt = InputFormat.auto,
     prompt_column: PromptColumnOpt = "prompt",
@@ -60,8 +61,8 @@ def plan(
     from mlxpa.data import InputError
 
     console = Console(stderr=True)
+    config = checked_engine_config(engine)
     try:
-        config = engine_config(engine or {})
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
         meta = ModelMeta(config)
@@ -110,9 +111,16 @@ def _kv_plan(config):
 
 
 def _plan_settings(max_tokens: int, skip_invalid: bool):
-    """The sampling defaults and run options a plan reads the input with."""
+    """The sampling defaults and run options a plan reads the input with.
+
+    Raises:
+        typer.BadParameter: ``--max-tokens`` out of range, named.
+    """
     from mlxpa.batch.options import RunOptions
     from mlxpa.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=max_tokens), RunOptions(skip_invalid=skip_invalid,
-                                                             show_progress=False)
+    try:
+        defaults = SamplingParams(max_tokens=max_tokens)
+    except ValueError as e:
+        raise typer.BadParameter(flag_message(e)) from None
+    return defaults, RunOptions(skip_invalid=skip_invalid, show_progress=False)

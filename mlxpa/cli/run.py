@@ -23,6 +23,7 @@ from mlxpa.cli.options import (
     engine_config,
     engine_options,
     fail,
+    flag_message,
     input_options,
 )
 from mlxpa.config import EngineConfig
@@ -163,7 +164,7 @@ def run(
         _check_overwrite(input, output, allowed=resume or overwrite)
         ray_options = _ray_options(ray or ray_address is not None, ray_address, num_replicas)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        raise typer.BadParameter(flag_message(e)) from None
     _run_command(input, output, config, defaults, inputs, options, ray_options)
 
 

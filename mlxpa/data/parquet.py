@@ -17,6 +17,7 @@ an Arrow type are stored as JSON text; ``logprobs`` and ``prompt_logprobs`` have
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -94,6 +95,9 @@ class ParquetSink:
         """
         self._flush()
         if not merge:
+            if self._base is None and not _part_files(self._path):
+                with contextlib.suppress(OSError):  # stopped before any row: no output at all
+                    os.rmdir(self._parts)
             return
         pa = self._pa
         import pyarrow.parquet as pq

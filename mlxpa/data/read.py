@@ -187,10 +187,10 @@ def _jsonl_lines(lines: Any, name: str) -> Records:
                              f"line); convert it with: jq -c '.[]' {shlex.quote(name)} > "
                              f"{shlex.quote(stem + '.jsonl')}", source=name)
         seen = True
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            yield lineno, f"invalid JSON ({e.msg} at column {e.colno})"
+        try:  # without its line end, so an unclosed object ends where the line's JSON does
+            obj = json.loads(raw.rstrip("\r\n"))
+        except json.JSONDecodeError as e:  # json's own words: "Expecting ',' delimiter: column 16"
+            yield lineno, f"invalid JSON ({e.msg}: column {e.colno})"
             continue
         except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
             yield lineno, f"unreadable JSON ({_reason(e)})"

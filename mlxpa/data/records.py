@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxpa.data.rows import Row
+from mlxpa.data.token_bytes import token_bytes
 from mlxpa.request import SampleOutput, TokenLogprob
 
 OUTPUT_FORMATS = ("auto", "mlxpa", "openai")
@@ -90,12 +91,17 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
 
+    def own_bytes(token_id: int) -> list[int]:
+        raw = (token_bytes(tokenizer, token_id) if tokenizer is not None
+               else str(token_id).encode("utf-8"))
+        return list(raw)
+
     failed = next((o for o in outs if o.error is not None), None)
     if failed is not None:
         return error_records(row, f"{place}: {failed.error}", fmt,
                              failed.num_prompt_tokens)
     if fmt == "openai":
-        return [_openai_line(row, _openai_body(row, outs, model, token_text), None)]
+        return [_openai_line(row, _openai_body(row, outs, model, token_text, own_bytes), None)]
     records = []
     for out in outs:
         record = {"id": row.id, "text": out.text, "finish_reason": out.finish_reason,
@@ -105,9 +111,9 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
         if len(outs) > 1:
             record["sample_index"] = out.sample_index
         if out.logprobs is not None:
-            record["logprobs"] = [_entry(lp, token_text, False) for lp in out.logprobs]
+            record["logprobs"] = [_entry(lp, token_text) for lp in out.logprobs]
         if out.prompt_logprobs is not None:
-            record["prompt_logprobs"] = [None if lp is None else _entry(lp, token_text, False)
+            record["prompt_logprobs"] = [None if lp is None else _entry(lp, token_text)
                                          for lp in out.prompt_logprobs]
         record.update(_choice_fields(out))
         records.append(_keep(row, record))
@@ -134,13 +140,14 @@ def _openai_line(row: Row, body: dict | None, error: dict | None) -> dict:
                        "response": response, "error": error})
 
 
-def _entry(lp: TokenLogprob, token_text: Callable[[int], str], with_bytes: bool) -> dict:
-    """One token's logprobs entry (OpenAI's shape, ``bytes`` for OpenAI lines only)."""
+def _entry(lp: TokenLogprob, token_text: Callable[[int], str],
+           own_bytes: Callable[[int], list[int]] | None = None) -> dict:
+    """One token's logprobs entry (OpenAI's shape; ``bytes``, the token's own UTF-8 bytes
+    (:mod:`mlxpa.data.token_bytes`), when ``own_bytes`` is given: OpenAI lines only)."""
     def one(token_id: int, logprob: float) -> dict:
-        text = token_text(token_id)
-        d: dict[str, Any] = {"token": text, "logprob": logprob}
-        if with_bytes:
-            d["bytes"] = list(text.encode("utf-8"))
+        d: dict[str, Any] = {"token": token_text(token_id), "logprob": logprob}
+        if own_bytes is not None:
+            d["bytes"] = own_bytes(token_id)
         return d
 
     return {**one(lp.token_id, lp.logprob),
@@ -205,8 +212,8 @@ def vllm_prompt_logprobs(logprobs: list[TokenLogprob | None],
     return out
 
 
-def _openai_body(row: Row, outs: list[SampleOutput], model: str,
-                 token_text: Callable[[int], str]) -> dict[str, Any]:
+def _openai_body(row: Row, outs: list[SampleOutput], model: str, token_text: Callable[[int], str],
+                 own_bytes: Callable[[int], list[int]]) -> dict[str, Any]:
     chat = row.openai == "chat" if row.openai else row.messages is not None
     choices = []
     for out in outs:
@@ -217,7 +224,7 @@ def _openai_body(row: Row, outs: list[SampleOutput], model: str,
             choice["text"] = out.text
         logprobs = None
         if out.logprobs is not None and chat:
-            logprobs = {"content": [_entry(lp, token_text, True) for lp in out.logprobs]}
+            logprobs = {"content": [_entry(lp, token_text, own_bytes) for lp in out.logprobs]}
         elif out.logprobs is not None:
             logprobs = completions_logprobs(out.logprobs, token_text)
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)

@@ -125,7 +125,9 @@ class ResultWriter:
 
         Records still waiting for an earlier row that never came (an interrupted run) are
         written too, in index order, so no finished result is lost; for Parquet, the finished
-        row groups are then merged into ``path`` (unless ``interrupted``). With ``positions``
+        row groups are then merged into ``path`` (unless ``interrupted``). A run stopped
+        (``interrupted``, or not ``reorder``) before any row was written leaves no output
+        behind, nor changes an existing one (a plain rerun then starts afresh). With ``positions``
         (an ordered resume), unless ``interrupted`` or not ``reorder`` (a stopped run: the
         next resume does it), the output is then rewritten in input order.
 
@@ -141,11 +143,13 @@ class ResultWriter:
         try:
             self._emit([(i, self._pending.pop(i)) for i in sorted(self._pending)])
         finally:
+            # stopped (interrupted, or not reorder) before any row: no output to leave behind
+            nothing = (interrupted or not reorder) and self._num_written == 0
             if self.fmt == "parquet":
-                self._sink.close(merge=not interrupted, positions=positions,
+                self._sink.close(merge=not (interrupted or nothing), positions=positions,
                                  new_index=self._new_index)
             else:
-                self._sink.close()
+                self._sink.close(create=not nothing)
         if self.fmt == "jsonl" and positions is not None:
             jsonl_in_order(self.path, positions, self._base_end, self._new_index)
 

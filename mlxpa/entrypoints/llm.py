@@ -82,9 +82,12 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        from mlxpa.entrypoints.loading import loading_model
+
         self._config = engine_config(model, kwargs)
         # the model loads (and is checked) here, once; the pool is sized by each call (_fit)
-        self.llm_engine = LLMEngine(self._config, kv_blocks_needed=2)
+        with loading_model():
+            self.llm_engine = LLMEngine(self._config, kv_blocks_needed=2)
         self._active: object | None = None  # the stream that owns the engine now
 
     def get_tokenizer(self) -> Any:

@@ -11,13 +11,17 @@ command line refuses a bad folder before any input is read.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxpa.loader.json_file import read_json_object
+from mlxpa.loader.spelling import option
 
 if TYPE_CHECKING:
     import mlx.nn as nn
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapters.safetensors"
@@ -38,12 +42,12 @@ def check_adapter_path(path: str | Path) -> Path:
     """
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise FileNotFoundError(f"--adapter-path {path}: no such folder (mlx_lm.lora writes "
-                                f"{WEIGHTS} and {CONFIG} into its --adapter-path)")
+        raise FileNotFoundError(f"{option('adapter_path', path)}: no such folder (mlx_lm.lora "
+                                f"writes {WEIGHTS} and {CONFIG} into its --adapter-path)")
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"--adapter-path {path}: no {name} in the folder (an "
-                                    f"mlx-lm adapter folder holds {WEIGHTS} and {CONFIG})")
+            raise FileNotFoundError(f"{option('adapter_path', path)}: no {name} in the folder "
+                                    f"(an mlx-lm adapter folder holds {WEIGHTS} and {CONFIG})")
     where = folder / CONFIG
     config = read_json_object(where)
     kind = config.get("fine_tune_type", "lora")
@@ -84,10 +88,15 @@ def apply_adapters(model: nn.Module, path: str | Path) -> nn.Module:
         model = load_adapters(model, str(folder))
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         detail = " ".join(str(err).split())
-        raise ValueError(f"--adapter-path {path}: does not fit the model ({detail})") from None
+        raise ValueError(f"{option('adapter_path', path)}: does not fit the model ({detail})"
+                         ) from None
     except RuntimeError as err:  # mx.load: a save cut short, a Git LFS pointer
         detail = " ".join(str(err).split())
-        raise ValueError(f"--adapter-path {path}: {WEIGHTS} cannot be read as safetensors "
-                         f"({detail})") from None
+        raise ValueError(f"{option('adapter_path', path)}: {WEIGHTS} cannot be read as "
+                         f"safetensors ({detail})") from None
     model.eval()
+    config = read_json_object(folder / CONFIG)
+    logger.info("Applied the %s adapter %s%s", config.get("fine_tune_type", "lora"), folder,
+                f" to the last {config['num_layers']} layers"
+                if isinstance(config.get("num_layers"), int) else "")
     return model

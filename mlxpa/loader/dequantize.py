@@ -1,4 +1,5 @@
-"""Quantized weights dequantized at load on MLX's CPU back end (``--keep-quantized`` keeps them).
+"""Quantized weights dequantized while loading on MLX's CPU back end (``--keep-quantized`` keeps
+them packed).
 
 MLX's CPU back end has no BLAS path for packed weights: there a quantized matmul runs about an
 order of magnitude slower than the float32 one OpenBLAS computes (``benchmarks/quant_bench.py``).
@@ -11,16 +12,22 @@ mlx-lm's on its own dequantized model. Metal and CUDA are left alone: quantized 
 MLX's fast path there. ``--keep-quantized`` (``EngineConfig.keep_quantized``) keeps them packed;
 mlx-lm's ``convert --dequantize`` is the offline equivalent.
 
-Memory rule: the float weights of the quantized layers plus the KV budget must fit in 80% of
-the memory available once the packed model has loaded (``MemAvailable``, capped by a
-container's cgroup limit; without ``/proc/meminfo``, physical memory less what MLX holds).
-Both copies exist during the swap, and the packed one is already counted as in use, so the
-rule covers the peak; afterwards the packed weights are freed.
+The model arrives lazily loaded (nothing read yet), and the swap goes one layer at a time,
+largest first: a layer's packed weights are read, dequantized and evaluated, then dropped (with
+MLX's buffer cache) before the next, so the packed and the float copies of the whole model never
+live together. A large weight (an embedding) is dequantized in slices written into its float
+array, since MLX's CPU ``dequantize`` takes scratch as large as its output. The peak is about
+the float model plus one packed layer.
+
+Memory rule: the float model plus the KV budget must fit in 80% of the memory available before
+the weights are read (``MemAvailable``, capped by a container's cgroup limit; without
+``/proc/meminfo``, physical memory less what MLX holds).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MEMORY_FRACTION = 0.8  # of the available memory the float weights and KV budget may take
+SLICE_BYTES = 64 * 2**20  # a larger weight is dequantized in slices of about this size
 
 
 class QuantizedSize(NamedTuple):
@@ -60,11 +68,14 @@ def quantized_size(model: nn.Module, dtype: mx.Dtype) -> QuantizedSize | None:
 
 def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: int,
                        keep_quantized: bool) -> bool:
-    """Dequantize ``model`` in place where the module docstring's rules say so; one log line
-    either way (``name`` names the model in it).
+    """Dequantize ``model`` in place where the module docstring's rules say so, one layer at a
+    time; one log line either way (``name`` names the model in it).
 
     Args:
-        model: A loaded mlx-lm model, adapters applied, parameters already in ``dtype``.
+        model: An mlx-lm model, best lazily loaded (``mlx_lm.utils.load_model(lazy=True)``: the
+            packed layers are then read one at a time here), adapters applied, floating
+            parameters cast to ``dtype``. Parameters other than the swapped layers' stay as
+            they were (lazy ones are left for the caller to evaluate).
         name: The model as the user gave it (``--model``), for the log line.
         dtype: The compute dtype the float weights take.
         kv_bytes: The KV pool's budget in bytes, which the float weights must leave room for.
@@ -74,7 +85,6 @@ def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: i
         True when the model was dequantized.
     """
     import mlx.core as mx
-    from mlx_lm.utils import dequantize_model
 
     from mlxpa.blas import available_memory_bytes, host_memory_bytes
     from mlxpa.kernels.device import on_cpu
@@ -90,7 +100,7 @@ def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: i
     if available is None:  # no /proc/meminfo (macOS): the memory MLX does not hold yet
         total = host_memory_bytes()
         available = None if total is None else max(0, total - mx.get_active_memory())
-    need = size.added + kv_bytes
+    need = size.dequantized + kv_bytes
     if available is None or need > MEMORY_FRACTION * available:
         logger.warning(
             "Keeping %s quantized: its %s weights (%s) and the KV budget (%s) need more than "
@@ -98,13 +108,66 @@ def dequantize_for_cpu(model: nn.Module, name: str, dtype: mx.Dtype, kv_bytes: i
             name, _dtype_name(dtype), _gib(size.dequantized), _gib(kv_bytes),
             MEMORY_FRACTION * 100, "unknown" if available is None else _gib(available))
         return False
-    dequantize_model(model)
-    model.set_dtype(dtype)  # fp4/fp8 modes dequantize to bfloat16
-    mx.eval(model.parameters())
+    _swap_layers(model, dtype)
     logger.info("Dequantized %s for MLX's CPU back end: weights %s packed -> %s %s "
                 "(--keep-quantized keeps them packed)", name, _gib(size.packed),
                 _gib(size.dequantized), _dtype_name(dtype))
     return True
+
+
+def _swap_layers(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Replace each quantized layer by its float twin, largest first, evaluating it and freeing
+    the packed one before the next. mlx-lm's ``dequantize_model``, applied to that layer alone,
+    builds the twin (its class and bias); the weight is computed by :func:`_float_weight`."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import dequantize_model
+
+    layers = _quantized_layers(model)
+    layers.sort(key=lambda item: sum(v.nbytes for _, v in tree_flatten(item[1].parameters())))
+    while layers:
+        path, packed = layers.pop()
+        holder = nn.Module()
+        holder.layer = packed
+        dequantize_model(holder)
+        layer = holder.pop("layer")
+        layer.weight = _float_weight(packed, dtype)  # replaces the whole-layer graph unread
+        del packed
+        layer.set_dtype(dtype)  # the bias
+        mx.eval(layer.parameters())
+        model.update_modules(tree_unflatten([(path, layer)]))  # the last packed reference
+        del layer
+        mx.clear_cache()  # the packed buffers go back to the system, not to MLX's cache
+
+
+def _float_weight(packed: nn.Module, dtype: mx.Dtype) -> mx.array:
+    """``mx.dequantize`` of a packed layer's weight (as ``dequantize_model`` calls it), cast to
+    ``dtype``. MLX's CPU kernel allocates a scratch array as large as its output, so a weight
+    over :data:`SLICE_BYTES` is dequantized in slices of its first axis, each written into one
+    preallocated array; slices of whole groups give the same values bit for bit.
+
+    Returns:
+        ``[..., in_features]`` in ``dtype``; evaluated when sliced, lazy otherwise.
+    """
+    import mlx.core as mx
+
+    w, scales, biases = packed.weight, packed.scales, packed.biases
+    shape = (*w.shape[:-1], w.shape[-1] * 32 // packed.bits)
+
+    def part(a: int, b: int) -> mx.array:
+        return mx.dequantize(w[a:b], scales[a:b], None if biases is None else biases[a:b],
+                             packed.group_size, packed.bits, packed.mode).astype(dtype)
+
+    row_bytes = max(dtype.size, 4) * (math.prod(shape) // shape[0])
+    step = max(1, SLICE_BYTES // row_bytes)
+    if step >= shape[0]:
+        return part(0, shape[0])
+    out = mx.zeros(shape, dtype)
+    for a in range(0, shape[0], step):
+        out[a:a + step] = part(a, a + step)  # written in place: ``out`` has no other reader
+        mx.eval(out)
+    return out
 
 
 def _quantized_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from mlxpa.loader.spelling import option, options
+
 logger = logging.getLogger(__name__)
 
 
 class HubModelError(FileNotFoundError):
     """A repo id that cannot be had: offline, the Hub unreachable, no such repo or revision,
-    gated or private. The message is one line that says which and how to fetch by hand."""
+    gated or private. The message is one line that says which and how to fetch by hand, raised
+    without the Hub client's chained exceptions (their tracebacks run to a hundred lines)."""
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
@@ -46,9 +49,9 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         folder = _cached(repo_id, revision)
         if folder is None:
             folder = _download(repo_id, revision)
-    except HFValidationError as err:
-        raise ValueError(f"--model {repo_id!r} is not an MLX folder, a .gguf file or a "
-                         "Hugging Face repo id (owner/name)") from err
+    except HFValidationError:
+        raise ValueError(f"{option('model', repo_id)} is not an MLX folder, a .gguf file or a "
+                         "Hugging Face repo id (owner/name)") from None
     return folder
 
 
@@ -92,49 +95,52 @@ def _download(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
-    at = f" --revision {revision}" if revision else ""
-    by_hand = f"hf download {repo_id}{at}"
+    named = options(model=repo_id, revision=revision)
+    by_hand = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
     cache = constants.HF_HUB_CACHE
     if constants.HF_HUB_OFFLINE:
         raise HubModelError(
-            f"--model {repo_id}{at} is not a local folder, not in the Hugging Face cache "
+            f"{named} is not a local folder, not in the Hugging Face cache "
             f"({cache}), and HF_HUB_OFFLINE is set, so it is not downloaded: fetch it where "
             f"a network exists (`{by_hand}`, with the same HF_HOME), or unset HF_HUB_OFFLINE")
-    logger.info("Downloading %s%s from the Hugging Face Hub into %s ...", repo_id, at, cache)
+    logger.info("Downloading %s%s from the Hugging Face Hub into %s ...", repo_id,
+                f" (revision {revision})" if revision else "", cache)
     try:
         folder = Path(snapshot_download(repo_id, revision=revision,
                                         allow_patterns=_allow_patterns()))
-    except GatedRepoError as err:
+    except GatedRepoError:
         raise HubModelError(
-            f"--model {repo_id} is a gated repo: accept its terms on "
+            f"{option('model', repo_id)} is a gated repo: accept its terms on "
             f"https://huggingface.co/{repo_id}, then set HF_TOKEN to a token of that account "
-            "(or run `hf auth login`)") from err
-    except RepositoryNotFoundError as err:
+            "(or run `hf auth login`)") from None
+    except RepositoryNotFoundError:
         raise HubModelError(
-            f"--model {repo_id}: no such local folder, and no such model repo on the Hugging "
-            "Face Hub (a private repo needs HF_TOKEN set to a token that may read it)") from err
-    except RevisionNotFoundError as err:
-        raise HubModelError(f"--model {repo_id}: the Hub has no revision {revision!r} of it "
-                            "(give a branch, tag or commit of the repo)") from err
+            f"{option('model', repo_id)}: no such local folder, and no such model repo on the "
+            "Hugging Face Hub (a private repo needs HF_TOKEN set to a token that may read it)"
+            ) from None
+    except RevisionNotFoundError:
+        raise HubModelError(f"{option('model', repo_id)}: the Hub has no revision "
+                            f"{revision!r} of it (give a branch, tag or commit of the repo)"
+                            ) from None
     except LocalEntryNotFoundError as err:  # the Hub could not be reached
         cause = err.__cause__ or err
         raise HubModelError(
-            f"--model {repo_id}{at} is not a local folder, the Hugging Face Hub cannot be "
+            f"{named} is not a local folder, the Hugging Face Hub cannot be "
             f"reached ({type(cause).__name__}) and it is not in the cache ({cache}); fetch it "
             f"where a network exists (`{by_hand}`) and copy that HF_HOME here, or pass a "
-            "local folder") from err
+            "local folder") from None
     except HfHubHTTPError as err:
         status = getattr(err.response, "status_code", "?")
-        raise HubModelError(f"--model {repo_id}{at}: the Hugging Face Hub answered HTTP "
+        raise HubModelError(f"{named}: the Hugging Face Hub answered HTTP "
                             f"{status}; try again later or fetch it by hand (`{by_hand}`)"
-                            ) from err
+                            ) from None
     except Exception as err:  # a proxy or TLS failure of the HTTP client: still one line
         first = (str(err).splitlines() or [""])[0]
-        raise HubModelError(f"--model {repo_id}{at}: the download failed "
+        raise HubModelError(f"{named}: the download failed "
                             f"({type(err).__name__}: {first}); fetch it by hand "
-                            f"(`{by_hand}`)") from err
+                            f"(`{by_hand}`)") from None
     if not _complete(folder):
-        raise HubModelError(f"--model {repo_id}{at}: the snapshot {folder} has no "
+        raise HubModelError(f"{named}: the snapshot {folder} has no "
                             "config.json and model*.safetensors weights (not an mlx-lm model "
                             "repo; mlx-lm's convert makes one)")
     logger.info("Downloaded %s to %s", repo_id, folder)

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.loader.converted import (  # noqa: F401 (names the callers import from here)
@@ -32,6 +32,7 @@ from mlxpa.loader.converted import (  # noqa: F401 (names the callers import fro
     default_model,
 )
 from mlxpa.loader.json_file import read_json_object
+from mlxpa.loader.spelling import option
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -66,8 +67,8 @@ def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = No
 
         return hub_snapshot(str(spec), revision)
     if revision is not None:
-        raise ValueError(f"--revision {revision} applies to a Hugging Face repo id, not to "
-                         f"--model {spec or '(the default model)'}")
+        raise ValueError(f"{option('revision', revision)} applies to a Hugging Face repo id, "
+                         f"not to {option('model', spec) if spec else 'the default model'}")
     if spec is None:
         return default_model()
     path = Path(spec).expanduser()
@@ -80,9 +81,9 @@ def resolve_model(spec: str | os.PathLike[str] | None, revision: str | None = No
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return converted_gguf(path)
     if path.is_file():
-        raise FileNotFoundError(f"--model {spec}: a file, but not a .gguf; give an MLX model "
-                                "folder (with config.json), a .gguf file or a repo id")
-    raise FileNotFoundError(f"--model {spec}: no such folder or file")
+        raise FileNotFoundError(f"{option('model', spec)}: a file, but not a .gguf; give an "
+                                "MLX model folder (with config.json), a .gguf file or a repo id")
+    raise FileNotFoundError(f"{option('model', spec)}: no such folder or file")
 
 
 def _repo_id_like(spec: str) -> bool:
@@ -99,9 +100,10 @@ def load_model(
 ) -> tuple[nn.Module, TokenizerWrapper, Path]:
     """Resolves ``config.model`` and loads it as ``mlx_lm.utils.load`` does (tokenizer first).
 
-    Order: tokenizer, weights, the adapter (as ``mlx_lm.load(adapter_path=)``), the cast to
-    the compute dtype, then on MLX's CPU back end the quantized layers dequantized when memory
-    allows (:mod:`mlxpa.loader.dequantize`).
+    Order: tokenizer, weights (lazily), the adapter (as ``mlx_lm.load(adapter_path=)``), the
+    cast to the compute dtype, then on MLX's CPU back end the quantized layers read and
+    dequantized one at a time when memory allows (:mod:`mlxpa.loader.dequantize`), then the
+    rest read.
 
     Args:
         config: What to load: ``model`` (see :func:`resolve_model`) at ``revision``;
@@ -148,30 +150,43 @@ def load_model(
         tokenizer = _load_tokenizer(folder, folder_config)
     if on_tokenizer is not None:
         on_tokenizer(tokenizer, folder_config)
-    try:
-        model, _ = load_weights(folder)
-    except RuntimeError as err:  # mx.load: a download or copy cut short, a Git LFS pointer
-        raise ValueError(f"{folder}: the model weights cannot be read as safetensors "
-                         f"({' '.join(str(err).split())})") from None
+    # Lazily (nothing read yet), so a quantized model is read one layer at a time as it is
+    # dequantized, and the cast to the compute dtype happens as each weight is read.
+    model, _ = _read_weights(folder, lambda: load_weights(folder, lazy=True))
     if adapter_path is not None:
         model = apply_adapters(model, adapter_path)
     if dtype is None and on_cpu():
         dtype = "float32"
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
-        mx.eval(model.parameters())
-        dequantize_for_cpu(model, str(spec or folder.name), getattr(mx, dtype),
-                           kv_budget_bytes(config), config.keep_quantized)
+        _read_weights(folder, lambda: dequantize_for_cpu(
+            model, str(spec or folder.name), getattr(mx, dtype), kv_budget_bytes(config),
+            config.keep_quantized))
+    _read_weights(folder, lambda: mx.eval(model.parameters()))
     logger.info("Loaded %s in %.1f s", folder, time.perf_counter() - start)
     return model, tokenizer, folder
+
+
+def _read_weights(folder: Path, read: Callable[[], Any]) -> Any:
+    """``read()``, with mx.load's errors (a download or copy cut short, a Git LFS pointer) as a
+    ``ValueError`` naming ``folder``."""
+    try:
+        return read()
+    except RuntimeError as err:
+        raise ValueError(f"{folder}: the model weights cannot be read as safetensors "
+                         f"({' '.join(str(err).split())})") from None
 
 
 def peek_vocab_size(spec: str | os.PathLike[str] | None,
                     revision: str | None = None) -> int | None:
     """The vocabulary size in the ``config.json`` of ``spec``'s model folder (``vocab_size``,
-    or ``text_config.vocab_size``), without loading the weights; None when the model cannot be
-    resolved or its config does not say (the load then reports the real problem); a repo id
-    that cannot be had raises :class:`~mlxpa.loader.hub.HubModelError`."""
+    or ``text_config.vocab_size``), without loading the weights; None when its config cannot be
+    read or does not say (the load then reports the real problem).
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model` (a missing path, a repo id
+            that cannot be had: :class:`~mlxpa.loader.hub.HubModelError`).
+    """
     config = _peek_config(spec, revision)
     return None if config is None else vocab_size_of(config)
 
@@ -180,23 +195,16 @@ def _peek_config(spec: str | os.PathLike[str] | None, revision: str | None) -> d
     """The model folder's ``config.json`` contents, or None when it cannot be read."""
     folder = _peek_folder(spec, revision)
     try:
-        return None if folder is None else json.loads((folder / "config.json").read_text())
+        return json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
 
 
-def _peek_folder(spec: str | os.PathLike[str] | None, revision: str | None) -> Path | None:
-    """:func:`resolve_model`'s folder, None when it fails; a repo id that cannot be had
-    raises at once (:class:`~mlxpa.loader.hub.HubModelError`), so a download is tried once,
-    before any input is read."""
-    from mlxpa.loader.hub import HubModelError
-
-    try:
-        return resolve_model(spec, revision)
-    except HubModelError:
-        raise
-    except (OSError, ValueError):
-        return None
+def _peek_folder(spec: str | os.PathLike[str] | None, revision: str | None) -> Path:
+    """:func:`resolve_model`'s folder. Its errors are raised at once, so the first peek (before
+    any input is read) reports a missing path or a repo id that cannot be had, and a download is
+    tried once."""
+    return resolve_model(spec, revision)
 
 
 def vocab_size_of(config: dict) -> int | None:
@@ -209,7 +217,11 @@ def vocab_size_of(config: dict) -> int | None:
 def peek_context_len(spec: str | os.PathLike[str] | None,
                      revision: str | None = None) -> int | None:
     """The model's context in tokens (``max_position_embeddings`` of its ``config.json``, or
-    of ``text_config``), without loading the weights; None when it cannot be read."""
+    of ``text_config``), without loading the weights; None when it cannot be read.
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`resolve_model`.
+    """
     config = _peek_config(spec, revision)
     if config is None:
         return None

@@ -69,15 +69,16 @@ def test_stopped_runs_then_resume_equal_an_uninterrupted_run(tmp_path, tiny, ext
     assert strip == [{k: v for k, v in r.items() if k != "cached_tokens"} for r in want]
 
 
-def test_resume_with_nothing_to_run_still_sorts_without_loading_the_model(tmp_path, tiny):
+def test_resume_with_nothing_to_run_still_sorts_without_loading_the_model(tmp_path,
+                                                                         tokenizer_only):
     """A resume whose sort was cut short (every row there, out of order) sorts on the next
-    resume, with no model load (the model path does not exist)."""
+    resume, with no model load (the model folder has no weights)."""
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": f"p{i}"}) + "\n" for i in range(5)))
     lines = [json.dumps({"id": i, "text": f"t{i}", "finish_reason": "stop"}) + "\n"
              for i in range(5)]
     out = tmp_path / "out.jsonl"
     out.write_text("".join(lines[3:] + lines[:3]))
-    run_file(str(src), str(out), EngineConfig(model=str(tmp_path / "no-such-model")),
+    run_file(str(src), str(out), EngineConfig(model=tokenizer_only),
              SamplingParams(), RunOptions(resume=True, show_progress=False))
     assert out.read_text() == "".join(lines)

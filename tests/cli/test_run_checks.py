@@ -144,15 +144,15 @@ def test_keep_columns_nobody_has_warns(tmp_path, tiny):
 
 
 
-def test_wording_names_the_file_and_the_option(tmp_path):
+def test_wording_names_the_file_and_the_option(tmp_path, tokenizer_only):
     arr = tmp_path / "rows.json"
     arr.write_text('[{"prompt": "a"}]')
-    r = cli("run", arr, "--model", tmp_path / "none")
+    r = cli("run", arr, "--model", tokenizer_only)
     assert r.exit_code == 2
     assert f"jq -c '.[]' {arr} > {tmp_path / 'rows.jsonl'}" in r.stderr
     odd = tmp_path / "rows.xyz"
     odd.write_text("a\n")
-    r = cli("run", odd, "--model", tmp_path / "none")
+    r = cli("run", odd, "--model", tokenizer_only)
     assert r.exit_code == 2 and "give --input-format jsonl|parquet|csv|txt|hf" in r.stderr
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
@@ -175,3 +175,24 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, tokenizer_only, comma
             assert r.exit_code == 1, (flag, r.output)
             assert why in r.stderr and "Traceback" not in r.output
     assert (tmp_path / "f").read_text() == "x" and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "no-config", "not-gguf"])
+def test_a_local_model_that_cannot_be_had_is_named_before_the_input_is_read(tmp_path, kind):
+    """A missing path, a folder without config.json or a file that is not a .gguf: said
+    before any row is read (it was found only by the load after the whole input was
+    checked); a repo id that cannot be had already was (tests/loader/test_hub.py)."""
+    model = tmp_path / "model"
+    if kind == "no-config":
+        model.mkdir()
+    elif kind == "not-gguf":
+        model.write_bytes(b"\0")
+    want = {"missing": f"--model {model}: no such folder or file",
+            "no-config": f"Model folder {model} has no config.json",
+            "not-gguf": f"--model {model}: a file, but not a .gguf"}[kind]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hi"}, {"not a row": 1}])
+    for command in (["run", src, "-o", tmp_path / "o.jsonl"], ["plan", src]):
+        r = cli(*command, "--model", model)
+        assert r.exit_code == 1, r.output
+        assert r.stderr.startswith(f"error: {want}"), r.stderr
+        assert "rows checked" not in r.stderr and "line 2" not in r.stderr

@@ -168,3 +168,35 @@ def test_signal_before_any_row_runs_stops_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)
         assert stop.should_stop()
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_sigint_before_the_first_row_finishes_leaves_no_output(job, tmp_path, ext):
+    """Ctrl-C once rows run but before one finishes: no output is left behind (it was an empty
+    file that a plain rerun refused, "exists; pass --resume ..."), the message says nothing
+    was written, and the plain command runs again."""
+    folder, _, _ = job
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"row {i}"}) + "\n"
+                           for i in range(4)))
+    out = str(tmp_path / f"out.{ext}")
+    args = ["run", str(src), "-o", out, "--model", folder, "--ignore-eos", "--kv-memory", "0.01"]
+    proc = subprocess.Popen(mlxpa(*args, "--max-tokens", "4000"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # the pool line: the engine is built, rows run next
+        seen.append(line)
+        if line.startswith("KV pool:"):
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err
+    assert "interrupted (Ctrl-C): writing the finished rows" in err  # rows were running
+    assert f"interrupted before any row finished; nothing was written to {out}" in err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]  # no output, no parts folder
+    r = subprocess.run(mlxpa(*args, "--max-tokens", "2", "-q"), capture_output=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    assert os.path.isfile(out)

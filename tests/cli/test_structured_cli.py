@@ -118,7 +118,7 @@ def test_openai_batch_body_fields_and_output(tmp_path, tiny):  # noqa: F811
     assert b["response"]["body"]["usage"]["completion_tokens"] == len(bc["text"])
 
 
-def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F811
+def test_bad_constraints_stop_before_the_model_loads(tmp_path, tokenizer_only):
     src = write_jsonl(tmp_path / "in.jsonl", [
         {"prompt": "a", "guided_regex": "[a-"},
         {"prompt": "b", "response_format": {"type": "json_schema",
@@ -129,7 +129,8 @@ def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F
         {"custom_id": "f", "url": "/v1/completions",
          "body": {"prompt": "f", "response_format": {"type": "xml"}}},
     ])
-    r = invoke([src, "-o", str(tmp_path / "o.jsonl"), "--model", str(tmp_path / "none")])
+    # a model without weights: a load would fail
+    r = invoke([src, "-o", str(tmp_path / "o.jsonl"), "--model", tokenizer_only])
     assert r.exit_code == 2
     text = " ".join(r.output.split())
     assert 'in.jsonl line 1: field "guided_regex": invalid regex' in text
@@ -140,10 +141,10 @@ def test_bad_constraints_stop_before_the_model_loads(tmp_path, tiny):  # noqa: F
     assert 'line 6: field "body.response_format" must be' in text
     schema = tmp_path / "s.json"
     schema.write_text('{"type": "object", "properties": {"a": {"type": 7}}}')
-    r = invoke([src, "--model", str(tmp_path / "none"), "--json-schema", str(schema)])
+    r = invoke([src, "--model", tokenizer_only, "--json-schema", str(schema)])
     text = " ".join(r.output.split())
     assert r.exit_code != 0 and "--json-schema" in text and "invalid JSON schema" in text
-    r = invoke([src, "--model", str(tmp_path / "none"), "--regex", "(", "--choice", "a,b"])
+    r = invoke([src, "--model", tokenizer_only, "--regex", "(", "--choice", "a,b"])
     assert r.exit_code != 0 and "give one of --choice, --regex" in " ".join(r.output.split())
 
 

@@ -86,6 +86,24 @@ def test_invalid_json_is_a_row_error_with_line(tmp_path):
     assert rows[0].error is None and rows[2].error is None
 
 
+def test_invalid_json_says_where_the_lines_json_ends(tmp_path):
+    """json's own message and column, of the line without its line end: a missing closing
+    brace is at the end of the line's JSON (it was column 1 of the next line), and an
+    unterminated string reads "starting at: column 12" (it read "starting at at column")."""
+    import json
+
+    lines = ['{"prompt": "hi", "max_tokens": 5', '{"prompt": "unterminated}', '{"prompt": x}']
+    src = write_lines(tmp_path / "bad.jsonl", lines)
+    errors = [r.error for r in read_rows(src)]
+    assert errors == [f"{src} line 1: invalid JSON (Expecting ',' delimiter: column 33)",
+                      f"{src} line 2: invalid JSON (Unterminated string starting at: column 12)",
+                      f"{src} line 3: invalid JSON (Expecting value: column 12)"]
+    for line, error in zip(lines, errors):
+        with pytest.raises(json.JSONDecodeError) as e:
+            json.loads(line)
+        assert error.endswith(f"({e.value.msg}: column {e.value.colno})")
+
+
 @pytest.mark.parametrize("line, kind", [("[1, 2]", "an array"), ('"text"', "a string"),
                                         ("3", "a number"), ("null", "null")])
 def test_non_object_line_is_a_row_error(tmp_path, line, kind):
@@ -282,7 +300,7 @@ def test_jsonl_writer_orders_and_flushes_as_rows_become_contiguous(tmp_path):
     out = tmp_path / "out.jsonl"
     with ResultWriter(str(out)) as w:
         w.add(2, record(2))
-        assert out.read_text() == "" and w.num_written == 0
+        assert not out.exists() and w.num_written == 0  # created with its first line
         w.add(0, record(0, text="é\n"))
         # row 0 is on disk before row 1 arrives; row 2 still waits for 1
         assert read_jsonl(out) == [record(0, text="é\n")]

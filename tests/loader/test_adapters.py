@@ -5,6 +5,7 @@ a bad adapter folder is refused naming the path, before any row runs."""
 from __future__ import annotations
 
 import json
+import logging
 
 import mlx.core as mx
 import pytest
@@ -121,15 +122,19 @@ def test_cli_refuses_a_missing_adapter_before_reading_rows(folders, tmp_path):
     assert not out.exists()
 
 
-def test_cli_run_with_an_adapter(folders, tmp_path):
-    """``mlxpa run --adapter-path``: the texts mlx-lm's adapted model generates."""
+def test_cli_run_with_an_adapter(folders, tmp_path, caplog):
+    """``mlxpa run --adapter-path``: the texts mlx-lm's adapted model generates, and a line
+    that says the adapter was applied."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "abc")))
     out = tmp_path / "out.jsonl"
-    r = CliRunner().invoke(app, ["run", str(rows), "-o", str(out), "--model", folders["float"],
-                                 "--adapter-path", folders["dora"], "--max-tokens", "6",
-                                 "-q"])
+    with caplog.at_level(logging.INFO, logger="mlxpa.loader.adapters"):
+        r = CliRunner().invoke(app, ["run", str(rows), "-o", str(out), "--model",
+                                     folders["float"], "--adapter-path", folders["dora"],
+                                     "--max-tokens", "6", "-q"])
     assert r.exit_code == 0, r.output
+    assert [rec.getMessage() for rec in caplog.records] == [
+        f"Applied the dora adapter {folders['dora']} to the last 2 layers"]
     model, tok = load(folders["float"], adapter_path=folders["dora"])
     want = [generate(model, tok, p, max_tokens=6) for p in ("hello", "abc")]
     got = [json.loads(line)["text"] for line in out.read_text().splitlines()]

@@ -91,12 +91,13 @@ def test_sizes_by_hand():
 
 
 def test_memory_rule_keeps_it_packed(folders, monkeypatch, caplog):
-    """Float weights + KV budget over 80% of the available memory: packed, said once."""
+    """The float model + KV budget over 80% of the memory available before the weights are
+    read: packed, said once."""
     packed, _, _ = load_model(EngineConfig(model=folders["q4"], keep_quantized=True))
     size = dequantize.quantized_size(packed, mx.float32)
     monkeypatch.setattr("mlxpa.blas.available_memory_bytes", lambda: 10 * 2**30)
     limit = int(dequantize.MEMORY_FRACTION * 10 * 2**30)
-    kv = limit - size.added + 1  # one byte over the rule
+    kv = limit - size.dequantized + 1  # one byte over the rule
     with caplog.at_level(logging.INFO, logger="mlxpa.loader.dequantize"):
         model, _, _ = load_model(EngineConfig(model=folders["q4"], kv_cache_memory_bytes=kv))
     assert "QuantizedLinear" in _kinds(model)
@@ -115,3 +116,51 @@ def test_without_meminfo_the_rule_uses_physical_memory(folders, monkeypatch):
     monkeypatch.setattr("mlxpa.blas.host_memory_bytes", lambda: 2**40)
     model, _, _ = load_model(EngineConfig(model=folders["q4"]))
     assert "QuantizedLinear" not in _kinds(model)
+
+
+def test_packed_and_float_copies_never_live_together(folders):
+    """MLX's peak memory while loading the 4-bit model stays within the float model plus its
+    largest packed layer (the layers are read and swapped one at a time); holding both copies
+    whole would need the packed model on top of the float one."""
+    import gc
+
+    from mlx.utils import tree_flatten
+
+    packed, _, _ = load_model(EngineConfig(model=folders["q4"], keep_quantized=True))
+    size = dequantize.quantized_size(packed, mx.float32)
+    largest = max(sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+                  for _, m in dequantize._quantized_layers(packed))
+    assert largest < size.packed / 4  # so the bound below is far from packed + float
+    del packed
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    model, _, _ = load_model(EngineConfig(model=folders["q4"]))
+    assert "QuantizedLinear" not in _kinds(model)
+    assert mx.get_peak_memory() - before <= size.dequantized + largest
+
+
+@pytest.mark.parametrize("mode", ["affine", "mxfp8"])
+def test_sliced_weight_is_mx_dequantize_bit_for_bit(monkeypatch, mode):
+    """A weight over ``SLICE_BYTES`` is dequantized in slices of rows written into one array:
+    the values are ``mx.dequantize``'s whole-array ones, and MLX's peak while computing it is
+    the float weight plus about two slices (not ``mx.dequantize``'s output-sized scratch)."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    monkeypatch.setattr(dequantize, "SLICE_BYTES", 2**20)
+    mx.random.seed(0)
+    linear = nn.QuantizedLinear.from_linear(nn.Linear(512, 4096), group_size=32, bits=8,
+                                            mode=mode)
+    switch = QuantizedSwitchLinear(256, 512, 16, bias=False, group_size=64, bits=4)
+    for layer in (linear, switch):
+        mx.eval(layer.parameters())
+        want = mx.dequantize(layer.weight, layer.scales, layer.get("biases"), layer.group_size,
+                             layer.bits, layer.mode).astype(mx.float32)
+        mx.eval(want)
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        got = dequantize._float_weight(layer, mx.float32)
+        mx.eval(got)
+        assert mx.get_peak_memory() - before <= want.nbytes + 2 * 2**20 + 4096
+        assert got.dtype == mx.float32 and mx.array_equal(got, want).item()

@@ -109,7 +109,7 @@ def test_download_call_and_then_the_cache(hub, monkeypatch, caplog):
     # huggingface_hub's own (HF_TOKEN, stderr).
     assert download == {"repo_id": REPO, "revision": "v1",
                         "allow_patterns": DEFAULT_ALLOW_PATTERNS}
-    assert f"Downloading {REPO} --revision v1 from the Hugging Face Hub into {hub}" in caplog.text
+    assert f"Downloading {REPO} (revision v1) from the Hugging Face Hub into {hub}" in caplog.text
     assert folder == hub / f"models--tiny-org--tiny-llama/snapshots/{COMMIT}"
     fake.calls.clear()
     assert load_model(EngineConfig(model=REPO, revision="v1"))[2] == folder
