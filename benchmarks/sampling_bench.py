@@ -41,7 +41,8 @@ SYSTEMS = ("mlxpa-greedy", "mlxpa-sampled", "mlx-lm-greedy", "mlx-lm-sampled")
 def run_mlxpa(model, tok, prompts, output_len: int, sampled: bool, args) -> dict:
     """Our engine on ``prompts``; every row greedy, or sampled with the script's values and
     a seed of its own."""
-    engine = LLMEngine(EngineConfig(max_num_seqs=len(prompts)), model, tok)
+    engine = LLMEngine(EngineConfig(max_num_seqs=len(prompts), kv_memory_gib=args.kv_memory_gib),
+                       model, tok)
     t0 = time.perf_counter()
     engine.counters.start_time = t0
     for i, p in enumerate(prompts):
@@ -98,6 +99,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--kv-memory-gib", type=float, default=1.0,
+                    help="Our engine's KV pool (the workload needs a few hundred MiB).")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--repeats", type=int, default=2, help="Timed rounds (median).")
     ap.add_argument("--json", default=None, help="Write the figures here.")

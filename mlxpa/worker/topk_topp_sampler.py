@@ -14,8 +14,10 @@ the ``C`` blocks with the largest maxima hold its ``C`` largest logits, and ever
 them is at most the ``C``-th block maximum ``τ``. Their logits of at least ``τ`` are the row's
 candidates. When its smallest candidate is filtered out, so is everything outside them: the
 row is decided on a few hundred values after one pass over it (the block maxima). Otherwise
-(no filter, a nucleus wider than the candidates, a tie at the edge) the row is decided over
-its whole vocabulary.
+(a nucleus wider than the candidates, a tie at the edge) the row is sorted and the same test
+runs on more of its largest logits each time, up to all of them. A row nothing filters
+draws by inverse transform sampling with one uniform of its key instead of noise for every
+token.
 """
 
 from __future__ import annotations
@@ -80,16 +82,21 @@ class SamplingMetadata:
                                 self.min_p[index], self.keys[index], self.greedy[index])
 
 
-def gumbel_noise(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``[R, M]`` float64 standard Gumbel noise of token ``ids[r, m]`` in row ``r``: a function
-    of ``keys[r]`` (``[R]`` uint64) and the token id alone (SplitMix64 of the key plus the id
-    times the golden ratio, then 53 bits as a uniform in (0, 1))."""
+def uniforms(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``[R, M]`` float64 uniforms in (0, 1) for token ``ids[r, m]`` of row ``r``: a function
+    of ``keys[r]`` (``[R]`` uint64) and the id alone (SplitMix64 of the key plus the id + 1
+    times the golden ratio, 53 bits)."""
     z = keys.astype(np.uint64)[:, None] + (ids.astype(np.uint64) + np.uint64(1)) * _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     z ^= z >> np.uint64(31)
-    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
-    return -np.log(-np.log(u))
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+def gumbel_noise(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``[R, M]`` float64 standard Gumbel noise of token ``ids[r, m]`` in row ``r``
+    (:func:`uniforms` through the inverse of the Gumbel CDF)."""
+    return -np.log(-np.log(uniforms(keys, ids)))
 
 
 def draw(x: np.ndarray, meta: SamplingMetadata, block: int = BLOCK,
@@ -130,17 +137,44 @@ def kept_threshold(x: np.ndarray, meta: SamplingMetadata, block: int = BLOCK,
 def _sample(x: np.ndarray, meta: SamplingMetadata, block: int,
             num_candidates: int) -> np.ndarray:
     """Draws for ``[R, V]`` rows that all sample: among the candidates where they decide the
-    row, among the row's tokens of at least its threshold elsewhere."""
+    row, among the row's tokens of at least its threshold elsewhere; a row nothing filters
+    by inverse transform sampling (:func:`_inverse_cdf`)."""
     theta, (rows, ids, vals, valid) = _decide(x, meta, block, num_candidates)
     tokens = np.full(len(x), -1, np.int64)
     if len(rows):
         tokens[rows] = _pick(ids, vals, valid & (vals >= theta[rows, None]), vals[:, 0],
                              meta.temperature[rows], meta.keys[rows])
+    plain = (meta.top_k <= 0) | (meta.top_k >= x.shape[1])
+    plain &= (meta.top_p >= 1) & (meta.min_p <= 0)
     for i in np.flatnonzero(tokens < 0):
+        if plain[i]:
+            tokens[i] = _inverse_cdf(x[i], meta.temperature[i], meta.keys[i:i + 1], block)
+            continue
         kept = np.flatnonzero(x[i] >= theta[i])
         tokens[i] = _pick(kept[None], x[i, kept][None], np.ones((1, len(kept)), bool),
                           x[i].max(), meta.temperature[i:i + 1], meta.keys[i:i + 1])[0]
     return tokens
+
+
+def _inverse_cdf(row: np.ndarray, temperature: float, key: np.ndarray, block: int) -> int:
+    """The token of a ``[V]`` row nothing filters: the first (in token order) whose cumulative
+    ``exp((x - max x) / T)`` exceeds ``u`` times the total, ``u`` the row's own uniform
+    (:func:`uniforms` of its key and id -1); block sums first, then one block's tokens (terms
+    in the row's dtype, sums in float64)."""
+    top = row.max()
+    if not np.isfinite(top):  # nothing to sample: every token masked
+        return int(row.argmax())
+    w = np.exp((row - top) / row.dtype.type(min(temperature, float(np.finfo(row.dtype).max))))
+    starts = np.arange(0, len(w), block)
+    ends = np.cumsum(np.add.reduceat(w, starts, dtype=np.float64))
+    target = uniforms(key, np.array([[-1]]))[0, 0] * ends[-1]
+    b = min(int(np.searchsorted(ends, target, side="right")), len(starts) - 1)
+    inner = np.cumsum(w[starts[b]:starts[b] + block], dtype=np.float64) + (
+        ends[b - 1] if b else 0.0)
+    token = starts[b] + min(int(np.searchsorted(inner, target, side="right")), len(inner) - 1)
+    if w[token] == 0:  # rounded past the last token of weight: that one
+        token = int(np.flatnonzero(w[:token + 1])[-1])
+    return int(token)
 
 
 def _decide(x: np.ndarray, meta: SamplingMetadata, block: int, num_candidates: int):
@@ -162,24 +196,39 @@ def _decide(x: np.ndarray, meta: SamplingMetadata, block: int, num_candidates: i
                                              meta.top_p[rows], meta.min_p[rows], z[rows])
         decided = ~undecided
         cands = (rows[decided], ids[decided], vals[decided], valid[decided])
-    decided_rows = set(cands[0].tolist())
-    for i in np.flatnonzero(filtered):
-        if i not in decided_rows:
-            vals = np.sort(x[i])[::-1][None]
-            theta[i] = _thresholds(vals, np.ones(vals.shape, bool), meta.temperature[i:i + 1],
-                                   k[i:i + 1], meta.top_p[i:i + 1], meta.min_p[i:i + 1],
-                                   z[i:i + 1])[0][0]
+    for i in np.setdiff1d(np.flatnonzero(filtered), cands[0]):
+        top = np.sort(x[i])[::-1]  # then the row sorted: more of its largest logits each time
+        for n in (64 * num_candidates, 512 * num_candidates, v):
+            if n < v and k[i] >= n:
+                continue
+            t, still = _thresholds(top[None, :n], np.ones((1, min(n, v)), bool),
+                                   meta.temperature[i:i + 1], k[i:i + 1], meta.top_p[i:i + 1],
+                                   meta.min_p[i:i + 1], z[i:i + 1])
+            if not still[0] or n >= v:
+                theta[i] = t[0]
+                break
     return theta, cands
 
 
 def _kept_mass(row: np.ndarray, temperature: float, min_p: float) -> float:
     """``sum(exp((x - max x) / T))`` over the ``[V]`` row's tokens that min-p keeps: the mass
-    top-p divides when no top-k bounds it (float64, in token order)."""
-    d = (row.astype(np.float64) - float(row.max())) / temperature
-    w = np.exp(d)
+    top-p divides when no top-k bounds it (terms in the row's dtype, summed in float64)."""
+    top = row.max()
+    scale = row.dtype.type(min(temperature, float(np.finfo(row.dtype).max)))
+    w = np.exp((row - top) / scale)
     if min_p > 0:
-        w[d < np.log(min_p)] = 0.0
-    return float(w.sum())
+        w[row < _min_p_floor(top, temperature, min_p, row.dtype)] = 0.0
+    return float(w.sum(dtype=np.float64))
+
+
+def _min_p_floor(top, temperature, min_p, dtype):
+    """The smallest logit min-p keeps, ``top + T log(min_p)`` in float64 (each argument a
+    float or ``[R]`` array), rounded up to the logits' ``dtype`` so that comparing logits
+    with it compares them with the float64 value."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        floor = np.asarray(top, np.float64) + temperature * np.log(min_p)
+        cast = floor.astype(dtype)
+    return np.where(cast < floor, np.nextafter(cast, dtype.type(np.inf)), cast)
 
 
 def _candidates(x: np.ndarray, c: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,6 +273,11 @@ def _thresholds(vals: np.ndarray, valid: np.ndarray, temperature: np.ndarray, k:
     ``valid`` marks the entries; ``k < M`` where on; ``z``: the mass top-p divides where
     top-k is off and top-p on).
 
+    Each filter keeps a prefix of ``vals``: min-p the entries of at least ``max + T
+    log(min_p)``, top-k those at least the k-th; top-p, over what those keep, the entries
+    whose strictly larger kept entries hold less than ``top_p`` of the mass: the prefix before
+    the first entry whose exclusive cumulative mass reaches it, widened to its ties.
+
     Returns:
         ``(theta, open)``: the smallest kept logit of each row (keep ``x >= theta``), and
         whether tokens beyond ``vals`` may count (its last valid entry is kept, or passes
@@ -231,27 +285,26 @@ def _thresholds(vals: np.ndarray, valid: np.ndarray, temperature: np.ndarray, k:
         ``vals`` is the whole row.
     """
     r, m = vals.shape
+    rows = np.arange(r)
     v = vals.astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    n = (valid & (v > -np.inf)).sum(axis=-1)
+    with np.errstate(invalid="ignore"):
         d = (v - v[:, :1]) / temperature[:, None]
-        keep = valid & (v > -np.inf) & (d >= np.log(min_p)[:, None])
-    kth = v[np.arange(r), np.maximum(k, 1) - 1]
-    keep &= (k[:, None] == 0) | (v >= kth[:, None])
-    last = (np.arange(r), valid.sum(axis=-1) - 1)
+    floor = _min_p_floor(v[:, 0], temperature, min_p, vals.dtype)
+    n = np.minimum(n, (vals >= floor[:, None]).sum(axis=-1))
+    kth = v[rows, np.maximum(k, 1) - 1]
+    n = np.where(k > 0, np.minimum(n, (v >= kth[:, None]).sum(axis=-1)), n)
+    last = vals[rows, valid.sum(axis=-1) - 1]
     # top-k's mass comes from `vals`: complete only when its kept set ends inside them
-    open_mass = (k > 0) & (top_p < 1) & keep[last]
-    w = np.where(keep, np.exp(d), 0.0)
+    open_mass = (k > 0) & (top_p < 1) & (last >= vals[rows, np.maximum(n, 1) - 1])
+    w = np.where(np.arange(m) < n[:, None], np.exp(d), 0.0)
     cum = np.cumsum(w, axis=-1)
-    mass = np.where(k > 0, cum[:, -1], z)
     before = np.concatenate([np.zeros((r, 1)), cum[:, :-1]], axis=-1)
-    new = np.ones((r, m), bool)
-    new[:, 1:] = v[:, 1:] != v[:, :-1]
-    first = np.maximum.accumulate(np.where(new, np.arange(m), 0), axis=-1)
-    larger = np.take_along_axis(before, first, axis=-1)  # mass of strictly larger logits
-    keep &= (top_p[:, None] >= 1) | (larger < (top_p * mass)[:, None])
-    n = keep.sum(axis=-1)
-    theta = vals[np.arange(r), np.maximum(n, 1) - 1]
-    return theta, keep[last] | open_mass
+    mass = np.where(k > 0, cum[:, -1], z)
+    within = (before < (top_p * mass)[:, None]).sum(axis=-1)
+    n = np.where(top_p < 1, np.minimum(n, within), n)
+    theta = vals[rows, np.maximum(n, 1) - 1]
+    return theta, (last >= theta) | open_mass
 
 
 def _pick(ids: np.ndarray, vals: np.ndarray, keep: np.ndarray, top: np.ndarray,
