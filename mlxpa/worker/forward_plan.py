@@ -3,9 +3,9 @@
 A step runs its requests in padded groups (:mod:`mlxpa.worker.model_runner`). Beside its K/V
 writes, a group's pass is read at named positions: the last token of each request that
 samples, the positions whose logits score a prompt token, and the last prompt token of a
-request with target token ids. :func:`group_reads` finds them, :func:`~mlxpa.worker.
-paged_forward.forward` returns the head's inputs there by kind, and :class:`StepReads`
-collects them group by group with what each belongs to.
+request with target token ids. :func:`group_reads` finds them,
+:func:`~mlxpa.worker.paged_forward.forward` returns the head's inputs there by kind, and
+:class:`StepReads` collects them group by group with what each belongs to.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class ForwardPlan:
 
     Attributes:
         tokens: ``[B, L]`` int32 token ids, right-padded.
-        meta: The group's attention metadata (:func:`build_metadata`).
+        meta: The group's attention metadata
+            (:func:`~mlxpa.worker.paged_forward.build_metadata`).
         reads: Per kind, the positions whose head inputs are wanted (a kind may be absent).
         states: Per recurrent-state entry, the group's ``ArraysCache``
             (:class:`~mlxpa.worker.state_store.RecurrentStateStore`), passed to the model in

@@ -137,8 +137,7 @@ class Sampler:
         mx.eval(processed, *pending)
         tokens = draw(np.asarray(processed), metadata).tolist()
         del processed
-        grammars = self.grammars
-        ended = {} if bitmask is None else grammars.advance(
+        ended = {} if bitmask is None else self.grammars.advance(
             [reqs[i] for i in bitmask.rows], [tokens[i] for i in bitmask.rows])
         logprobs = {}
         if lp_rows:
