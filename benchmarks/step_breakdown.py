@@ -28,6 +28,7 @@ from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import model_runner
 from mlxpa.worker.attention import PagedLayerCache
 from mlxpa.worker.paged_forward import paged_context
+from mlxpa.worker.sampler import Sampler
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "prefill"
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -63,7 +64,7 @@ def timed(name, fn):
 
 
 model_runner.forward = timed("graph build (forward, lazy)", model_runner.forward)
-model_runner.sample_step = timed("eval (compute) + sampling", model_runner.sample_step)
+Sampler.sample = timed("eval (compute) + sampling", Sampler.sample)
 model_runner.ModelRunner._metadata = timed("numpy step inputs",
                                            model_runner.ModelRunner._metadata)
 

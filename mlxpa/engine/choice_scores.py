@@ -9,8 +9,8 @@ other tokenizations of the same text are not added.
 The row's label: the first label with the highest score at temperature 0 (ties go to the
 label given first); otherwise a draw from ``softmax(score / temperature)`` over the labels
 after ``top_p``, ``top_k`` and ``min_p`` over them, with token sampling's own filters and
-key (:func:`mlxpa.worker.sampling.sample_one`, output position 0), sample ``i`` of ``n``
-with sample ``i``'s seed (:meth:`mlxpa.worker.model_runner.ModelRunner.seed_for`). A choice
+key (:func:`mlxpa.worker.topk_topp_sampler.sample_one`, output position 0), sample ``i`` of
+``n`` with sample ``i``'s seed (:meth:`mlxpa.worker.model_runner.ModelRunner.seed_for`). A choice
 row never samples from the vocabulary and spends no decode step. Its output also carries
 ``choice_probs`` (``softmax`` of the scores: they sum to 1) and ``choice_outside_prob``
 (``1 - sum(exp(score))`` over the labels whose tokens do not extend another label's tokens:
@@ -48,15 +48,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import mlx.core as mx
-
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.messages import quote_value
 from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.structured.labels import LabelJoiner, source_name
 from mlxpa.worker.outputs import StepResult
-from mlxpa.worker.sampling import sample_one
+from mlxpa.worker.topk_topp_sampler import sample_one
 
 
 @dataclass(slots=True)
@@ -86,13 +84,12 @@ def choose_label(scores: Sequence[float], params: SamplingParams, seed: int) -> 
     Returns:
         The first highest-scoring label at temperature 0; otherwise a draw from
         ``softmax(scores / temperature)`` after ``top_p`` / ``min_p`` / ``top_k`` over the
-        labels (:func:`mlxpa.worker.sampling.sample_one`: mlx-lm's filters, keyed by
-        ``seed`` and output position 0).
+        labels (:func:`mlxpa.worker.topk_topp_sampler.sample_one`: the sampler's filters,
+        keyed by ``seed`` and output position 0).
     """
     if params.greedy:
         return max(range(len(scores)), key=scores.__getitem__)
-    drawn = sample_one(mx.array([list(scores)], dtype=mx.float32), params, seed, 0)
-    return int(drawn.item())
+    return sample_one(list(scores), params, seed, 0)
 
 
 def label_probs(scores: Sequence[float], tokens: Sequence[Sequence[int]]

@@ -32,6 +32,7 @@ from mlxpa.kernels.quant import dequantize
 from mlxpa.kernels.reference import gather_kv
 from mlxpa.loader.errors import UnsupportedModelError
 from mlxpa.utils import cdiv
+from mlxpa.worker.forward_plan import ForwardPlan, Positions, ReadKind
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import KVStorage, kv_storage
 from mlxpa.worker.model_probe import ModelGeometry, cache_entries, reference_logits
@@ -172,12 +173,12 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
                                        [tables[i][:cdiv(done[i] + n, block_size)]
                                         for i, n in zip(rows, counts)], block_size,
                                        geometry.windows, kernel)
-            states = store.caches(rows, starts, counts) if store is not None else None
-            logits = lm_head(split)(forward(
-                model, split, pool, geometry.windows, tok, meta, list(range(len(rows))),
-                [n - 1 for n in counts], geometry.gathered, states, geometry.layout))
+            last = Positions(list(range(len(rows))), [n - 1 for n in counts])
+            plan = ForwardPlan(tok, meta, {ReadKind.SAMPLE: last},
+                               store.caches(rows, starts, counts) if store is not None else None)
+            logits = lm_head(split)(forward(model, split, pool, geometry, plan)[ReadKind.SAMPLE])
             if store is not None:
-                store.save(rows, starts, counts, states)
+                store.save(rows, starts, counts, plan.states)
             mx.eval(logits, pool.arrays(), store.arrays() if store is not None else [])
             for k, i in enumerate(rows):
                 results[i].append(_log_softmax(logits[k]))

@@ -17,23 +17,24 @@ scheduler tells it (``finished`` and ``preempted``, vLLM's ``finished_req_ids``)
    padding a decode to a prefill chunk would cost the chunk's FLOPs);
 3. builds per-group metadata with numpy (slot mapping, block tables, context lengths,
    positions, sliding-window tables) and converts it once;
-4. runs the model body with one :class:`PagedLayerCache` per layer, slices the hidden state
-   of each request's last token and applies the LM head only to requests that sample (Gemma 3's head
-   over 262,144 tokens costs more than the rest of the 270M model);
-5. samples and evaluates everything (tokens, every written pool, the hidden states of scored
-   positions, the log-probabilities of the targets) in one ``mx.eval``
-   (:mod:`mlxpa.worker.sample_step`; a step of several groups first evaluates each group but
-   the last, so that the next group's pool writes can take over the pools' buffers instead of
-   copying them), then reads the log-probabilities of the scored tokens, the head applied to
-   them in bounded slices (:func:`mlxpa.worker.logprobs.scored_logprobs`). A ``score_only``
-   request never samples: its last chunk's logits are read for its targets only.
+4. runs each group's :class:`~mlxpa.worker.forward_plan.ForwardPlan` (tokens, metadata,
+   and the positions read, by kind: sampled rows, scored prompt positions, targets), keeping
+   the head's inputs there (:class:`~mlxpa.worker.forward_plan.StepReads`); the LM head
+   runs only on those rows (Gemma 3's head over 262,144 tokens costs more than the rest of
+   the 270M model);
+5. samples (:class:`~mlxpa.worker.sampler.Sampler`) and evaluates everything (tokens, every
+   written pool, the scored positions' head inputs, the targets' log-probabilities) in one
+   ``mx.eval``; a step of several groups first evaluates each group but the last, so that the
+   next group's pool writes can take over the pools' buffers instead of copying them. The
+   scored tokens' log-probabilities are then read, the head applied in bounded slices
+   (:func:`mlxpa.worker.logprobs.scored_logprobs`). A ``score_only`` request never samples:
+   its last chunk's logits are read for its targets only.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -43,15 +44,16 @@ from mlxpa.core.kv_sizing import num_kv_blocks
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
+from mlxpa.worker.forward_plan import ForwardPlan, ReadKind, StepReads, group_reads
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import kv_storage
 from mlxpa.worker.load_check import verify_and_split
-from mlxpa.worker.logprobs import LogprobGather, score_columns, scored_logprobs
+from mlxpa.worker.logprobs import LogprobGather, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
 from mlxpa.worker.paged_forward import build_metadata, forward, lm_head, paged_context
 from mlxpa.worker.penalties import PenaltyState
-from mlxpa.worker.sample_step import Sampled, sample_step
+from mlxpa.worker.sampler import NOTHING_SAMPLED, Sampler, sampling_metadata
 from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
@@ -93,9 +95,6 @@ def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> li
         else:
             groups.append([i])
     return groups
-
-
-_NOTHING_SAMPLED = Sampled([], {}, {}, None)
 
 
 class ModelRunner:
@@ -162,6 +161,7 @@ class ModelRunner:
         self.grammars = (Grammars(hf_tokenizer, self.vocab_size, self.eos_token_ids)
                          if hf_tokenizer is not None else None)
         self.penalties = PenaltyState()
+        self.sampler = Sampler(self.eos_token_ids, self.grammars, self.penalties)
         self._head = lm_head(self._split)
         self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
@@ -270,40 +270,47 @@ class ModelRunner:
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
-        order, logits, reads = self._forward(out)
-        features = _joined(reads.score_features)
-        targets = None
-        if reads.target_features:
-            targets = LogprobGather(
-                self._head(_joined(reads.target_features)),
-                [k for k, r in enumerate(reads.targets) for _ in r.target_token_ids],
-                [t for r in reads.targets for t in r.target_token_ids],
-                [r.scored_top_logprobs for r in reads.targets for _ in r.target_token_ids])
-        reads.score_features.clear()
+        reads = self._forward(out)
+        scored = reads.take(ReadKind.SCORE)
+        targets = self._targets(reads)
         # evaluated with the tokens: the written pools and states, the scored positions'
-        # hidden states, the targets' log-probabilities
-        pending = [*self._pools(), *([features] if features is not None else []),
+        # head inputs, the targets' log-probabilities
+        pending = [*self._pools(), *([scored] if scored is not None else []),
                    *(targets.arrays if targets is not None else [])]
+        order = reads.owners[ReadKind.SAMPLE]
         reqs = [out.requests[i] for i in order]
         if reqs:  # one evaluation: tokens, pools and the reads
-            res = sample_step(logits, reqs, [self.seed_for(r) for r in reqs],
-                              self.eos_token_ids, self.grammars, pending, self.penalties)
+            metadata = sampling_metadata(reqs, [self.seed_for(r) for r in reqs])
+            res = self.sampler.sample([self._head(reads.take(ReadKind.SAMPLE))], reqs, metadata,
+                                      pending)
         else:
             mx.eval(*pending)
-            res = _NOTHING_SAMPLED
+            res = NOTHING_SAMPLED
         del pending
         by_row = dict(zip(order, res.tokens))
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
             logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
-            scored=self._scored(reads.scored, features),
-            targets=_by_request(reads.targets, targets),
+            scored=self._scored(reads.owners[ReadKind.SCORE], scored),
+            targets=_by_request(reads.owners[ReadKind.TARGET], targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
+
+    def _targets(self, reads: StepReads) -> LogprobGather | None:
+        """The log-probabilities of the target requests' ``target_token_ids`` at their last
+        prompt token, each with its ``scored_top_logprobs`` alternatives (lazy)."""
+        features = reads.take(ReadKind.TARGET)
+        if features is None:
+            return None
+        pairs = [(k, t, r.scored_top_logprobs)
+                 for k, r in enumerate(reads.owners[ReadKind.TARGET]) for t in r.target_token_ids]
+        rows, ids, tops = (list(c) for c in zip(*pairs))
+        return LogprobGather(self._head(features), rows, ids, tops)
 
     def _scored(self, scored: list[tuple[Request, int, int]],
                 features: mx.array | None) -> dict[Request, dict[int, TokenLogprob]]:
         """Per request, position to the :class:`TokenLogprob` of its scored prompt token
-        (``features``: the head's inputs at the scored positions, evaluated)."""
+        (``scored``: ``(request, position, token id)`` per read; ``features``: the head's
+        inputs there, evaluated)."""
         if not scored:
             return {}
         values = scored_logprobs(features, self._head, self.geometry.logits_width,
@@ -314,17 +321,9 @@ class ModelRunner:
             by_request.setdefault(req, {})[position] = value
         return by_request
 
-    def _forward(self, out: SchedulerOutput) -> tuple[list[int], list[mx.array], _Reads]:
-        """Run the step's groups (lazily).
-
-        Returns:
-            ``(order, logits, reads)``: the indices in ``out.requests`` of the requests that
-            sample, their ``[S_k, V]`` logits per group, and the LM head's inputs at the
-            scored prompt positions and at the targets' positions (:class:`_Reads`; logits
-            for a model without a body/head split).
-        """
-        order, logits = [], []
-        reads = _Reads([], [], [], [])
+    def _forward(self, out: SchedulerOutput) -> StepReads:
+        """Run the step's groups (lazily) and collect their reads (:class:`StepReads`)."""
+        reads = StepReads()
         pad = _MAX_PAD_TOKENS if self.states is None else 0
         groups = group_by_length(out.num_scheduled_tokens, pad)
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
@@ -332,53 +331,35 @@ class ModelRunner:
                 reqs = [out.requests[i] for i in group]
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 starts = [r.num_computed_tokens for r in reqs]
-                tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group))
-                rows = [k for k, i in enumerate(group) if out.sampling[i]]
-                extra = [(k, *c) for k, r in enumerate(reqs)
-                         for c in score_columns(r, starts[k], counts[k])]
-                # targets: read where the chunk ends the prompt (the last prompt token)
-                tgt = [k for k, r in enumerate(reqs)
-                       if r.target_token_ids and starts[k] + counts[k] == r.num_prompt_tokens]
-                states = (self.states.caches(reqs, starts, counts)
-                          if self.states is not None else None)
-                result = forward(self.model, self._split, self.kv_cache, self.windows, tokens,
-                                 meta, rows + [e[0] for e in extra] + tgt,
-                                 [counts[k] - 1 for k in rows] + [e[1] for e in extra]
-                                 + [counts[k] - 1 for k in tgt],
-                                 self.geometry.gathered, states, self.geometry.layout)
-                if self.states is not None:
-                    self.states.save(reqs, starts, counts, states)
-                if rows:
-                    order.extend(group[k] for k in rows)
-                    logits.append(self._head(result[:len(rows)] if extra or tgt else result))
-                if extra:
-                    reads.score_features.append(result[len(rows):len(rows) + len(extra)])
-                    reads.scored.extend((reqs[k], p, t) for k, _, t, p in extra)
-                if tgt:
-                    reads.target_features.append(result[len(rows) + len(extra):])
-                    reads.targets.extend(reqs[k] for k in tgt)
+                plan, owners = self._plan(out, group, reqs, counts, starts)
+                features = forward(self.model, self._split, self.kv_cache, self.geometry, plan)
+                if plan.states is not None:
+                    self.states.save(reqs, starts, counts, plan.states)
+                for kind, value in features.items():
+                    reads.add(kind, owners[kind], value)
                 if g + 1 < len(groups):
                     # The next group writes the pools. Its writes can take over a pool's
                     # buffer only if nothing else references it, but this group's lazy
                     # reads (attention gathers, up to its hidden states) still would: MLX
                     # would copy every whole pool once per further group. Evaluate this one.
-                    mx.eval(*([] if result is None else [result]), *self._pools())
-                del result  # sample_step alone holds the logits (the mask may reuse them)
-        return order, logits, reads
+                    mx.eval(*features.values(), *self._pools())
+                del features
+        return reads
+
+    def _plan(self, out: SchedulerOutput, group: list[int], reqs: list[Request],
+              counts: list[int], starts: list[int]) -> tuple[ForwardPlan, dict[ReadKind, list]]:
+        """One group's :class:`ForwardPlan` (``group``: its indices in ``out.requests``), and
+        per kind what each read position belongs to (:func:`group_reads`)."""
+        tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group))
+        reads, owners = group_reads(group, reqs, counts, starts, out.sampling)
+        states = (self.states.caches(reqs, starts, counts)
+                  if self.states is not None else None)
+        return ForwardPlan(tokens, meta, reads, states), owners
 
     def _pools(self) -> list[mx.array]:
         """Every array a forward pass writes in place: the K/V pools and recurrent states."""
         return [*self.kv_cache.arrays(),
                 *(self.states.arrays() if self.states is not None else [])]
-
-
-class _Reads(NamedTuple):
-    """A step's log-probability reads beside sampling (lists filled group by group)."""
-
-    scored: list[tuple[Request, int, int]]  # (request, position, token id) per scored token
-    score_features: list[mx.array]  # [N_k, H] per group: the head's inputs there
-    targets: list[Request]  # requests whose targets are read
-    target_features: list[mx.array]  # [T_k, H] per group: at their last prompt token
 
 
 def _rows_of(groups: list, batch: list[int]) -> list[tuple[list[int], int]]:
@@ -388,13 +369,6 @@ def _rows_of(groups: list, batch: list[int]) -> list[tuple[list[int], int]]:
     row = {i: k for k, i in enumerate(batch)}
     kept = (([row[i] for i in g.indices if i in row], g.num_blocks) for g in groups)
     return [(rows, n) for rows, n in kept if len(rows) > 1]
-
-
-def _joined(parts: list[mx.array]) -> mx.array | None:
-    """The groups' arrays concatenated (None when there is none)."""
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
 
 def _by_request(targets: list[Request],

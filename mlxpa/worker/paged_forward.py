@@ -18,7 +18,9 @@ from mlxpa.kernels.device import on_cpu
 from mlxpa.utils import cdiv
 from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
 from mlxpa.worker.cascade import cascade_tables
+from mlxpa.worker.forward_plan import ForwardPlan, ReadKind
 from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.model_probe import ModelGeometry
 from mlxpa.worker.patches import fused_cpu_ops, paged_attention
 
 
@@ -73,42 +75,32 @@ def paged_context(model: nn.Module, fused: bool, attention: bool = True) -> Iter
 
 
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
-            windows: list[int | None], tokens: mx.array, meta: AttentionMetadata,
-            rows: list[int], cols: list[int], gathered: list[bool] | None = None,
-            states: dict | None = None,
-            layout: list[int | tuple[int, ...]] | None = None) -> mx.array | None:
-    """Run one padded group (inside :func:`paged_context`).
+            geometry: ModelGeometry, plan: ForwardPlan) -> dict[ReadKind, mx.array]:
+    """Run one padded group (inside :func:`paged_context`), lazily.
 
     Args:
-        tokens: ``[B, L]`` int32 token ids.
-        rows, cols: Positions whose logits are wanted.
-        gathered: Per cache entry, whether its layer attends over K/V derived from the
-            gathered context (:class:`PagedLayerCache`); None: none does.
-        states: Per recurrent-state entry, the group's ``ArraysCache``
-            (:class:`~mlxpa.worker.state_store.RecurrentStateStore`), passed to the model in
-            that entry's place and updated by it.
-        layout: mlx-lm's cache list in entry indices (a tuple: one ``CacheList`` of those
-            entries, a layer keeping several caches); None: one entry per position.
+        model: The mlx-lm model.
+        split: Its body/head split (None: the model's output is read, logits).
+        kv_cache: The K/V pools the group writes and attends over.
+        geometry: The model's cache entries (windows, which attend over gathered K/V, the
+            layout of mlx-lm's cache list).
+        plan: The group's tokens, metadata, recurrent states and reads.
 
     Returns:
-        The head's inputs at ``(rows, cols)``, ``[len(rows), hidden]`` (``lm_head(split)``
+        Per kind with positions, the head's inputs there, ``[N, hidden]`` (``lm_head(split)``
         turns them into logits, so a caller can apply the head in slices), or, without a
-        split, the ``[len(rows), vocab]`` logits there; None when ``rows`` is empty (only
-        the K/V writes matter, evaluated with the pools).
+        split, the ``[N, vocab]`` logits. The K/V writes are evaluated with the pools.
     """
-    gathered = gathered or [False] * len(windows)
-    states = states or {}
-    leaves = [states[i] if i in states else PagedLayerCache(kv_cache, i, meta, w, g)
-              for i, (w, g) in enumerate(zip(windows, gathered))]
+    states = plan.states or {}
+    leaves = [states[i] if i in states else
+              PagedLayerCache(kv_cache, i, plan.meta, w, g)
+              for i, (w, g) in enumerate(zip(geometry.windows, geometry.gathered))]
+    layout = geometry.layout
     caches = leaves if layout is None else [
         leaves[e] if isinstance(e, int) else _cache_list(leaves[j] for j in e) for e in layout]
-    if split is None:
-        out = model(tokens, cache=caches)
-        return out[mx.array(rows), mx.array(cols)] if rows else None
-    hidden = split.body(tokens, cache=caches)
-    if not rows:
-        return None
-    return hidden[mx.array(rows), mx.array(cols)]
+    out = (model if split is None else split.body)(plan.tokens, cache=caches)
+    return {kind: out[mx.array(p.rows), mx.array(p.cols)]
+            for kind, p in plan.reads.items() if p.rows}
 
 
 def _cache_list(caches):

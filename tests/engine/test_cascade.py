@@ -20,7 +20,8 @@ from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
-from mlxpa.worker import attention, cascade, model_runner
+from mlxpa.worker import attention, cascade
+from mlxpa.worker.sampler import Sampler
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 BS = 8
@@ -40,13 +41,12 @@ def spies(monkeypatch):
     group sizes, window and query length (1: decode rows; more: prefill chunks)."""
     monkeypatch.setattr(cascade, "worth_cascading", lambda rows, blocks: True)
     steps, calls = [], []
-    sample, attend = model_runner.sample_step, attention.cascade_attention
+    sample, attend = Sampler.sample, attention.cascade_attention
 
-    def sample_spy(parts, reqs, *args, **kwargs):
-        raw = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    def sample_spy(self, logits, reqs, *args, **kwargs):
         steps.append(([(r.request_id, r.sample_index) for r in reqs],
-                      np.array(raw.astype(mx.float32))))
-        return sample(parts, reqs, *args, **kwargs)
+                      np.array(logits[0].astype(mx.float32))))
+        return sample(self, logits, reqs, *args, **kwargs)
 
     def attend_spy(*args, **kwargs):
         prefix = args[6]
@@ -56,7 +56,7 @@ def spies(monkeypatch):
                       args[0].shape[2]))
         return attend(*args, **kwargs)
 
-    monkeypatch.setattr(model_runner, "sample_step", sample_spy)
+    monkeypatch.setattr(Sampler, "sample", sample_spy)
     monkeypatch.setattr(attention, "cascade_attention", attend_spy)
     return steps, calls
 

@@ -18,7 +18,7 @@ from mlxpa.data import read_rows
 from mlxpa.engine import LLMEngine
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
-from mlxpa.worker.sampling import sample_one as sample_row
+from mlxpa.worker.topk_topp_sampler import sample_one as sample_row
 from tests.tiny_models import VOCAB, byte_tokenizer, tiny_llama
 
 A_PROMPT, B_PROMPT = "Here is a short list of fruits: apple, banana,", "One, two, three,"
@@ -56,7 +56,7 @@ def test_engine_refuses_out_of_vocabulary_ids_and_the_neighbour_is_unchanged(tin
 
 def test_min_tokens_mask_never_indexes_past_the_logits(tiny):
     """The step's scatter is bounds-checked itself (defence below the engine's check)."""
-    from mlxpa.worker.sample_step import mask_early_stops
+    from mlxpa.worker.sampler import mask_early_stops
 
     class Req:  # the two fields the mask reads
         num_output_tokens = 0
@@ -80,11 +80,11 @@ def test_temperatures_below_vllm_eps_are_greedy(tmp_path, tiny, temperature):
 def test_huge_temperature_keeps_filtered_tokens_out():
     """T = 1e39 overflows float32 (1/T underflows to 0): the two top-k tokens stay the only
     candidates, each drawn (uniformly) and nothing else, never a NaN draw."""
-    logits = mx.array(np.linspace(-5, 5, 64, dtype=np.float32)[None])
-    drawn = {int(sample_row(logits, SamplingParams(temperature=1e39, top_k=2), seed, 0).item())
+    logits = np.linspace(-5, 5, 64, dtype=np.float32)
+    drawn = {sample_row(logits, SamplingParams(temperature=1e39, top_k=2), seed, 0)
              for seed in range(64)}
     assert drawn == {62, 63}
-    drawn = {int(sample_row(logits, SamplingParams(temperature=3e38, top_p=1e-300), s, 0).item())
+    drawn = {sample_row(logits, SamplingParams(temperature=3e38, top_p=1e-300), s, 0)
              for s in range(16)}
     assert drawn == {63}
 

@@ -13,10 +13,16 @@ import pytest
 from mlxpa.request import Request
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
-from mlxpa.worker.sample_step import sample_step
-from mlxpa.worker.sampling import sample
+from mlxpa.worker.sampler import Sampler, sampling_metadata
+from mlxpa.worker.topk_topp_sampler import SamplingMetadata, draw
 
 V = 64
+
+
+def sample_step(parts, reqs, seeds, eos_token_ids, grammars, pending, penalties):
+    """One step of the runner's :class:`Sampler` on ``parts`` (one ``[S, V]`` logits)."""
+    return Sampler(eos_token_ids, grammars, penalties).sample(
+        parts, reqs, sampling_metadata(reqs, seeds), pending)
 
 
 def reference(logits: np.ndarray, reqs: list[Request]) -> np.ndarray:
@@ -127,9 +133,9 @@ def test_counts_follow_new_tokens_preemption_and_forks():
 
 
 def test_greedy_and_sampled_rows_sample_from_the_penalised_logits():
-    """Through ``sample_step``: greedy rows are the argmax of the reference, sampled rows draw
-    what ``sample`` draws from the reference with the same seeds (the penalties come before
-    temperature, top-k, top-p, min-p)."""
+    """Through the step's sampler: greedy rows are the argmax of the reference, sampled rows
+    draw what ``draw`` draws from the reference with the same seeds (the penalties come
+    before temperature, top-k, top-p, min-p)."""
     rng = np.random.default_rng(11)
     reqs = [random_request(rng, p, str(i)) for i, p in enumerate(PARAMS)]
     logits = random_logits(rng, len(reqs))
@@ -138,8 +144,8 @@ def test_greedy_and_sampled_rows_sample_from_the_penalised_logits():
     res = sample_step([mx.array(logits)], reqs, seeds, [], None, [], PenaltyState())
     want = reference(logits, reqs)
     positions = [r.num_output_tokens for r in reqs]
-    drawn = np.array(sample(mx.array(want.astype(np.float32)),
-                            [r.sampling_params for r in reqs], seeds, positions))
+    drawn = draw(want.astype(np.float32),
+                 SamplingMetadata.of([r.sampling_params for r in reqs], seeds, positions))
     assert res.tokens == drawn.tolist()
     greedy = [i for i, r in enumerate(reqs) if r.sampling_params.greedy]
     assert [res.tokens[i] for i in greedy] == np.argmax(want[greedy], axis=-1).tolist()

@@ -1,0 +1,179 @@
+"""The step's sampler: logits processing in vLLM's order, then one draw for all sampled rows.
+
+Order (vLLM v1's ``Sampler``): raw logits kept for log-probabilities; the grammar bitmask
+(filled while ``mx.async_eval`` runs the forward pass); EOS and stop ids banned below
+``min_tokens`` (in the bitmask when there is one); ``logit_bias`` and penalties
+(:mod:`mlxpa.worker.penalties`); one ``mx.eval`` of the processed logits with the step's other
+arrays; then temperature, min-p, top-k and top-p and the draw for every row together, on the
+host (:mod:`mlxpa.worker.topk_topp_sampler`: greedy rows take the argmax). The matchers then consume
+the tokens.
+
+``min_tokens`` never empties a row: when the ban would leave nothing to sample (the grammar
+admits only EOS or stop ids, or the ids cover the vocabulary), the row keeps what it allowed,
+and a complete grammar ends the request (vLLM's rule: the grammar is authoritative).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+import numpy as np
+
+from mlxpa.request import Request, TokenLogprob
+from mlxpa.structured.mask import apply_bitmask, ban_in_bitmask
+from mlxpa.structured.matchers import Grammars
+from mlxpa.worker.logprobs import token_logprobs
+from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
+from mlxpa.worker.topk_topp_sampler import SamplingMetadata, draw
+
+
+def sampling_metadata(reqs: list[Request], seeds: list[int]) -> SamplingMetadata:
+    """The step's :class:`SamplingMetadata`: the requests' parameters, their seeds and the
+    output position of the token each samples."""
+    return SamplingMetadata.of([r.sampling_params for r in reqs], seeds,
+                               [r.num_output_tokens for r in reqs])
+
+
+class Sampled(NamedTuple):
+    """What a step's sampling requests produced (row ``i`` is the ``i``-th request).
+
+    Attributes:
+        tokens: One token id per request.
+        logprobs: Row to the sampled token's :class:`TokenLogprob`, for requests that ask.
+        grammar_ended: The constrained requests whose grammar ended with their token: None
+            when complete, else the error (:meth:`Grammars.advance`).
+        mask_time_s: Seconds spent filling the grammar bitmask, None when none was filled.
+    """
+
+    tokens: list[int]
+    logprobs: dict[int, TokenLogprob]
+    grammar_ended: dict[Request, str | None]
+    mask_time_s: float | None
+
+
+NOTHING_SAMPLED = Sampled([], {}, {}, None)
+
+
+def early_stop_bans(reqs: list[Request], eos_token_ids: list[int],
+                    width: int) -> dict[int, list[int]]:
+    """EOS and stop token ids banned for each request that has not yet generated
+    ``min_tokens`` tokens (vLLM's ``min_tokens`` rule).
+
+    Returns:
+        Row (index in ``reqs``) to its sorted banned ids (rows without a ban are absent).
+
+    Raises:
+        IndexError: A banned id is not below ``width`` (the engine refuses such requests; a
+            scatter out of range would write another row or crash).
+    """
+    bans = {}
+    for i, r in enumerate(reqs):
+        sp = r.sampling_params
+        if r.num_output_tokens < sp.min_tokens:
+            banned = sorted(set(sp.stop_token_ids) | set(eos_token_ids))
+            if banned and not 0 <= banned[0] <= banned[-1] < width:
+                raise IndexError(f"token ids {banned} outside the logits' {width} columns")
+            if banned:
+                bans[i] = banned
+    return bans
+
+
+def mask_early_stops(logits: mx.array, reqs: list[Request], eos_token_ids: list[int]) -> mx.array:
+    """EOS and stop token ids get -inf logits in rows that have not yet generated
+    ``min_tokens`` tokens. ``logits`` is ``[S, V]``, updated. A row whose banned ids would
+    cover the whole vocabulary is left as it is (there would be nothing to sample).
+
+    Raises:
+        IndexError: As :func:`early_stop_bans`.
+    """
+    width = logits.shape[-1]
+    bans = {i: ids for i, ids in early_stop_bans(reqs, eos_token_ids, width).items()
+            if len(ids) < width}
+    rows = [i for i, ids in bans.items() for _ in ids]
+    if rows:
+        logits[mx.array(rows), mx.array([t for ids in bans.values() for t in ids])] = -mx.inf
+    return logits
+
+
+class Sampler:
+    """Samples one token per row of a step's logits (vLLM's ``Sampler``).
+
+    Args:
+        eos_token_ids: The model's EOS ids (banned below ``min_tokens``).
+        grammars: The constrained requests' matchers (None: no constraints possible); the
+            bitmask is ``grammars.vocab_size`` wide.
+        penalties: The runner's ``logit_bias`` and penalty entries (None: no request can set
+            them).
+    """
+
+    def __init__(self, eos_token_ids: list[int], grammars: Grammars | None,
+                 penalties: PenaltyState | None) -> None:
+        self.eos_token_ids = list(eos_token_ids)
+        self.grammars = grammars
+        self.penalties = penalties
+
+    def sample(self, logits: list[mx.array], reqs: list[Request], metadata: SamplingMetadata,
+               pending: list[mx.array]) -> Sampled:
+        """Process, evaluate and sample one step.
+
+        Args:
+            logits: The step's ``[S, V]`` raw logits (lazy) as the one item of a list, which
+                is emptied so that nothing else holds them: the mask may then write into
+                their buffer when no request reads the raw logits afterwards.
+            reqs: The ``S`` requests, row ``i`` the ``i``-th.
+            metadata: Their sampling inputs (:func:`sampling_metadata`).
+            pending: Other arrays to evaluate with the logits (the KV pools, the step's other
+                log-probability reads).
+
+        Returns:
+            The sampled tokens, the asked-for log-probabilities and the grammar endings.
+        """
+        lp_rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
+        raw = logits[0] if lp_rows else None  # read again for the log-probabilities
+        bitmask, processed = self._process(logits, reqs, pending, keep_raw=bool(lp_rows))
+        if processed.dtype != mx.float32:
+            processed = processed.astype(mx.float32)
+        mx.eval(processed, *pending)
+        tokens = draw(np.asarray(processed), metadata).tolist()
+        del processed
+        ended = {} if bitmask is None else self.grammars.advance(
+            [reqs[i] for i in bitmask.rows], [tokens[i] for i in bitmask.rows])
+        logprobs = {}
+        if lp_rows:
+            idx = mx.array(lp_rows)
+            values = token_logprobs(raw[idx], [tokens[i] for i in lp_rows],
+                                    [reqs[i].sampling_params.logprobs for i in lp_rows],
+                                    ranks=True)
+            logprobs = dict(zip(lp_rows, values))
+        return Sampled(tokens, logprobs, ended, None if bitmask is None else bitmask.fill_s)
+
+    def _process(self, logits: list[mx.array], reqs: list[Request], pending: list[mx.array],
+                 keep_raw: bool):
+        """The grammar mask, ``min_tokens`` and penalties applied to the raw logits (the one
+        item of ``logits``, popped; ``keep_raw``: the caller reads them afterwards); returns
+        ``(bitmask or None, processed logits)``, lazy. The host work (bitmask, penalty
+        entries) overlaps the forward pass, which ``mx.async_eval`` starts."""
+        raw = logits.pop()
+        grammars, penalties = self.grammars, self.penalties
+        bitmask = entries = None
+        constrained = grammars is not None and any(
+            r.sampling_params.structured_outputs is not None for r in reqs)
+        if constrained or (penalties is not None and any(
+                r.sampling_params.penalised for r in reqs)):
+            mx.async_eval(raw, *pending)
+            bitmask = grammars.fill(reqs) if constrained else None
+            entries = penalties.step(reqs) if penalties is not None else None
+            mx.synchronize()  # the finished async evaluation lets go of the raw logits
+        if bitmask is not None:
+            ban_in_bitmask(bitmask.words,
+                           early_stop_bans(reqs, self.eos_token_ids, grammars.vocab_size))
+            out = apply_bitmask(raw, bitmask.words)
+        else:  # the scatter writes into a copy when the raw logits are read afterwards
+            out = mask_early_stops(raw + 0 if keep_raw else raw, reqs, self.eos_token_ids)
+        del raw
+        if entries is not None:
+            values = gather_entries(out, entries)
+            mx.eval(values)  # now nothing but `out` holds the masked logits: scatter in place
+            out = apply_penalties(out, values, entries)
+        return bitmask, out
