@@ -192,6 +192,11 @@ class SampleOutput:
             labels whose tokens do not extend another label's tokens).
         stop_reason: The stop string or stop token id that ended the sample; None when EOS,
             the length cap or an error did (vLLM's ``CompletionOutput.stop_reason``).
+        finished: The sample is done. A request with ``output_kind`` ``DELTA`` gets an output
+            after every step that gave it something: ``text``, ``token_ids`` and ``logprobs``
+            hold only what is new (text that could still become a stop string is held back),
+            and the last one (``finished``) carries the rest and every other field, so the
+            pieces joined equal the ``FINAL_ONLY`` output.
     """
 
     request_id: str
@@ -210,6 +215,7 @@ class SampleOutput:
     choice_probs: dict[str, float] | None = None
     choice_outside_prob: float | None = None
     stop_reason: int | str | None = None
+    finished: bool = True
 
 
 def sample_output(req: Request, text: str, eos_token_ids: frozenset[int],
