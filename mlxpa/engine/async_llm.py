@@ -111,7 +111,8 @@ class AsyncLLM:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
         self._lock = threading.Lock()
-        self._queued = 0  # requests in the inbox, not yet handed to the engine
+        self._queued = 0  # requests put in the inbox, not yet counted by the engine's stats
+        self._applied = 0  # requests handed to the engine since the last _publish
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="mlxpa-engine", daemon=True)
@@ -151,8 +152,7 @@ class AsyncLLM:
     def num_waiting(self) -> int:
         """Requests waiting: in the engine's queue or not yet handed to it."""
         with self._lock:
-            queued = self._queued
-        return queued + self.stats.num_waiting
+            return self._queued + self.stats.num_waiting
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[SampleOutput]:
         """Run ``request``; yield its outputs as the engine thread produces them (with
@@ -220,15 +220,18 @@ class AsyncLLM:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests() or engine.scheduler.has_finished_requests()
-            for command in self._take(block=not busy):
+            commands = self._take(block=not busy)
+            for command in commands:
                 if command is _STOP:
                     self._error = EngineDeadError("the engine was shut down")
                     self._fail_all(self._error)
                     return
                 self._apply(command)
+            if commands:
+                self._publish()
             if engine.has_unfinished_requests() or engine.scheduler.has_finished_requests():
                 self._dispatch(engine.step())
-            self._publish()
+                self._publish()
 
     def _take(self, block: bool) -> list[object]:
         """Every command in the inbox; waits for one when ``block`` (the engine is idle)."""
@@ -245,8 +248,7 @@ class AsyncLLM:
             engine.abort_request(command[1])
             self._sinks.pop(command[1], None)
             return
-        with self._lock:
-            self._queued -= 1
+        self._applied += 1
         request = command.request
         try:
             done = engine.add_request(*request)
@@ -280,10 +282,14 @@ class AsyncLLM:
         kv, c = engine.kv_cache_manager, engine.counters
         c.ttft_s.clear()
         c.itl_s.clear()
-        self.stats = EngineStats(
+        stats = EngineStats(
             len(engine.scheduler.running), engine.num_waiting, kv.num_active_blocks,
             kv.pool.num_usable_blocks, c.prompt_tokens, c.cached_prompt_tokens,
             c.generation_tokens, c.num_preemptions)
+        with self._lock:  # a request moves from the inbox's count to the engine's at once
+            self._queued -= self._applied
+            self._applied = 0
+            self.stats = stats
 
     def _fail_all(self, error: BaseException) -> None:
         """Tell every caller in flight, and every request still in the inbox, ``error``;
@@ -297,6 +303,7 @@ class AsyncLLM:
             except queue.Empty:
                 break
             if isinstance(command, _Add):
+                self._applied += 1
                 command.put(error)
         try:
             self.engine.abort_unfinished()

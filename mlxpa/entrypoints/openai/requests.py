@@ -33,6 +33,7 @@ from mlxpa.sampling_params import RequestOutputKind, SamplingParams
 URLS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SPEC = RowSpec("request", "row", InputOptions())
 _FIELD = re.compile(r'field "([^"]+)"')
+_LEADING = re.compile(r"([a-z_]+) must be ")  # a rule between fields: "min_tokens must be <= ..."
 
 
 class RequestError(ValueError):
@@ -105,7 +106,7 @@ def engine_request(kind: str, body: dict[str, Any], request_id: str,
         if isinstance(request, str):
             problem = request
     if problem is not None:
-        raise _error(problem)
+        raise _error(problem, kind)
     if stream:
         params = dataclasses.replace(request.sampling_params,
                                      output_kind=RequestOutputKind.DELTA)
@@ -149,11 +150,15 @@ def _prompt_ids(fields: dict[str, Any]) -> list[int] | None:
     return list(prompt)
 
 
-def _error(problem: str) -> RequestError:
+def _error(problem: str, kind: str) -> RequestError:
     """The :class:`RequestError` of a row problem: without the row's place and the Batch
-    line's ``body.`` before field names."""
+    line's ``body.`` before field names; its ``param`` the first field it names (the
+    prompt's field for a prompt over the context)."""
     message = problem.removeprefix(f"{_SPEC.source}: ")
     message = message.replace('"body.', '"').replace(" body.", " ")
     message = re.sub(r'field "url" "[^"]*" needs ', "this route needs ", message)
-    found = _FIELD.search(message)
-    return RequestError(message, found.group(1) if found else None)
+    found = _FIELD.search(message) or _LEADING.match(message)
+    if found is not None:
+        return RequestError(message, found.group(1))
+    prompt = message.startswith("prompt has")
+    return RequestError(message, ("messages" if kind == "chat" else "prompt") if prompt else None)
