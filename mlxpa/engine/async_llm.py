@@ -24,6 +24,7 @@ prefilled waits for those blocks to be cached instead of computing them twice.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import time
@@ -148,6 +149,8 @@ class AsyncLLM:
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join(timeout_s)
+            if not self._thread.is_alive():
+                _wait_os_thread(self._thread)
 
     def num_waiting(self) -> int:
         """Requests waiting: in the engine's queue or not yet handed to it."""
@@ -204,6 +207,10 @@ class AsyncLLM:
     def _main(self) -> None:
         try:
             self.engine = self._factory()
+            # The grammar tokenizer's build (a daemon thread) ends before the first request:
+            # a constrained request then never waits for it, and no build is left running
+            # when the process exits (its thread would abort the interpreter's teardown).
+            self.engine.prepare()
         except BaseException as e:  # reported by start()
             self._error = e
             self._ready.set()
@@ -266,11 +273,11 @@ class AsyncLLM:
             sink = self._sinks.get(out.request_id)
             if sink is None:  # aborted while the step ran
                 continue
+            if out.finished and self.on_finished is not None:  # observed before it is seen
+                self.on_finished(out, now - sink.submitted)
             sink.put(out)
             if not out.finished:
                 continue
-            if self.on_finished is not None:
-                self.on_finished(out, now - sink.submitted)
             sink.left -= 1
             if not sink.left:
                 del self._sinks[out.request_id]
@@ -309,3 +316,18 @@ class AsyncLLM:
             self.engine.abort_unfinished()
         except Exception:  # the engine is broken already; its callers know
             pass
+
+
+def _wait_os_thread(thread: threading.Thread, timeout_s: float = 5.0) -> None:
+    """Wait until the OS thread behind ``thread`` (joined) is gone. After ``join`` returns it
+    still runs its C++ thread-local destructors, MLX's compile cache among them, which take
+    the GIL; an interpreter that starts its teardown meanwhile makes that thread exit inside
+    them, and the process aborts (``terminate called without an active exception``). Linux
+    lists a process's threads in ``/proc``; elsewhere a short sleep hands over the GIL."""
+    task = f"/proc/self/task/{thread.native_id}"
+    if not os.path.isdir("/proc/self/task"):
+        time.sleep(0.1)
+        return
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.005)
