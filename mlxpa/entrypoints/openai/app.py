@@ -131,7 +131,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await complete("completions", request)
 
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: _openapi(app, name)
     return app
 
 
@@ -163,8 +163,9 @@ def _body(model: str) -> dict:
         "$ref": _REF.format(model=model)}}}}}
 
 
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema with the protocol models in ``components``."""
+def _openapi(app: FastAPI, model_name: str) -> dict:
+    """FastAPI's schema with the protocol models in ``components``; a request's ``model`` is
+    the served model's id."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
@@ -174,6 +175,9 @@ def _openapi(app: FastAPI) -> dict:
             "ChatCompletionRequest", "CompletionRequest", "ChatCompletionResponse",
             "CompletionResponse", "ModelList", "ErrorResponse")]
         _, defs = models_json_schema(models, ref_template=_REF)
+        for request in ("ChatCompletionRequest", "CompletionRequest"):
+            model = defs["$defs"][request]["properties"]["model"]
+            model["anyOf"] = [{"enum": [model_name], "type": "string"}, {"type": "null"}]
         schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
         app.openapi_schema = schema
     return app.openapi_schema

@@ -8,7 +8,7 @@ the file run's answer, not a silent drop.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,32 +19,40 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ContentPart(_Open):
+class _Closed(BaseModel):
+    """A request object: a field it does not list is refused (the row check's rule)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContentPart(_Closed):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Open):
-    role: str
-    content: str | list[ContentPart]
+class ChatMessage(_Closed):
+    role: Literal["system", "user", "assistant"] = Field(
+        description="The model's chat template decides which roles it takes.")
+    content: str | Annotated[list[ContentPart], Field(min_length=1)]
+    name: str | None = None
 
 
-class StreamOptions(_Open):
+class StreamOptions(_Closed):
     include_usage: bool | None = None
 
 
-class JsonSchemaFormat(_Open):
+class JsonSchemaFormat(_Closed):
     name: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Open):
+class ResponseFormat(_Closed):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Open):
+class StructuredOutputs(_Closed):
     """vLLM's ``structured_outputs``: exactly one of the fields."""
 
     choice: list[str] | None = None
@@ -54,10 +62,10 @@ class StructuredOutputs(_Open):
     json_object: bool | None = None
 
 
-class _Sampling(_Open):
+class _Sampling(_Closed):
     """The sampling fields both routes take (OpenAI's, then vLLM's extensions)."""
 
-    model: str | None = None
+    model: str | None = Field(None, description="The served model's id (GET /v1/models).")
     max_tokens: int | None = Field(None, ge=0, description="Default: the rest of the context.")
     temperature: float | None = Field(None, ge=0, description="Default 1.")
     top_p: float | None = Field(None, gt=0, le=1)
@@ -66,7 +74,8 @@ class _Sampling(_Open):
     seed: int | None = Field(None, ge=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[Annotated[str, Field(pattern="^[0-9]+$")],
+                     Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -75,7 +84,7 @@ class _Sampling(_Open):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     min_tokens: int | None = Field(None, ge=0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -96,7 +105,10 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: one prompt, text or token ids."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (Annotated[str, Field(min_length=1)]
+             | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+             | Annotated[list[str], Field(min_length=1, max_length=1)]
+             | Annotated[list[list[int]], Field(min_length=1, max_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
