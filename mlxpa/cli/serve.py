@@ -15,9 +15,9 @@ Examples:
   mlxpa serve                          # the default model on 127.0.0.1:8000
   mlxpa serve --model mlx-community/Qwen2.5-0.5B-Instruct-4bit --port 8001
   MLXPA_API_KEY=secret mlxpa serve --host 0.0.0.0 --max-num-waiting 64
+  curl http://127.0.0.1:8000/v1/models
   curl http://127.0.0.1:8000/v1/chat/completions \\
-      -H 'Content-Type: application/json' \\
-      -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
+      -H 'Content-Type: application/json' -d @request.json
 """
 
 DEFAULT_MAX_NUM_WAITING = 512
