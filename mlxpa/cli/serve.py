@@ -73,8 +73,13 @@ def serve(
         settings = ServerSettings(served_model_name or model_name(config.model), api_key,
                                   max_body_bytes, origins)
         app = build_app(llm, settings)
-        logging.getLogger("mlxpa").info("Serving %s on http://%s:%d (OpenAI API under /v1)",
-                                        settings.served_model_name, host, port)
+        log, runner = logging.getLogger("mlxpa"), llm.engine.runner
+        log.info("KV pool: %d blocks (%.2f GiB, the budget: --kv-memory), kept with its prefix "
+                 "cache for every request; %s", runner.num_blocks - 1,
+                 (runner.num_blocks - 1) * runner.block_bytes / 2**30,
+                 runner.kv_storage.describe())
+        log.info("Serving %s on http://%s:%d (OpenAI API under /v1)",
+                 settings.served_model_name, host, port)
         run_server(app, host, port, timeout_graceful_shutdown)
     finally:
         llm.shutdown()
