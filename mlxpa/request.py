@@ -171,7 +171,8 @@ class SampleOutput:
         sample_index: Which sample of the prompt (n > 1), 0-based.
         text: Detokenized completion (stop string excluded).
         token_ids: Generated token ids (tokens after a stop string's end trimmed).
-        finish_reason: ``stop``, ``length`` or ``abort``.
+        finish_reason: ``stop``, ``length`` or ``abort`` (None in a ``DELTA`` output before
+            the last).
         num_prompt_tokens: Prompt length in tokens.
         num_cached_tokens: Prompt tokens served from the prefix cache.
         ttft_s: Seconds from arrival to the first token (None when no token was generated).
@@ -202,7 +203,7 @@ class SampleOutput:
     request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: str | None
     num_prompt_tokens: int
     sample_index: int = 0
     num_cached_tokens: int = 0

@@ -351,7 +351,8 @@ class LLMEngine:
 
     def generate(self, requests: Iterable[EngineRequest], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:
-        """Run every request to completion, yielding outputs as requests finish.
+        """Run every request to completion, yielding outputs as requests finish (and, for a
+        ``DELTA`` request, after every step: :meth:`step`).
 
         Args:
             requests: Requests to run, pulled lazily (:meth:`add_request` each).

@@ -26,7 +26,7 @@ from mlxpa.data.records import (
     vllm_prompt_logprobs,
 )
 from mlxpa.data.token_bytes import token_bytes
-from mlxpa.engine.async_llm import AsyncLLM
+from mlxpa.engine.async_llm import AsyncLLM, EngineDeadError
 from mlxpa.entrypoints.openai.requests import ParsedRequest, RequestError
 from mlxpa.request import SampleOutput
 
@@ -87,15 +87,19 @@ class Serving:
         try:
             for event in stream.opening():
                 yield event
-            async for out in _prepend(first, rest):
-                event = stream.event(out)
-                if event is not None:
-                    yield event
-                if out.error is not None:
-                    break
-            else:
-                if parsed.include_usage:
-                    yield stream.usage_event()
+            try:
+                async for out in _prepend(first, rest):
+                    event = stream.event(out)
+                    if event is not None:
+                        yield event
+                    if out.error is not None:
+                        break
+                else:
+                    if parsed.include_usage:
+                        yield stream.usage_event()
+            except EngineDeadError as e:  # the engine stopped mid-stream: say so, then end
+                yield sse({"error": {"message": str(e), "type": "service_unavailable",
+                                     "param": None, "code": "engine_not_running"}})
             yield DONE
         finally:
             await rest.aclose()
@@ -156,7 +160,7 @@ class _Stream:
         chunk = {**self.head, "choices": [choice]}
         if out.finished:
             choice.update(choice_fields(out))
-            if out.prompt_logprobs is not None:
+            if out.prompt_logprobs is not None and out.sample_index == 0:
                 where = chunk if self.chat else choice
                 where["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs,
                                                                 self.s.token_text)

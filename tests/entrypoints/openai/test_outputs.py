@@ -127,6 +127,18 @@ def test_choice_answers_a_label_with_its_probabilities(client, oracle):
     assert sum(probs.values()) == pytest.approx(1.0)
 
 
+def test_a_streamed_choice_has_its_label_and_probabilities_in_its_last_chunk(client):
+    labels = ["yes", "no", "maybe"]
+    args = {"model": NAME, "messages": MESSAGES, "temperature": 0,
+            "extra_body": {"structured_outputs": {"choice": labels}}}
+    whole = client.chat.completions.create(**args).choices[0]
+    chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    last = chunks[-1].choices[0]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    assert last.finish_reason == whole.finish_reason
+    assert last.model_extra["choice_probs"] == whole.model_extra["choice_probs"]
+
+
 def test_chat_stream_joins_to_the_whole_answer(client):
     args = {"model": NAME, "messages": MESSAGES, "n": 3, "seed": 5, "temperature": 1.0,
             "max_tokens": 40, "stop": ["ab", "e "], "logprobs": True, "top_logprobs": 1}
