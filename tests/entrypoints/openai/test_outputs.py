@@ -192,6 +192,18 @@ def test_concurrent_clients_get_their_own_greedy_answers(client, oracle):
     assert got == [w.outputs[0].text for w in want]
 
 
+def test_the_prefix_cache_serves_a_shared_system_prompt_to_later_requests(client):
+    system = {"role": "system", "content": "You answer questions about cats. " * 3}
+    first, second = (client.chat.completions.create(
+        model=NAME, messages=[system, {"role": "user", "content": q}], max_tokens=2,
+        temperature=0) for q in ("why do cats purr?", "how old do cats get?"))
+    assert first.usage.prompt_tokens_details.cached_tokens < 96
+    # one token per character: BOS, "system: <content>\nuser: " are shared; every full
+    # 16-token block of them comes from the cache
+    shared = 1 + len("system: " + system["content"] + "\nuser: ")
+    assert second.usage.prompt_tokens_details.cached_tokens == 16 * (shared // 16)
+
+
 def test_models_route_names_the_served_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == [NAME]
