@@ -146,3 +146,16 @@ def test_full_waiting_queue_is_503_with_retry_after(folder):
         assert _error(r, 503)["code"] == "queue_full"
     for r in done:
         assert r.json()["usage"]["completion_tokens"] == 120
+
+
+def test_cors_is_off_unless_origins_are_given(server, folder):
+    preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(server.url + "/v1/completions", headers=preflight, timeout=10)
+    assert "access-control-allow-origin" not in r.headers
+    with running_server(folder, allowed_origins=("http://app.example",)) as s:
+        r = httpx.options(s.url + "/v1/completions", headers=preflight, timeout=10)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://app.example"
+        other = httpx.options(s.url + "/v1/completions", timeout=10, headers={
+            **preflight, "Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
