@@ -237,8 +237,9 @@ class AsyncLLM:
             if commands:
                 self._publish()
             if engine.has_unfinished_requests() or engine.scheduler.has_finished_requests():
-                self._dispatch(engine.step())
-                self._publish()
+                outputs = engine.step()
+                self._publish()  # before a caller can see the step's outputs
+                self._dispatch(outputs)
 
     def _take(self, block: bool) -> list[object]:
         """Every command in the inbox; waits for one when ``block`` (the engine is idle)."""
