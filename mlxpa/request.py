@@ -171,7 +171,8 @@ class SampleOutput:
         sample_index: Which sample of the prompt (n > 1), 0-based.
         text: Detokenized completion (stop string excluded).
         token_ids: Generated token ids (tokens after a stop string's end trimmed).
-        finish_reason: ``stop``, ``length`` or ``abort``.
+        finish_reason: ``stop``, ``length`` or ``abort`` (None in a ``DELTA`` output before
+            the last).
         num_prompt_tokens: Prompt length in tokens.
         num_cached_tokens: Prompt tokens served from the prefix cache.
         ttft_s: Seconds from arrival to the first token (None when no token was generated).
@@ -192,12 +193,17 @@ class SampleOutput:
             labels whose tokens do not extend another label's tokens).
         stop_reason: The stop string or stop token id that ended the sample; None when EOS,
             the length cap or an error did (vLLM's ``CompletionOutput.stop_reason``).
+        finished: The sample is done. A request with ``output_kind`` ``DELTA`` gets an output
+            after every step that gave it something: ``text``, ``token_ids`` and ``logprobs``
+            hold only what is new (text that could still become a stop string is held back),
+            and the last one (``finished``) carries the rest and every other field, so the
+            pieces joined equal the ``FINAL_ONLY`` output.
     """
 
     request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: str | None
     num_prompt_tokens: int
     sample_index: int = 0
     num_cached_tokens: int = 0
@@ -210,6 +216,7 @@ class SampleOutput:
     choice_probs: dict[str, float] | None = None
     choice_outside_prob: float | None = None
     stop_reason: int | str | None = None
+    finished: bool = True
 
 
 def sample_output(req: Request, text: str, eos_token_ids: frozenset[int],

@@ -10,6 +10,7 @@ llguidance is :func:`mlxpa.structured.spec.check`'s job. No mlx.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,16 @@ KINDS = ("json", "regex", "choice", "grammar")
 JSON_OBJECT = '{"type":"object"}'
 # The fields of vLLM's ``StructuredOutputsParams`` that mlxpa runs.
 PARAMS_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What the engine returns for a request (vLLM's ``RequestOutputKind``): ``FINAL_ONLY``,
+    one output per sample when it finishes (the file run, ``LLM``); ``DELTA``, after every
+    step the sample's new tokens, text and log-probabilities (a server's stream), the last
+    one marked finished."""
+
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +208,8 @@ class SamplingParams:
         prompt_logprobs: vLLM's: None (off), or the log-probability of every prompt token
             after the first with this many most likely alternatives (0 to 20); needs
             ``max_tokens >= 1`` and no ``choice`` constraint (a choice is scored).
+        output_kind: :class:`RequestOutputKind`: outputs when a sample finishes
+            (``FINAL_ONLY``) or after every step (``DELTA``); not a row field.
 
     The order of the logit processing is vLLM v1's sampler's (``vllm/v1/sample/sampler.py``):
     raw log-probabilities (``logprobs``) first, then the grammar mask, ``min_tokens``,
@@ -227,6 +240,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
     prompt_logprobs: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -282,6 +296,8 @@ class SamplingParams:
             check(name, value is None or (is_int(value) and 0 <= value <= MAX_LOGPROBS),
                   f"an integer from 0 to {MAX_LOGPROBS}"
                   + (" or null" if name == "prompt_logprobs" else ""))
+        check("output_kind", isinstance(self.output_kind, RequestOutputKind),
+              "a RequestOutputKind")
         check("repetition_penalty", is_finite(self.repetition_penalty)
               and self.repetition_penalty > 0, "a finite number > 0 (1: off)")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -13,10 +13,13 @@ from typing import Annotated
 import typer
 
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
-from mlxpa.cli.bench_serve import SERVE_EXAMPLES, serve
+from mlxpa.cli.bench_serve import SERVE_EXAMPLES
+from mlxpa.cli.bench_serve import serve as bench_serve
 from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
+from mlxpa.cli.serve import SERVE_EXAMPLES as SERVER_EXAMPLES
+from mlxpa.cli.serve import serve as serve_command
 
 # Plain click help (no rich panels): it reads well at 80 columns, and flags get no metavar.
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -44,13 +47,15 @@ app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand,
             short_help="Generate a completion for every row of an input file.")(run)
 app.command(cls=PlainUsageCommand,
             short_help="Predict prefix sharing and KV blocks without the model.")(plan)
+app.command("serve", epilog=SERVER_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Serve the OpenAI API (chat, completions, streaming).")(serve_command)
 # `mlxpa bench` runs the offline bench itself; `mlxpa bench serve` is its command for servers.
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                         pretty_exceptions_enable=False)
 bench_app.callback(cls=PlainUsageGroup, invoke_without_command=True, epilog=BENCH_EXAMPLES,
                    subcommand_metavar="[COMMAND [ARGS]...]")(bench)
 bench_app.command("serve", epilog=SERVE_EXAMPLES, cls=PlainUsageCommand,
-                  short_help="Drive OpenAI-compatible servers with streaming clients.")(serve)
+                  short_help="Drive OpenAI-compatible servers with streaming clients.")(bench_serve)
 app.add_typer(bench_app, name="bench",
               short_help="Time mlxpa against mlx-lm and static allocation.")
 
@@ -78,7 +83,7 @@ def main() -> None:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench"):
+    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "serve"):
         print(hint, file=sys.stderr)
     import warnings
 

@@ -115,13 +115,14 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
         if out.prompt_logprobs is not None:
             record["prompt_logprobs"] = [None if lp is None else _entry(lp, token_text)
                                          for lp in out.prompt_logprobs]
-        record.update(_choice_fields(out))
+        record.update(choice_fields(out))
         records.append(_keep(row, record))
     return records
 
 
-def _choice_fields(out: SampleOutput) -> dict[str, Any]:
-    """A choice row's label probabilities (none for other rows)."""
+def choice_fields(out: SampleOutput) -> dict[str, Any]:
+    """A choice row's label probabilities (none for other rows): ``choice_logprobs``,
+    ``choice_probs``, ``choice_outside_prob``."""
     if out.choice_logprobs is None:
         return {}
     return {"choice_logprobs": out.choice_logprobs, "choice_probs": out.choice_probs,
@@ -152,6 +153,14 @@ def _entry(lp: TokenLogprob, token_text: Callable[[int], str],
 
     return {**one(lp.token_id, lp.logprob),
             "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+def chat_logprobs(logprobs: list[TokenLogprob], token_text: Callable[[int], str],
+                  own_bytes: Callable[[int], list[int]]) -> dict[str, list]:
+    """OpenAI's chat ``logprobs`` object for tokens: ``{"content": [{"token", "logprob",
+    "bytes", "top_logprobs": [...]}]}``, one entry per token (``own_bytes``: a token's own
+    UTF-8 bytes, :mod:`mlxpa.data.token_bytes`)."""
+    return {"content": [_entry(lp, token_text, own_bytes) for lp in logprobs]}
 
 
 def completions_logprobs(logprobs: list[TokenLogprob],
@@ -224,13 +233,13 @@ def _openai_body(row: Row, outs: list[SampleOutput], model: str, token_text: Cal
             choice["text"] = out.text
         logprobs = None
         if out.logprobs is not None and chat:
-            logprobs = {"content": [_entry(lp, token_text, own_bytes) for lp in out.logprobs]}
+            logprobs = chat_logprobs(out.logprobs, token_text, own_bytes)
         elif out.logprobs is not None:
             logprobs = completions_logprobs(out.logprobs, token_text)
         choice.update(logprobs=logprobs, finish_reason=out.finish_reason)
         if out.prompt_logprobs is not None and not chat:  # vLLM: in each completion choice
             choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs, token_text)
-        choice.update(_choice_fields(out))
+        choice.update(choice_fields(out))
         choices.append(choice)
     prompt = outs[0].num_prompt_tokens
     completion = sum(len(o.token_ids) for o in outs)

@@ -5,6 +5,10 @@ mlx-lm's ``StreamingDetokenizer`` classes (SPM, BPE, naive) hold back bytes of a
 UTF-8 character, so the text never contains a broken character. On top of that this module
 finds the earliest stop string, also when it spans tokens: after each token only the new
 text plus ``max(len(stop)) - 1`` characters before it are searched (O(new text) per token).
+For a request that streams (``DELTA``), :meth:`IncrementalDetokenizer.take_text` hands out the
+text no later token can change: a stop string found later starts at most ``max(len(stop)) -
+1`` characters before the end of the text searched so far, so holding back that many
+characters keeps every piece handed out a prefix of the final text.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class IncrementalDetokenizer:
         self._checked = 0
         self.stop_index: int | None = None
         self.stop_string: str | None = None
+        self._taken = ""  # the text handed out by take_text
+        self.num_tokens_taken = 0  # output tokens handed out in outputs so far (DELTA)
 
     def add_token(self, token: int) -> bool:
         """Append one token; return True when a stop string now appears in the text."""
@@ -59,6 +65,25 @@ class IncrementalDetokenizer:
             self.stop_index, self.stop_string = best
             return True
         return False
+
+    def take_text(self) -> str:
+        """The text that no later token can change and that was not taken before: the text
+        so far without its last ``max(len(stop)) - 1`` characters, which could begin a stop
+        string (all of it when there are no stop strings or the matched one is kept); ``""``
+        while the text does not extend what was taken (a detokenizer that rewrites its
+        tail)."""
+        text = self._detok.text
+        hold = self._lookback if self.stop and not self.include_stop else 0
+        ready = text[:len(text) - hold]
+        if len(ready) <= len(self._taken) or not ready.startswith(self._taken):
+            return ""
+        piece = ready[len(self._taken):]
+        self._taken = ready
+        return piece
+
+    def rest(self, final_text: str) -> str:
+        """What ``final_text`` (:meth:`finalize`'s) holds beyond the text taken."""
+        return final_text[len(self._taken):]
 
     def finalize(self) -> str:
         """Flush held-back bytes; return the final text (cut before a stop string)."""

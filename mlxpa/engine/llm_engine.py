@@ -18,6 +18,7 @@ from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
+from mlxpa.engine.deltas import final_delta, step_delta, wants_deltas
 from mlxpa.engine.detokenizer import IncrementalDetokenizer, check_stop
 from mlxpa.engine.metrics import Counters
 from mlxpa.messages import token_id_problem
@@ -266,16 +267,19 @@ class LLMEngine:
         return len(self.scheduler.waiting)
 
     def step(self) -> list[SampleOutput]:
-        """Run one scheduling step; return the requests that finished in it."""
+        """Run one scheduling step; return the samples that finished in it, and the new
+        output of every running sample whose request asks for ``DELTA`` outputs
+        (:mod:`mlxpa.engine.deltas`; ``SampleOutput.finished`` tells them apart)."""
         out = self.scheduler.schedule()
         result = self.runner.execute(out)
         updated = self._update(out, result)
-        finished = self._check_stops(updated, result.grammar_ended)
-        for o in finished:  # a request id is free again once its last sample is returned
-            left = self._unfinished.pop(o.request_id, 1) - 1
-            if left:
-                self._unfinished[o.request_id] = left
-        return finished
+        outputs = self._check_stops(updated, result.grammar_ended)
+        for o in outputs:  # a request id is free again once its last sample is returned
+            if o.finished:
+                left = self._unfinished.pop(o.request_id, 1) - 1
+                if left:
+                    self._unfinished[o.request_id] = left
+        return outputs
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> list[Request]:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
@@ -301,12 +305,17 @@ class LLMEngine:
     def _check_stops(self, updated: list[Request],
                      grammar_ended: dict[Request, str | None]) -> list[SampleOutput]:
         """Stop strings and grammar endings of each request's new token; return the outputs
-        of the requests that finished (and of those released since the last step)."""
+        of the requests that finished (and of those released since the last step), and the
+        new output of each running ``DELTA`` request."""
         finished, self._released = self._released, []
         for req in updated:
-            check_stop(req, self._detok[req], self.scheduler, grammar_ended)
+            detok = self._detok[req]
+            check_stop(req, detok, self.scheduler, grammar_ended)
             if req.is_finished:
-                finished.append(self._output(req, self._detok.pop(req).finalize()))
+                del self._detok[req]
+                finished.append(final_delta(self._output(req, detok.finalize()), detok))
+            elif wants_deltas(req):
+                finished.append(step_delta(req, detok))
         return finished
 
     def _count_kv(self, out: SchedulerOutput) -> None:
@@ -342,7 +351,8 @@ class LLMEngine:
 
     def generate(self, requests: Iterable[EngineRequest], max_waiting: int | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[SampleOutput]:
-        """Run every request to completion, yielding outputs as requests finish.
+        """Run every request to completion, yielding outputs as requests finish (and, for a
+        ``DELTA`` request, after every step: :meth:`step`).
 
         Args:
             requests: Requests to run, pulled lazily (:meth:`add_request` each).

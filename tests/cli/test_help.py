@@ -25,10 +25,10 @@ def _help(command: str) -> str:
 
 
 USAGE_ARGS = {"run": " INPUT", "plan": " INPUT", "bench": " [COMMAND [ARGS]...]",
-              "bench serve": ""}
+              "bench serve": "", "serve": ""}
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "bench", "bench serve"])
+@pytest.mark.parametrize("command", ["run", "plan", "bench", "bench serve", "serve"])
 def test_help_fits_80_columns_without_type_metavars(command):
     text = _help(command)
     lines = text.splitlines()

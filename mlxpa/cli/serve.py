@@ -1,0 +1,97 @@
+"""``mlxpa serve``: the OpenAI-compatible server (``mlxpa.entrypoints.openai``) on one model."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from mlxpa.cli import options as opt
+
+SERVE_EXAMPLES = """\b
+Examples:
+  mlxpa serve                          # the default model on 127.0.0.1:8000
+  mlxpa serve --model mlx-community/Qwen2.5-0.5B-Instruct-4bit --port 8001
+  MLXPA_API_KEY=secret mlxpa serve --host 0.0.0.0 --max-num-waiting 64
+  curl http://127.0.0.1:8000/v1/models
+  curl http://127.0.0.1:8000/v1/chat/completions \\
+      -H 'Content-Type: application/json' -d @request.json
+"""
+
+DEFAULT_MAX_NUM_WAITING = 512
+
+
+@opt.engine_options(*opt.ENGINE_FLAGS)
+def serve(
+    engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="MLXPA_API_KEY", show_envvar=True, show_default=False,
+        help="Every /v1 route needs 'Authorization: Bearer KEY'.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        show_default=False, help="The model's id in /v1/models and responses (default: "
+        "the --model folder's name).")] = None,
+    max_num_waiting: Annotated[int, typer.Option(
+        help="Most requests waiting to run; more get 503 with Retry-After.")]
+        = DEFAULT_MAX_NUM_WAITING,
+    max_body_bytes: Annotated[int, typer.Option(
+        help="Largest request body; larger gets 413.")] = 16 * 2**20,
+    allowed_origins: Annotated[list[str] | None, typer.Option(
+        show_default=False, metavar="URL,...", help="CORS origins allowed (repeatable or "
+        "comma-separated; * any); default: no CORS.")] = None,
+    timeout_graceful_shutdown: Annotated[float, typer.Option(
+        help="Seconds SIGTERM lets requests in flight finish before they are cut.")] = 30.0,
+    blas: opt.BlasOpt = "auto",
+) -> None:
+    """Serve the OpenAI API (chat and completions, streaming, /v1/models, /health, /metrics)
+    on the engine; SIGTERM drains and exits 0."""
+    from rich.console import Console
+
+    console = Console(stderr=True, soft_wrap=True)
+    config = opt.checked_engine_config(engine)
+    origins = tuple(o.strip() for v in allowed_origins or () for o in v.split(",") if o.strip())
+    _check(port, max_num_waiting, max_body_bytes, timeout_graceful_shutdown)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+    from mlxpa.batch.report import model_name
+    from mlxpa.engine.async_llm import AsyncLLM
+    from mlxpa.entrypoints.openai.app import ServerSettings, build_app
+    from mlxpa.entrypoints.openai.server import run_server
+
+    llm = AsyncLLM(config, max_num_waiting=max_num_waiting)
+    try:
+        llm.start()
+    except (OSError, ValueError) as e:
+        opt.fail(console, e, 1)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    try:
+        settings = ServerSettings(served_model_name or model_name(config.model), api_key,
+                                  max_body_bytes, origins)
+        app = build_app(llm, settings)
+        log, runner = logging.getLogger("mlxpa"), llm.engine.runner
+        log.info("KV pool: %d blocks (%.2f GiB, the budget: --kv-memory), kept with its prefix "
+                 "cache for every request; %s", runner.num_blocks - 1,
+                 (runner.num_blocks - 1) * runner.block_bytes / 2**30,
+                 runner.kv_storage.describe())
+        log.info("Serving %s on http://%s:%d (OpenAI API under /v1)",
+                 settings.served_model_name, host, port)
+        run_server(app, host, port, timeout_graceful_shutdown)
+    finally:
+        llm.shutdown()
+
+
+def _check(port: int, max_num_waiting: int, max_body_bytes: int, timeout: float) -> None:
+    """Usage errors (exit 2) for values out of range."""
+    for ok, text in ((0 <= port <= 65535, f"--port must be from 0 to 65535, got {port}"),
+                     (max_num_waiting >= 1, f"--max-num-waiting must be >= 1, got "
+                      f"{max_num_waiting}"),
+                     (max_body_bytes >= 1, f"--max-body-bytes must be >= 1, got "
+                      f"{max_body_bytes}"),
+                     (timeout >= 0, f"--timeout-graceful-shutdown must be >= 0, got {timeout}")):
+        if not ok:
+            raise typer.BadParameter(text)
