@@ -11,6 +11,7 @@ recompute after preemption are one code path (the scheduler schedules
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -49,6 +50,17 @@ class QuestionPrompt(NamedTuple):
 
     prompt_token_ids: list[int]
     labels: tuple[str, ...]
+
+
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """The length of the longest token prefix every prompt of ``prompts`` starts with (a
+    question group's document: the questions' prompts share its tokens)."""
+    first, n = prompts[0], min(map(len, prompts))
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return n
 
 
 class EngineRequest(NamedTuple):

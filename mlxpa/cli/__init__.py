@@ -14,6 +14,7 @@ import typer
 
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
 from mlxpa.cli.bench_serve import SERVE_EXAMPLES, serve
+from mlxpa.cli.calibrate import CALIBRATE_EXAMPLES, calibrate
 from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
@@ -44,6 +45,8 @@ app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand,
             short_help="Generate a completion for every row of an input file.")(run)
 app.command(cls=PlainUsageCommand,
             short_help="Predict prefix sharing and KV blocks without the model.")(plan)
+app.command(epilog=CALIBRATE_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Fit a calibration of questions' answers on labelled rows.")(calibrate)
 # `mlxpa bench` runs the offline bench itself; `mlxpa bench serve` is its command for servers.
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                         pretty_exceptions_enable=False)
@@ -78,7 +81,7 @@ def main() -> None:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench"):
+    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "calibrate"):
         print(hint, file=sys.stderr)
     import warnings
 

@@ -33,6 +33,7 @@ from mlxpa.request import (
     Request,
     RequestStatus,
     SampleOutput,
+    common_prefix,
 )
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
@@ -47,16 +48,6 @@ class _Group:
     first: Request | None = None  # the request whose prefix-cache hit the output reports
     error: str | None = None
     left: int = 0
-
-
-def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """The length of the longest token prefix every prompt of ``prompts`` starts with."""
-    first, n = prompts[0], min(map(len, prompts))
-    for i in range(n):
-        t = first[i]
-        if any(p[i] != t for p in prompts):
-            return i
-    return n
 
 
 class QuestionScores:

@@ -13,8 +13,7 @@ import pytest
 from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.choice_scores import label_probs
-from mlxpa.engine.question_scores import common_prefix
-from mlxpa.request import EngineRequest, QuestionPrompt
+from mlxpa.request import EngineRequest, QuestionPrompt, common_prefix
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
 from tests.tiny_models import byte_tokenizer, float64_log_softmax, tiny_gemma3, tiny_llama
 
