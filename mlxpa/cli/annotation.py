@@ -14,17 +14,15 @@ from mlxpa.data.inputs import InputOptions
 if TYPE_CHECKING:
     from mlxpa.annotation.calibration import Calibration
 
+# One line each in --help (docs/annotation.md says the rest).
 QuestionsOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Questions asked of every row without its own \"questions\" field "
-    "(JSON, docs/annotation.md): each row gets one output row with \"answers\".")]
+    metavar="PATH", help="Questions for each row (docs/annotation.md).")]
 GoldColumnOpt = Annotated[str | None, typer.Option(
-    metavar="NAME", help="Field of the gold labels (a label, or an object of question names "
-    "to labels): accuracy, macro-F1, kappa, confusion matrix in the report.")]
+    metavar="NAME", help="Gold labels' field (figures in the report).")]
 CalibrationOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Calibration file (mlxpa calibrate -o): answers' probs calibrated.")]
+    metavar="PATH", help="Calibrate the answers with this file.")]
 PermuteLabelsOpt = Annotated[bool, typer.Option(
-    "--permute-labels", help="Also score each question whose template lists its labels "
-    "with them listed in reverse; report the answers that change.")]
+    "--permute-labels", help="Also score questions with labels reversed.")]
 
 
 def annotation_inputs(inputs: InputOptions, questions: str | None, gold_column: str | None,

@@ -30,7 +30,7 @@ Examples:
   mlxpa calibrate gold.jsonl --questions q.json -o cal.json
   mlxpa calibrate gold.jsonl --questions q.json -o cal.json --content-free \\
       --holdout 0.5 --seed 1 --error-budget 0.05 --reliability-png cal.png
-  mlxpa run new.jsonl -o answers.jsonl --questions q.json --calibration cal.json
+  mlxpa run new.jsonl -o out.jsonl --questions q.json --calibration cal.json
 """
 
 

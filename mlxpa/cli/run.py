@@ -52,8 +52,6 @@ Examples:
   mlxpa run batch_input.jsonl -o batch_output.jsonl    # OpenAI Batch
   mlxpa run data.csv -o out.jsonl --prompt-column question
   mlxpa run prompts.jsonl -o out.jsonl --resume    # after Ctrl-C
-  mlxpa run reviews.jsonl -o answers.jsonl --questions q.json \
-      --calibration cal.json --gold-column gold
   head -5 examples/prompts.jsonl | mlxpa run - | jq -r .text
 """
 

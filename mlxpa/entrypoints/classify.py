@@ -28,10 +28,9 @@ from mlxpa.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from mlxpa.engine.stream import Finished
-    from mlxpa.entrypoints.llm import LLM
 
 
-def classify(llm: LLM, documents: Any, questions: Any, calibration: Any, permute: bool,
+def classify(llm: Any, documents: Any, questions: Any, calibration: Any, permute: bool,
              use_tqdm: bool) -> list[ClassificationRequestOutput]:
     """:meth:`LLM.classify` (its docstring): every document checked first, then run."""
     qs = question_set(questions)
