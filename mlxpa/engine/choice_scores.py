@@ -38,7 +38,9 @@ recompute after preemption does not count twice.
 
 The engine calls :meth:`ChoiceScores.add` (a new choice row), :meth:`~ChoiceScores.on_prefilled`
 (its prefill ran: the label requests to start) and :meth:`~ChoiceScores.on_step` (a step's
-scores; the outputs of the rows they complete).
+scores; the outputs of the rows they complete). A question of a question group is a choice
+row whose scores go to its group (``add``'s ``done``) instead of becoming sample outputs
+(:mod:`mlxpa.engine.question_scores`).
 """
 
 from __future__ import annotations
