@@ -5,6 +5,8 @@ default model's calibration on it, over several few-shot prompt variants and spl
   python benchmarks/debian_sections.py build -o debian.jsonl --examples-out debian_ex.json
   python benchmarks/debian_sections.py measure debian.jsonl debian_ex.json \\
       --json benchmarks/results/debian_calibration.json
+  python benchmarks/debian_sections.py questions debian_ex.json section-line-1shot -o q.json
+  mlxpa calibrate debian.jsonl --questions q.json -o cal.json --content-free
 
 ``build`` reads the ``Packages`` index of the largest ``*_main_binary-*_Packages*`` list under
 /var/lib/apt/lists (``apt-get update`` fills it; the long descriptions come from the
@@ -265,6 +267,13 @@ def measure(args: argparse.Namespace) -> None:
                                                 "bias+temperature": s["bias+temp"]}})
 
 
+def write_questions(args: argparse.Namespace) -> None:
+    with open(args.examples, encoding="utf-8") as f:
+        examples = json.load(f)
+    with open(args.output, "w", encoding="utf-8") as f:
+        json.dump(variant_questions(args.variant, examples), f, indent=1, ensure_ascii=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -286,8 +295,12 @@ def main() -> None:
     m.add_argument("--plot", default=None, help="reliability diagram PNG (first variant)")
     m.add_argument("--json", default=None, help="figures and scores as JSON (resumed: "
                    "variants already in it are not scored again)")
+    q = sub.add_parser("questions", help="a prompt variant's question set, for mlxpa calibrate")
+    q.add_argument("examples")
+    q.add_argument("variant", choices=list(VARIANTS))
+    q.add_argument("-o", "--output", default="debian_sections_questions.json")
     args = ap.parse_args()
-    build(args) if args.cmd == "build" else measure(args)
+    {"build": build, "measure": measure, "questions": write_questions}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -84,11 +84,15 @@ class InputOptions:
 
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
-        gold = [q.gold_field for q in self.questions.questions] if self.questions else []
-        return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *PROMPT_FIELDS, *SAMPLING_FIELDS, *STRUCTURED_FIELDS,
-                          "max_completion_tokens", "questions",
-                          *(c for c in (self.gold_column, *gold) if c)))
+        return _known(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _known(o: InputOptions) -> frozenset[str]:
+    gold = [q.gold_field for q in o.questions.questions] if o.questions else []
+    return frozenset((o.prompt_column, o.messages_column, o.id_column, *PROMPT_FIELDS,
+                      *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens",
+                      "questions", *(c for c in (o.gold_column, *gold) if c)))
 
 
 class RowSpec(NamedTuple):
