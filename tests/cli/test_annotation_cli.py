@@ -215,3 +215,23 @@ def test_calibrate_fits_what_a_grid_search_and_the_model_say(tmp_path, tiny, fil
         assert entry["after"]["n"] == held.sum()
     assert 0.02 < fitted["questions"]["spam"]["temperature"] < 99  # inside the search bounds
     assert "T = " in r.output and "wrote" in r.output
+
+
+def test_resume_keeps_the_answered_rows(tmp_path, tiny, files):
+    """A resumed run skips the rows whose answers the output holds (one record each) and
+    answers the rest, in input order, as a fresh run does."""
+    q, src, rows = files
+    first = write_jsonl(tmp_path / "first.jsonl", rows[:5])
+    out = tmp_path / "out.jsonl"
+    assert run([first, "-o", out, "--model", tiny, "--questions", q]).exit_code == 0
+    r = run([src, "-o", out, "--model", tiny, "--questions", q, "--resume",
+             "--metrics-json", tmp_path / "m.json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m.json").read_text())["requests"] == len(rows) - 5
+    fresh = tmp_path / "fresh.jsonl"
+    assert run([src, "-o", fresh, "--model", tiny, "--questions", q]).exit_code == 0
+    got, want = read_jsonl(out), read_jsonl(fresh)
+    assert [g["id"] for g in got] == [row["id"] for row in rows]
+    for g, w in zip(got, want):
+        assert {n: a["label"] for n, a in g["answers"].items()} == {
+            n: a["label"] for n, a in w["answers"].items()}
