@@ -1,23 +1,29 @@
 """A labelled data set for annotation and calibration: Debian package descriptions and their
-archive section, read offline from this machine's apt lists, and a check of the default model
-on it with today's choice rows.
+archive section, read offline from this machine's apt lists; and the measurement of the
+default model's calibration on it, over several few-shot prompt variants and splits.
 
-  python benchmarks/debian_sections.py build -o debian.jsonl --questions-out debian_q.json
-  python benchmarks/debian_sections.py check debian.jsonl debian_q.json --rows 100
+  python benchmarks/debian_sections.py build -o debian.jsonl --examples-out debian_ex.json
+  python benchmarks/debian_sections.py measure debian.jsonl debian_ex.json \\
+      --json benchmarks/results/debian_calibration.json
+  python benchmarks/debian_sections.py questions debian_ex.json section-line-1shot -o q.json
+  mlxpa calibrate debian.jsonl --questions q.json -o cal.json --content-free
 
 ``build`` reads the ``Packages`` index of the largest ``*_main_binary-*_Packages*`` list under
 /var/lib/apt/lists (``apt-get update`` fills it; the long descriptions come from the
 ``Translation-en`` list next to it when apt fetched one: ``apt-get update -o
 Acquire::Languages=en``), keeps one package per source package (binary packages of one source
 repeat their text), and draws the same number of packages from each of :data:`SECTIONS` with a
-fixed seed. A document is the package's description (its first paragraph after the synopsis,
-at most :data:`MAX_CHARS` characters); the gold label is its section. A few packages of each
-section, kept out of the rows, are the worked examples of the question set's preamble.
+fixed seed (as many as the smallest section allows). A document is the package's description
+(its synopsis and first paragraph, at most :data:`MAX_CHARS` characters); the gold label is
+its section. :data:`MAX_SHOTS` packages of each section, kept out of the rows, are the worked
+examples the prompt variants draw on.
 
-``check`` scores the first ``--rows`` rows with ``mlxpa run`` (one choice row per question,
-:mod:`mlxpa.annotation.choice_rows`), prints the quality figures of the raw label
-probabilities, and, with ``--calibrate``, fits a temperature on half of them and reports the
-other half before and after (also with contextual calibration's bias from content-free rows).
+``measure`` scores every row under each prompt variant of :data:`VARIANTS` with
+``LLM.classify`` (the pipeline of ``mlxpa run --questions``), with contextual calibration's
+content-free documents, then for each of ``--seeds`` splits (``--holdout`` held out) fits a
+temperature, and a bias then a temperature, on the fitting rows and reports the held-out
+figures before and after: mean and standard deviation over the splits. A variant whose
+template lists the labels is also scored with them listed in reverse (the label order check).
 """
 
 from __future__ import annotations
@@ -29,28 +35,36 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
+import time
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 
 from mlxpa.annotation.calibration import calibrate
-from mlxpa.annotation.choice_rows import answers_from_records, choice_rows, question_row
-from mlxpa.annotation.gold import row_gold
 from mlxpa.annotation.metrics import quality
-from mlxpa.annotation.questions import Question, QuestionSet, load_questions
+from mlxpa.annotation.questions import Question, QuestionSet
 from mlxpa.annotation.render import few_shot_preamble
-from mlxpa.annotation.report import calibration_tables, figures_table, reliability_diagram
-from mlxpa.annotation.temperature import CONTENT_FREE
+from mlxpa.annotation.report import reliability_diagram
+from mlxpa.annotation.temperature import calibrated_probs
 
 # Frequent sections whose packages a reader tells apart by their description.
 SECTIONS = ("games", "science", "fonts", "sound", "graphics", "mail")
 MAX_CHARS = 400
-# The question follows the document as one line: "Section: <label>". Listing the labels (or
-# asking "Question: ... Answer:") made the default model answer far worse (docs/annotation.md).
-TEMPLATE = "\nSection: "
+MAX_SHOTS = 3  # examples per section kept out of the rows
 INSTRUCTIONS = ("Each Debian package description below is followed by the archive section "
                 "the package belongs to.")
+QUESTION = "Which Debian archive section is this package in?"
+# name -> (examples per section, template; None: the default choice template). Every variant
+# tried is here and in the results, the worse ones included.
+VARIANTS = {
+    "section-line-1shot": (1, "\nSection: "),
+    "section-line-3shot": (3, "\nSection: "),
+    "section-line-0shot": (0, "\nSection: "),
+    "question-answer-1shot": (1, None),
+    "labels-listed-1shot": (1, "\nOptions: {labels}\nSection: "),
+}
+FIGURES = ("accuracy", "macro_f1", "log_loss", "brier", "ece", "accepted_share", "threshold")
 
 
 def _read_list(path: str):
@@ -103,108 +117,190 @@ def build(args: argparse.Namespace) -> None:
     by_section = {s: [] for s in SECTIONS}
     for p in read_packages():
         by_section[p["section"]].append(p)
-    per = min(args.per_section, *(len(v) - args.shots for v in by_section.values()))
-    rows, examples = [], []
+    per = min(args.per_section or 10**9, *(len(v) - MAX_SHOTS for v in by_section.values()))
+    rows, examples = [], {}
     for section in SECTIONS:
-        picked = rng.sample(by_section[section], per + args.shots)
-        examples += [(p["text"], {"section": section}) for p in picked[:args.shots]]
+        picked = rng.sample(by_section[section], per + MAX_SHOTS)
+        examples[section] = [p["text"] for p in picked[:MAX_SHOTS]]
         rows += [{"id": p["package"], "prompt": p["text"], "section": section}
-                 for p in picked[args.shots:]]
+                 for p in picked[MAX_SHOTS:]]
     rng.shuffle(rows)
-    rng.shuffle(examples)
-    question = Question("section", "choice", SECTIONS, template=TEMPLATE, gold_field="section")
-    preamble = few_shot_preamble(examples, QuestionSet((question,)), INSTRUCTIONS)
-    spec = {"preamble": preamble, "questions": [
-        {"name": "section", "type": "choice", "labels": list(SECTIONS), "template": TEMPLATE,
-         "gold_field": "section"}]}
     with open(args.output, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(args.questions_out, "w", encoding="utf-8") as f:
-        json.dump(spec, f, indent=2, ensure_ascii=False)
-    print(f"{len(rows)} rows ({per} per section) -> {args.output}; "
-          f"{len(examples)} examples in the preamble -> {args.questions_out}")
+    with open(args.examples_out, "w", encoding="utf-8") as f:
+        json.dump(examples, f, indent=1, ensure_ascii=False)
+    print(f"{len(rows)} rows ({per} per section) -> {args.output}; {MAX_SHOTS} examples per "
+          f"section -> {args.examples_out}")
 
 
-def _score(rows: list[dict], model: str | None, out_dir: str) -> list[dict]:
-    """Run ``rows`` (choice rows) through ``mlxpa run``; its result records."""
-    src, dst = os.path.join(out_dir, "in.jsonl"), os.path.join(out_dir, "out.jsonl")
-    with open(src, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    cmd = [sys.executable, "-m", "mlxpa", "run", src, "-o", dst, "--overwrite"]
-    subprocess.run(cmd + (["--model", model] if model else []), check=True)
-    with open(dst, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+def variant_questions(name: str, examples: dict[str, list[str]], seed: int = 0) -> dict:
+    """The question set (its JSON value) of prompt variant ``name``: the instructions, its
+    worked examples (shuffled with ``seed``), one choice question."""
+    shots, template = VARIANTS[name]
+    q = Question("section", "choice", SECTIONS, QUESTION, template)
+    worked = [(text, {"section": s}) for s in SECTIONS for text in examples[s][:shots]]
+    random.Random(seed).shuffle(worked)
+    preamble = few_shot_preamble(worked, QuestionSet((q,)), INSTRUCTIONS)
+    question = {"name": "section", "type": "choice", "labels": list(SECTIONS),
+                "question": QUESTION, "gold_field": "section"}
+    if template is not None:
+        question["template"] = template
+    return {"preamble": preamble, "questions": [question]}
 
 
-def check(args: argparse.Namespace) -> None:
-    questions = load_questions(args.questions)
+def score(llm, rows: list[dict], questions: dict, permute: bool) -> dict:
+    """Every row's and content-free document's label log-probabilities, through
+    ``LLM.classify``; the seconds it took."""
+    start = time.perf_counter()
+    outs = llm.classify(rows, questions, permute_labels=permute)
+    seconds = time.perf_counter() - start
+    bad = [o.error for o in outs if o.error]
+    if bad:
+        sys.exit(f"{len(bad)} rows failed: {bad[0]}")
+    cf_outs = content_free(llm, questions)
+    logprobs = [[o.outputs["section"].logprobs[c] for c in SECTIONS] for o in outs]
+    out = {"seconds": seconds, "logprobs": logprobs, "content_free_logprobs": cf_outs,
+           "outside_prob_mean": float(np.mean([o.outputs["section"].outside_prob
+                                               for o in outs]))}
+    if permute:
+        out["permuted_label"] = [o.outputs["section"].permuted_label for o in outs]
+        out["label"] = [o.outputs["section"].label for o in outs]
+    return out
+
+
+def content_free(llm, questions: dict) -> list[list[float]]:
+    """The question's label log-probabilities on the content-free documents, as the
+    calibration command scores them (the engine's question group, no row check: the empty
+    document is one of them)."""
+    from mlxpa.batch.calibrate import content_free_scores
+    from mlxpa.data import InputOptions
+    from mlxpa.entrypoints.classify import question_set
+
+    qs = question_set(questions)
+    return content_free_scores(llm.llm_engine, qs, False, InputOptions())["section"].tolist()
+
+
+def splits(entry: dict, gold: np.ndarray, seeds: int, holdout: float, budget: float) -> dict:
+    """Per split seed: the held-out figures raw, with a temperature, with bias + temperature;
+    then their mean and standard deviation."""
+    q = Question("section", "choice", SECTIONS)
+    qs, x = QuestionSet((q,)), np.asarray(entry["logprobs"])
+    cf = np.asarray(entry["content_free_logprobs"])
+    per_seed = []
+    for seed in range(seeds):
+        t = calibrate(qs, {"section": x}, {"section": gold}, seed=seed, holdout=holdout,
+                      budget=budget).questions["section"]
+        b = calibrate(qs, {"section": x}, {"section": gold}, seed=seed, holdout=holdout,
+                      budget=budget, content_free_logprobs={"section": cf}).questions["section"]
+        per_seed.append({"seed": seed, "temperature": t.temperature, "bias_temperature":
+                         b.temperature, "bias": b.bias, "raw": t.before, "temp": t.after,
+                         "bias+temp": b.after})
+    summary = {}
+    for kind in ("raw", "temp", "bias+temp"):
+        summary[kind] = {}
+        for f in FIGURES:
+            values = [s[kind][f] for s in per_seed if s[kind][f] is not None]
+            summary[kind][f] = {"mean": float(np.mean(values)) if values else None,
+                                "std": float(np.std(values)) if values else None}
+    for key in ("temperature", "bias_temperature"):
+        values = [s[key] for s in per_seed]
+        summary[key] = {"mean": float(np.mean(values)), "std": float(np.std(values))}
+    return {"per_seed": per_seed, "summary": summary}
+
+
+def _cell(summary: dict, f: str) -> str:
+    m, s = summary[f]["mean"], summary[f]["std"]
+    if m is None:
+        return "-"
+    if f == "accepted_share":
+        return f"{m:.1%} ± {s:.1%}"
+    return f"{m:.3f} ± {s:.3f}"
+
+
+def table(name: str, entry: dict) -> Table:
+    s = entry["splits"]["summary"]
+    t = Table(title=f"{name}: held-out figures, mean ± std over {len(entry['splits']['per_seed'])}"
+              f" splits (T = {s['temperature']['mean']:.2f}; bias + T = "
+              f"{s['bias_temperature']['mean']:.2f})", title_justify="left")
+    t.add_column("figure")
+    for kind in ("raw", "temp", "bias+temp"):
+        t.add_column(kind, justify="right")
+    for f in FIGURES:
+        t.add_row(f, *(_cell(s[k], f) for k in ("raw", "temp", "bias+temp")))
+    return t
+
+
+def measure(args: argparse.Namespace) -> None:
+    from mlxpa import LLM
+
     with open(args.rows_file, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f][:args.rows]
-    cf_rows = [question_row(doc, q, questions.preamble, f"content-free-{i}")
-               for i, doc in enumerate(CONTENT_FREE) for q in questions.questions]
-    with tempfile.TemporaryDirectory() as tmp:
-        records = _score([r for i, row in enumerate(rows) for r in choice_rows(row, questions,
-                                                                               index=i)]
-                         + cf_rows, args.model, tmp)
-    answers = answers_from_records(records, questions)
-    report: dict = {"rows": len(rows), "questions": {}}
-    console = Console()
-    for q in questions.questions:
-        gold = np.array([row_gold(r, questions, None, []).get(q.name, -1) for r in rows])
-        logprobs = np.array([list(answers[str(r["id"])][q.name]["logprobs"].values())
-                             for r in rows])
-        cf = np.array([list(answers[f"content-free-{i}"][q.name]["logprobs"].values())
-                       for i in range(len(CONTENT_FREE))])
-        raw = quality(gold, np.exp(logprobs) / np.exp(logprobs).sum(1, keepdims=True),
-                      budget=args.error_budget)
-        console.print(figures_table(f"{q.name}: raw label probabilities, {len(rows)} rows",
-                                    {"raw": raw}))
-        entry = {"raw": raw, "logprobs": logprobs.tolist(), "gold": gold.tolist(),
-                 "content_free_logprobs": cf.tolist(),
-                 "outside_prob_mean": float(np.mean([answers[str(r["id"])][q.name][
-                     "outside_prob"] for r in rows]))}
-        if args.calibrate:
-            for name, cfl in (("temperature", None), ("bias+temperature", {q.name: cf})):
-                cal = calibrate(QuestionSet((q,)), {q.name: logprobs}, {q.name: gold},
-                                content_free_logprobs=cfl, seed=args.seed,
-                                budget=args.error_budget)
-                for table in calibration_tables(cal):
-                    console.print(table)
-                c = cal.questions[q.name]
-                entry[name] = {"temperature": c.temperature, "bias": c.bias,
-                               "before": c.before, "after": c.after}
-            if args.plot:
-                reliability_diagram(args.plot, {q.name: {
-                    "raw": entry["temperature"]["before"],
-                    "temperature": entry["temperature"]["after"],
-                    "bias+temperature": entry["bias+temperature"]["after"]}})
-        report["questions"][q.name] = entry
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+        rows = [json.loads(line) for line in f][:args.rows or None]
+    with open(args.examples, encoding="utf-8") as f:
+        examples = json.load(f)
+    gold = np.array([SECTIONS.index(r["section"]) for r in rows])
+    report = json.load(open(args.json)) if args.json and os.path.exists(args.json) else {}
+    report.update(rows=len(rows), holdout=args.holdout, seeds=args.seeds,
+                  error_budget=args.error_budget, gold=gold.tolist())
+    variants = report.setdefault("variants", {})
+    llm, console = LLM(args.model), Console()
+    for name in args.variants or VARIANTS:
+        if name not in variants:
+            questions = variant_questions(name, examples)
+            permute = "{labels}" in (VARIANTS[name][1] or "")
+            variants[name] = {"questions": questions, **score(llm, rows, questions, permute)}
+        entry = variants[name]
+        entry["splits"] = splits(entry, gold, args.seeds, args.holdout, args.error_budget)
+        entry["all_rows_raw"] = quality(gold, calibrated_probs(entry["logprobs"]),
+                                        budget=args.error_budget)
+        if "permuted_label" in entry:
+            changed = sum(a != b for a, b in zip(entry["label"], entry["permuted_label"]))
+            entry["label_order"] = {"rows": len(rows), "changed": changed,
+                                    "changed_share": changed / len(rows)}
+        console.print(table(name, entry))
+        if args.json:  # after each variant: a long run keeps what it scored
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f)
+    if args.plot:
+        first = next(iter(args.variants or VARIANTS))
+        s = variants[first]["splits"]["per_seed"][0]
+        reliability_diagram(args.plot, {first: {"raw": s["raw"], "temperature": s["temp"],
+                                                "bias+temperature": s["bias+temp"]}})
+
+
+def write_questions(args: argparse.Namespace) -> None:
+    with open(args.examples, encoding="utf-8") as f:
+        examples = json.load(f)
+    with open(args.output, "w", encoding="utf-8") as f:
+        json.dump(variant_questions(args.variant, examples), f, indent=1, ensure_ascii=False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="the labelled JSONL and its question set")
+    b = sub.add_parser("build", help="the labelled JSONL and the worked examples")
     b.add_argument("-o", "--output", default="debian_sections.jsonl")
-    b.add_argument("--questions-out", default="debian_sections_questions.json")
-    b.add_argument("--per-section", type=int, default=200)
-    b.add_argument("--shots", type=int, default=1, help="examples per section")
+    b.add_argument("--examples-out", default="debian_sections_examples.json")
+    b.add_argument("--per-section", type=int, default=None, help="default: all the smallest "
+                   "section allows")
     b.add_argument("--seed", type=int, default=0)
-    c = sub.add_parser("check", help="score rows with the model, report the figures")
-    c.add_argument("rows_file")
-    c.add_argument("questions")
-    c.add_argument("--rows", type=int, default=100)
-    c.add_argument("--model", default=None)
-    c.add_argument("--error-budget", type=float, default=0.05)
-    c.add_argument("--calibrate", action="store_true")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--plot", default=None, help="reliability diagram PNG (with --calibrate)")
-    c.add_argument("--json", default=None, help="figures and scores as JSON")
+    m = sub.add_parser("measure", help="score the rows per prompt variant, fit, report")
+    m.add_argument("rows_file")
+    m.add_argument("examples")
+    m.add_argument("--rows", type=int, default=None)
+    m.add_argument("--model", default=None)
+    m.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS))
+    m.add_argument("--seeds", type=int, default=10)
+    m.add_argument("--holdout", type=float, default=0.75)
+    m.add_argument("--error-budget", type=float, default=0.05)
+    m.add_argument("--plot", default=None, help="reliability diagram PNG (first variant)")
+    m.add_argument("--json", default=None, help="figures and scores as JSON (resumed: "
+                   "variants already in it are not scored again)")
+    q = sub.add_parser("questions", help="a prompt variant's question set, for mlxpa calibrate")
+    q.add_argument("examples")
+    q.add_argument("variant", choices=list(VARIANTS))
+    q.add_argument("-o", "--output", default="debian_sections_questions.json")
     args = ap.parse_args()
-    build(args) if args.cmd == "build" else check(args)
+    {"build": build, "measure": measure, "questions": write_questions}[args.cmd](args)
 
 
 if __name__ == "__main__":

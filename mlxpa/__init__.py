@@ -21,14 +21,20 @@ from mlxpa._blas import preload as _preload_blas
 _preload_blas()
 
 from mlxpa.config import EngineConfig  # noqa: E402
-from mlxpa.entrypoints.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from mlxpa.entrypoints.outputs import (  # noqa: E402
+    ClassificationRequestOutput,
+    CompletionOutput,
+    Logprob,
+    QuestionAnswer,
+    RequestOutput,
+)
 from mlxpa.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 
 if TYPE_CHECKING:
     from mlxpa.entrypoints.llm import LLM
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "Logprob", "RequestOutput",
-           "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "ClassificationRequestOutput", "CompletionOutput", "EngineConfig", "Logprob",
+           "QuestionAnswer", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> object:

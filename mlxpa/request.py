@@ -11,6 +11,7 @@ recompute after preemption are one code path (the scheduler schedules
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -39,6 +40,29 @@ FINISH_REASONS = {
 }
 
 
+class QuestionPrompt(NamedTuple):
+    """One question of a question group: the text its labels are scored after, as tokens.
+
+    Attributes:
+        prompt_token_ids: The document's tokens, then the question's own (its suffix).
+        labels: The labels scored after them (as a ``choice`` row's, in order).
+    """
+
+    prompt_token_ids: list[int]
+    labels: tuple[str, ...]
+
+
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """The length of the longest token prefix every prompt of ``prompts`` starts with (a
+    question group's document: the questions' prompts share its tokens)."""
+    first, n = prompts[0], min(map(len, prompts))
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return n
+
+
 class EngineRequest(NamedTuple):
     """One request for the engine, as the input processor makes it (vLLM's
     ``EngineCoreRequest``; :class:`mlxpa.inputs.InputProcessor`).
@@ -47,13 +71,20 @@ class EngineRequest(NamedTuple):
         request_id: The caller's id, unique among the engine's unfinished requests; an
             unseeded request's randomness comes from it (with the engine seed and the sample
             index).
-        prompt_token_ids: The prompt's token ids (BOS included when the tokenizer adds one).
-        sampling_params: How to sample and when to stop (``n`` samples of the prompt).
+        prompt_token_ids: The prompt's token ids (BOS included when the tokenizer adds one);
+            for a question group, the document's: the questions' longest common prefix.
+        sampling_params: How to sample and when to stop (``n`` samples of the prompt); for
+            a question group only ``max_tokens`` counts: the most tokens its questions hold
+            after the document (the KV pool's sizing reads it).
+        questions: A question group (:mod:`mlxpa.engine.question_scores`): each question's
+            prompt and labels, scored as ``choice`` rows over one prefill of the document;
+            None: a plain request.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
+    questions: tuple[QuestionPrompt, ...] | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -161,6 +192,20 @@ class Request:
         return FINISH_REASONS.get(self.status)
 
 
+class LabelScores(NamedTuple):
+    """One question's label scores, as a ``choice`` row's output carries them.
+
+    Attributes:
+        logprobs: Each label's total log-probability after the question (``choice_logprobs``).
+        probs: ``softmax`` of them over the labels (``choice_probs``).
+        outside_prob: The mass of writing none of the labels (``choice_outside_prob``).
+    """
+
+    logprobs: dict[str, float]
+    probs: dict[str, float]
+    outside_prob: float
+
+
 @dataclass(slots=True)
 class SampleOutput:
     """What the engine returns for one finished sample of a request (the public API groups
@@ -198,6 +243,8 @@ class SampleOutput:
             hold only what is new (text that could still become a stop string is held back),
             and the last one (``finished``) carries the rest and every other field, so the
             pieces joined equal the ``FINAL_ONLY`` output.
+        question_scores: For a question group, each question's :class:`LabelScores`, in the
+            order of :attr:`EngineRequest.questions`; else None.
     """
 
     request_id: str
@@ -217,6 +264,7 @@ class SampleOutput:
     choice_outside_prob: float | None = None
     stop_reason: int | str | None = None
     finished: bool = True
+    question_scores: list[LabelScores] | None = None
 
 
 def sample_output(req: Request, text: str, eos_token_ids: frozenset[int],

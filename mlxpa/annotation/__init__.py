@@ -26,12 +26,16 @@ Modules, one concern each, pure Python with numpy (scipy to fit, matplotlib to d
 * :mod:`~mlxpa.annotation.render`: the text (or messages) a question is scored after;
 * :mod:`~mlxpa.annotation.gold`: a row's questions and gold labels;
 * :mod:`~mlxpa.annotation.answers`: one row's ``answers`` object;
-* :mod:`~mlxpa.annotation.choice_rows`: questions as today's choice rows, results back;
 * :mod:`~mlxpa.annotation.temperature`: the calibration map and its fits;
 * :mod:`~mlxpa.annotation.calibration`: a question set's calibration, fitted on a split;
 * :mod:`~mlxpa.annotation.calibration_file`: the calibration file;
 * :mod:`~mlxpa.annotation.metrics`: the quality figures;
-* :mod:`~mlxpa.annotation.report`: the tables, the metrics JSON, the reliability diagram.
+* :mod:`~mlxpa.annotation.report`: the tables, the metrics JSON, the reliability diagram;
+* :mod:`~mlxpa.annotation.tally`: a run's answers counted: gold figures, the label order check.
+
+The engine scores the questions (:mod:`mlxpa.engine.question_scores`: the document prefilled
+once, each question forking it); the file run, ``mlxpa calibrate`` and ``LLM.classify`` use
+these modules around it.
 
 ``docs/annotation.md`` describes the formats in full. This file imports nothing.
 """

@@ -14,7 +14,13 @@ For each question (in the question set's order)::
 * ``label``: the label of highest ``probs`` (the first on a tie): an annotation never samples;
 * ``outside_prob``: the model's probability of a continuation that is none of the labels
   (raw, not calibrated; a choice row's ``choice_outside_prob``);
-* ``expected``: a ``scale`` question's ``sum(probs[c] * value(c))``.
+* ``expected``: a ``scale`` question's ``sum(probs[c] * value(c))``;
+* ``permuted_label`` (the label order check, for a question whose template lists its
+  labels): the label it gets when its labels are listed in the second order
+  (:meth:`~mlxpa.annotation.questions.Question.relisted`), probabilities mapped the same way.
+
+A row's questions are scored in the order of :func:`scored_questions`; :func:`row_answers`
+reads the scores back in that order.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 
 from mlxpa.annotation.calibration import Calibration, QuestionCalibration, apply_calibration
 from mlxpa.annotation.questions import Question, QuestionSet
+
+Scores = tuple[Sequence[float], float | None]  # a question's label logprobs, outside mass
 
 
 def outside_mass(logprobs: Sequence[float]) -> float:
@@ -74,3 +82,51 @@ def answers(questions: QuestionSet, scores: Mapping[str, tuple[Sequence[float], 
     cals = calibration.questions if calibration is not None else {}
     return {q.name: answer(q, *scores[q.name], calibration=cals.get(q.name))
             for q in questions.questions if q.name in scores}
+
+
+def scored_questions(questions: QuestionSet, permute: bool = False) -> list[Question]:
+    """The questions a row's scoring asks, in order: the set's own, then, with ``permute``,
+    each one whose labels listed in the second order change its text
+    (:meth:`~mlxpa.annotation.questions.Question.relisted`; a template that does not list
+    its labels reads the same in any order, and is not asked twice)."""
+    out = list(questions.questions)
+    if permute:
+        out += [r for q in questions.questions if (r := q.relisted()).suffix != q.suffix]
+    return out
+
+
+def row_answers(questions: QuestionSet, scores: Sequence[Scores],
+                calibration: Calibration | None = None,
+                permute: bool = False) -> tuple[dict[str, dict[str, Any]], list[str] | None]:
+    """A row's ``answers`` and, with ``permute``, the names of the questions whose answer
+    changed when their labels were listed in the second order.
+
+    Args:
+        questions: The row's question set.
+        scores: Per question of :func:`scored_questions` (in its order), its labels' raw
+            log-probabilities and outside mass.
+        calibration: Applied to every question it calibrates (both orders alike).
+        permute: The scores include the second order's (the label order check).
+
+    Returns:
+        ``(answers, changed)``: ``changed`` is None without ``permute``.
+
+    Raises:
+        ValueError: ``scores`` does not match the questions, or the calibration's labels
+            for a question are not its labels.
+    """
+    asked = scored_questions(questions, permute)
+    if len(scores) != len(asked):
+        raise ValueError(f"{len(asked)} scored questions expected, got {len(scores)}")
+    cals = calibration.questions if calibration is not None else {}
+    out = {q.name: answer(q, *s, calibration=cals.get(q.name))
+           for q, s in zip(asked, scores[:len(questions.questions)])}
+    if not permute:
+        return out, None
+    changed = []
+    for q, s in zip(asked[len(questions.questions):], scores[len(questions.questions):]):
+        label = answer(q, *s, calibration=cals.get(q.name))["label"]
+        out[q.name]["permuted_label"] = label
+        if label != out[q.name]["label"]:
+            changed.append(q.name)
+    return out, changed

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console
 
+from mlxpa.annotation.calibration import Calibration
+from mlxpa.annotation.tally import AnswerTally
 from mlxpa.batch.report import model_name
 from mlxpa.batch.requests import RowRequest
 from mlxpa.data import STDIN, ResultWriter, Row
@@ -34,6 +36,9 @@ class Job:
     progress: RunProgress
     # finished samples of requests whose other samples still run (a row is written whole)
     pending: dict[str, list[SampleOutput]] = dataclasses.field(default_factory=dict)
+    calibration: Calibration | None = None  # applied to answers
+    permute: bool = False  # questions also scored with their labels in a second order
+    tally: AnswerTally | None = None  # counts each row's answers (gold figures, label order)
 
     def run(self, windows: Iterable[list[RowRequest]], order: str,
             should_stop: Callable[[], bool]) -> None:
@@ -42,8 +47,13 @@ class Job:
         for rr, outs in stream.run(self._runnable(windows), should_stop):
             if any(o.error for o in outs):
                 self.engine.counters.failed_rows += 1
-            self.writer.add(rr.row.index, result_records(
-                rr.row, outs, self.out_fmt, model, self.place(rr.row), self.engine.tokenizer))
+            records = result_records(rr.row, outs, self.out_fmt, model, self.place(rr.row),
+                                     self.engine.tokenizer, calibration=self.calibration,
+                                     permute=self.permute)
+            if self.tally is not None and "answers" in records[0]:
+                self.tally.add(rr.row.questions, records[0]["answers"], rr.row.gold,
+                               records[0].get("label_order_changed"), rr.row.index)
+            self.writer.add(rr.row.index, records)
             self.progress.advance()
 
     def _runnable(self, windows: Iterable[list[RowRequest]]) -> Iterator[list[RowRequest]]:

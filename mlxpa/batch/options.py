@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from mlxpa.core.prefix_order import ORDERS, PREFIX_WINDOW
 from mlxpa.data import STDIN
 from mlxpa.data._files import check_output_path
+
+if TYPE_CHECKING:
+    from mlxpa.annotation.calibration import Calibration
 
 
 class OptionError(ValueError):
@@ -35,6 +39,8 @@ class RunOptions:
         metrics_json: Where to write the final statistics as JSON.
         show_progress: Draw the progress bar and final report.
         window: Rows per prefix-ordering window; the first window also sizes the KV pool.
+        calibration: Applied to the answers of rows asked questions (``--calibration``);
+            None: raw probabilities.
 
     Raises:
         OptionError: ``order`` is not one of :data:`~mlxpa.core.prefix_order.ORDERS`.
@@ -48,6 +54,7 @@ class RunOptions:
     metrics_json: str | None = None
     show_progress: bool = True
     window: int = PREFIX_WINDOW
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:

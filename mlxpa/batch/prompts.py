@@ -1,18 +1,21 @@
-"""A file row's prompt for the input processor (:func:`row_prompt`), and pass 1's checks of a
-row's prompt that need the tokenizer but not the weights (:func:`prompt_checker`: its chat
-messages against the template, a choice row's labels after its prompt). Tokenization and chat
-templates themselves are :mod:`mlxpa.inputs`'."""
+"""A file row's prompt for the input processor (:func:`row_prompt`; a row asked questions:
+each question's, :func:`question_prompts`), and pass 1's checks of a row's prompt that need
+the tokenizer but not the weights (:func:`prompt_checker`: its chat messages against the
+template, a choice row's labels after its prompt, each question's labels after its prompt).
+Tokenization and chat templates themselves are :mod:`mlxpa.inputs`'."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 
+from mlxpa.annotation.answers import scored_questions
+from mlxpa.annotation.render import prompt_text, question_messages
 from mlxpa.data import Row
 from mlxpa.inputs import ChatPrompt, InputProcessor, PromptType
 from mlxpa.inputs.encode import chat_token_ids, render_chat
 from mlxpa.sampling_params import StructuredOutput
-from mlxpa.structured.labels import choice_label_checker
+from mlxpa.structured.labels import LabelJoiner, choice_label_checker
 
 
 def row_prompt(row: Row) -> PromptType:
@@ -23,6 +26,56 @@ def row_prompt(row: Row) -> PromptType:
     if row.messages is not None:
         return ChatPrompt(row.messages, row.chat_template_kwargs)
     return row.prompt
+
+
+def question_prompts(row: Row, permute: bool = False
+                     ) -> tuple[list[PromptType], list[tuple[str, ...]]]:
+    """The prompt and labels of each question a valid row asked questions is scored with
+    (:func:`mlxpa.annotation.answers.scored_questions`; ``permute``: the label order check's
+    too): its text with the question's suffix, or its messages with the question's turn
+    (:mod:`mlxpa.annotation.render`)."""
+    qs, prompts = row.questions, []
+    for q in scored_questions(qs, permute):
+        if row.messages is not None:
+            prompts.append(ChatPrompt(question_messages(row.messages, q, qs.preamble),
+                                      row.chat_template_kwargs))
+        else:
+            prompts.append(prompt_text(row.prompt, q, qs.preamble))
+    return prompts, [q.labels for q in scored_questions(qs, permute)]
+
+
+def question_checker(get_tokenizer: Callable[[], object | None], split_special_tokens: bool,
+                     permute: bool) -> Callable[[Row], str | None]:
+    """A validation-pass check of rows asked questions: ``check(row)`` says why a question's
+    labels cannot be scored after its prompt (naming ``questions[i].labels``), else None.
+    ``get_tokenizer`` is called at the first such row; None from it turns the check off."""
+    held: list = []
+
+    def check(row: Row) -> str | None:
+        if row.questions is None:
+            return None
+        if not held:
+            tokenizer = get_tokenizer()
+            held.append(None if tokenizer is None else (
+                InputProcessor(tokenizer, split_special_tokens=split_special_tokens),
+                LabelJoiner(tokenizer)))
+        if held[0] is None:
+            return None
+        processor, joiner = held[0]
+        prompts, labels = question_prompts(row, permute)
+        n = len(row.questions.questions)
+        for i, (prompt, ls) in enumerate(zip(prompts, labels)):
+            try:
+                joiner.join(processor.prompt_token_ids(prompt), ls)
+            except ValueError as e:
+                q = scored_questions(row.questions, permute)[i]
+                second = " (listed in the second order)" if i >= n else ""
+                return f'field "questions[{row.questions.names.index(q.name)}].labels"{second}: {e}'
+            except TypeError:
+                return None  # the prompt's own check reports it
+        return None
+
+    return check
 
 
 def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Row], str | None]:
@@ -52,16 +105,19 @@ def messages_checker(get_tokenizer: Callable[[], object | None]) -> Callable[[Ro
 
 
 def prompt_checker(get_tokenizer: Callable[[], object | None], split_special_tokens: bool,
-                   default: StructuredOutput | None) -> Callable[[Row], str | None]:
+                   default: StructuredOutput | None,
+                   permute: bool = False) -> Callable[[Row], str | None]:
     """The validation pass's tokenizer checks of a row, without the weights: its ``messages``
     (:func:`messages_checker`), then a ``choice`` row's labels after its prompt
     (:func:`mlxpa.structured.labels.choice_label_checker`: labels that are the same tokens
-    there are refused). ``get_tokenizer`` is called once, when the first row needs it.
+    there are refused), a row's questions (:func:`question_checker`). ``get_tokenizer`` is
+    called once, when the first row needs it.
 
     Args:
         get_tokenizer: The model's tokenizer (None turns the checks off: the load reports why).
         split_special_tokens: As the run tokenizes prompts.
         default: The run's default constraint (``--choice``), for rows that give none.
+        permute: Questions are also scored with their labels in a second order.
     """
     tokenizer = functools.cache(get_tokenizer)
     chat = messages_checker(tokenizer)
@@ -69,4 +125,6 @@ def prompt_checker(get_tokenizer: Callable[[], object | None], split_special_tok
         tokenizer, lambda row, tok: InputProcessor(
             tok, split_special_tokens=split_special_tokens).prompt_token_ids(row_prompt(row)),
         default)
-    return lambda row: chat(row) or labels(row)
+    questions = question_checker(tokenizer, split_special_tokens, permute)
+    return lambda row: chat(row) or (questions(row) if row.questions is not None
+                                     else labels(row))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -12,10 +13,14 @@ from mlxpa.batch.options import RunOptions
 from mlxpa.engine.metrics import Stats
 from mlxpa.engine.progress import summary_table
 
+if TYPE_CHECKING:
+    from mlxpa.annotation.tally import AnswerTally
+
 
 def final_report(stats: Stats, console: Console, options: RunOptions, *,
                  table: bool = True, kv_blocks: tuple[int, int] | None = None,
-                 note: str | None = None, metrics: dict | None = None) -> None:
+                 note: str | None = None, metrics: dict | None = None,
+                 answers: AnswerTally | None = None) -> None:
     """Report a finished run (with ``options.show_progress``) and write ``--metrics-json``.
 
     Args:
@@ -27,11 +32,20 @@ def final_report(stats: Stats, console: Console, options: RunOptions, *,
             pool).
         note: A line printed after the table (the Ray replicas').
         metrics: What ``--metrics-json`` holds (None: ``stats.to_dict()``).
+        answers: The answers of rows asked questions: their figures against gold labels and
+            the label order check, printed after the table and under ``"annotation"`` in
+            ``--metrics-json`` (None, or no such row: none).
     """
     if options.show_progress and table:
         console.print(summary_table(stats, *(kv_blocks or ())))
         if note:
             console.print(note, markup=False, highlight=False)
+    figures = answers.figures() if answers is not None and answers.rows else None
+    if options.show_progress and figures is not None:
+        for t in answers.tables(calibrated=options.calibration is not None):
+            console.print(t)
+    if figures is not None:
+        metrics = {**(stats.to_dict() if metrics is None else metrics), "annotation": figures}
     if options.show_progress and stats.failed_rows:
         console.print(f"warning: {stats.failed_rows} row(s) failed; their output rows "
                       "carry an error field", style="yellow", highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from mlxpa.batch.prompts import row_prompt
+from mlxpa.batch.prompts import question_prompts, row_prompt
 from mlxpa.batch.source import Source
 from mlxpa.data import Row
 from mlxpa.data.resume import id_key
@@ -20,8 +20,8 @@ from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
 
-def to_request(row: Row, defaults: SamplingParams,
-               processor: InputProcessor) -> EngineRequest | str:
+def to_request(row: Row, defaults: SamplingParams, processor: InputProcessor,
+               permute: bool = False) -> EngineRequest | str:
     """The request of a valid row, or why it cannot run.
 
     Args:
@@ -29,13 +29,17 @@ def to_request(row: Row, defaults: SamplingParams,
         defaults: Sampling parameters for the fields the row does not set.
         processor: The model's input processor (its ``max_model_len``, when set, refuses a
             prompt over the context).
+        permute: A row asked questions is also scored with its labels in a second order.
 
     Returns:
-        ``EngineRequest(str(row.id), prompt ids, merged parameters)``, or the message (without
-        the row's place) when its fields conflict with the defaults, its ``messages`` cannot
-        be rendered, or its prompt is over the context.
+        ``EngineRequest(str(row.id), prompt ids, merged parameters)`` (a row asked questions:
+        its question group, :meth:`InputProcessor.question_request`; sampling fields do not
+        apply), or the message (without the row's place) when its fields conflict with the
+        defaults, its ``messages`` cannot be rendered, or its prompt is over the context.
     """
     try:
+        if row.questions is not None:
+            return processor.question_request(str(row.id), *question_prompts(row, permute))
         params = dataclasses.replace(defaults, **row.params)
         return processor.prompt_request(str(row.id), row_prompt(row), params)
     except ValueError as e:
@@ -70,6 +74,6 @@ def rows_to_requests(src: Source, validation: Validation, defaults: SamplingPara
         if error is not None:
             yield RowRequest(row, error=error)
             continue
-        req = to_request(row, defaults, processor)
+        req = to_request(row, defaults, processor, src.inputs.permute_labels)
         yield (RowRequest(row, error=f"{src.place(row)}: {req}") if isinstance(req, str)
                else RowRequest(row, req))

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console
 
+from mlxpa.annotation.tally import AnswerTally
 from mlxpa.batch.job import Job, close_in_order, report_written, write_unrunnable
 from mlxpa.batch.model_meta import ModelMeta
 from mlxpa.batch.options import OptionError, RunOptions, check_targets
@@ -52,7 +53,8 @@ __all__ = ["OptionError", "RunOptions", "run_file"]
 def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingParams,
              options: RunOptions | None = None, *, inputs: InputOptions | None = None,
              console: Console | None = None, engine: LLMEngine | None = None,
-             should_stop: Callable[[], bool] | None = None) -> Stats:
+             should_stop: Callable[[], bool] | None = None,
+             answers: AnswerTally | None = None) -> Stats:
     """Run every row of ``source`` and write its results to ``output``.
 
     Args:
@@ -66,6 +68,8 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         engine: A ready engine (tests); None builds one from ``config``.
         should_stop: Polled between engine steps; True stops admitting, drops the requests in
             flight (a resume runs them) and writes every finished row.
+        answers: Counts the answers of rows asked questions (the report's gold figures and
+            label order check); None: a fresh one.
 
     Returns:
         The run's statistics.
@@ -100,11 +104,14 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
         engine = engine or build_engine(
             config, requests, more, constrained=p.validation.constrained, console=console,
             verbose=options.show_progress, tokenizer=model.tokenizer())
+        tally = answers or AnswerTally(
+            options.calibration.error_budget if options.calibration else 0.05)
         _generate(engine, src, p, output, options, console,
-                  should_stop or (lambda: False), itertools.chain([first], fed))
+                  should_stop or (lambda: False), itertools.chain([first], fed), tally)
     r = engine.runner
     stats = summarize(engine.counters)
-    final_report(stats, console, options, kv_blocks=(r.num_blocks - 1, r.budget_blocks - 1))
+    final_report(stats, console, options, kv_blocks=(r.num_blocks - 1, r.budget_blocks - 1),
+                 answers=tally)
     return stats
 
 
@@ -130,8 +137,9 @@ def _without_model(output: str, name: str, p: Validated, window: list[RowRequest
 
 def _generate(engine: LLMEngine, src: Source, p: Validated, output: str, options: RunOptions,
               console: Console, should_stop: Callable[[], bool],
-              fed: Iterable[list[RowRequest]]) -> None:
-    """Pass 2: every row to run through the engine, results written as they finish."""
+              fed: Iterable[list[RowRequest]], tally: AnswerTally) -> None:
+    """Pass 2: every row to run through the engine, results written as they finish (the
+    answers of rows asked questions counted in ``tally``)."""
     if should_stop():  # asked before anything was written: leave the output alone
         raise KeyboardInterrupt
     engine.counters.start_time = time.perf_counter()
@@ -140,7 +148,9 @@ def _generate(engine: LLMEngine, src: Source, p: Validated, output: str, options
                      output == STDIN) as progress, \
             ResultWriter(output, ordered=options.ordered, append=options.resume,
                          positions=p.validation.done) as writer:
-        job = Job(engine, p.out_fmt, src.place, writer, progress)
+        job = Job(engine, p.out_fmt, src.place, writer, progress,
+                  calibration=options.calibration, permute=src.inputs.permute_labels,
+                  tally=tally)
         job.run(fed, options.order, should_stop)
         close_in_order(writer, output, options.resume and options.ordered, should_stop(),
                        options.show_progress, console)

@@ -77,7 +77,8 @@ def validate_input(src: Source, output: str | None, defaults: SamplingParams, op
     v = validate(src.rows(), source=src.name, unit=src.unit, existing=existing,
                  default_n=defaults.n, defaults=defaults, vocab_size=vocab_size,
                  check_prompt=None if tokenizer is None else prompt_checker(
-                     tokenizer, src.inputs.split_special_tokens, defaults.structured_outputs))
+                     tokenizer, src.inputs.split_special_tokens, defaults.structured_outputs,
+                     src.inputs.permute_labels))
     if not options.skip_invalid:
         check(v, src.name, refusal)
     if options.show_progress:

@@ -15,6 +15,7 @@ import typer
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
 from mlxpa.cli.bench_serve import SERVE_EXAMPLES
 from mlxpa.cli.bench_serve import serve as bench_serve
+from mlxpa.cli.calibrate import CALIBRATE_EXAMPLES, calibrate
 from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
@@ -49,6 +50,8 @@ app.command(cls=PlainUsageCommand,
             short_help="Predict prefix sharing and KV blocks without the model.")(plan)
 app.command("serve", epilog=SERVER_EXAMPLES, cls=PlainUsageCommand,
             short_help="Serve the OpenAI API (chat, completions, streaming).")(serve_command)
+app.command(epilog=CALIBRATE_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Fit a calibration of questions' answers on labelled rows.")(calibrate)
 # `mlxpa bench` runs the offline bench itself; `mlxpa bench serve` is its command for servers.
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                         pretty_exceptions_enable=False)
@@ -83,7 +86,7 @@ def main() -> None:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "serve"):
+    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "serve", "calibrate"):
         print(hint, file=sys.stderr)
     import warnings
 

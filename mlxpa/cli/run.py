@@ -8,6 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from mlxpa.cli.annotation import (
+    CalibrationOpt,
+    GoldColumnOpt,
+    PermuteLabelsOpt,
+    QuestionsOpt,
+    annotation_inputs,
+    check_annotation,
+    read_calibration,
+)
 from mlxpa.cli.options import (
     ENGINE_FLAGS,
     BlasOpt,
@@ -129,6 +138,9 @@ def run(
     # constraint defaults
     choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
     grammar: GrammarOpt = None,
+    # annotation: questions over each row's document
+    questions: QuestionsOpt = None, gold_column: GoldColumnOpt = None,
+    calibration: CalibrationOpt = None, permute_labels: PermuteLabelsOpt = False,
     # input
     system: SystemOpt = None, split_special_tokens: SplitSpecialOpt = False,
     input_format: InputFormatOpt = InputFormat.auto,
@@ -157,10 +169,16 @@ def run(
             structured_outputs=cli_constraint(choice, json_schema, regex, grammar),
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty)
-        inputs = input_options(input_format, prompt_column, messages_column, id_column, system,
-                               keep_columns, split_special_tokens)
+        inputs = annotation_inputs(
+            input_options(input_format, prompt_column, messages_column, id_column, system,
+                          keep_columns, split_special_tokens),
+            questions, gold_column, permute_labels)
+        check_annotation(inputs, calibration, ray=ray or ray_address is not None,
+                         constrained=defaults.structured_outputs is not None,
+                         output_format=output_format.value)
         options = RunOptions(output_format.value, order.value, not unordered, skip_invalid,
-                             resume, metrics_json, show_progress=not quiet)
+                             resume, metrics_json, show_progress=not quiet,
+                             calibration=read_calibration(calibration, inputs))
         _check_overwrite(input, output, allowed=resume or overwrite)
         ray_options = _ray_options(ray or ray_address is not None, ray_address, num_replicas)
     except ValueError as e:

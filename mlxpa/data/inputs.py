@@ -7,12 +7,15 @@ from __future__ import annotations
 import difflib
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from mlxpa.data.fields import unsupported_fields
 from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
 from mlxpa.structured.fields import STRUCTURED_FIELDS
+
+if TYPE_CHECKING:
+    from mlxpa.annotation.questions import QuestionSet
 
 FORMATS = ("jsonl", "parquet", "csv", "txt", "hf")
 
@@ -49,6 +52,11 @@ class InputOptions:
         keep_columns: Input fields copied to every output record (``Row.keep``).
         split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
             (chat ``messages`` always are); see :mod:`mlxpa.inputs.encode`.
+        questions: The question set asked of every row without a ``questions`` field of its
+            own (``--questions FILE``; :mod:`mlxpa.annotation`), or None.
+        gold_column: The field of a row's gold labels (``--gold-column``), or None.
+        permute_labels: Score each question that lists its labels also with them listed in
+            a second order (``--permute-labels``, the label order check).
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.
@@ -61,6 +69,9 @@ class InputOptions:
     system: str | None = None
     keep_columns: tuple[str, ...] = ()
     split_special_tokens: bool = False
+    questions: QuestionSet | None = None
+    gold_column: str | None = None
+    permute_labels: bool = False
 
     def __post_init__(self) -> None:
         if self.fmt is not None:
@@ -73,9 +84,15 @@ class InputOptions:
 
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
-        return frozenset((self.prompt_column, self.messages_column, self.id_column,
-                          *PROMPT_FIELDS, *SAMPLING_FIELDS, *STRUCTURED_FIELDS,
-                          "max_completion_tokens"))
+        return _known(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _known(o: InputOptions) -> frozenset[str]:
+    gold = [q.gold_field for q in o.questions.questions] if o.questions else []
+    return frozenset((o.prompt_column, o.messages_column, o.id_column, *PROMPT_FIELDS,
+                      *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens",
+                      "questions", *(c for c in (o.gold_column, *gold) if c)))
 
 
 class RowSpec(NamedTuple):
@@ -116,6 +133,8 @@ def check_columns(names: list[str], spec: RowSpec) -> list[str]:
         raise InputError(f'no column "{o.prompt_column}" or "{o.messages_column}" '
                          f"(columns: {', '.join(names)}); add a header line naming the "
                          "prompt column, or pass --prompt-column NAME", source=spec.source)
+    if "questions" in names:  # a row's own questions may name any column as gold
+        return list(names)
     return [n for n in names if is_relevant(n, o)]
 
 

@@ -120,14 +120,15 @@ def _as_int(value: Any) -> Any:
 
 
 def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, Any]:
-    """Types for a row whose values are all text (CSV): empty cells are null, sampling fields
-    and ``messages`` are parsed (JSON for lists and objects; ``stop`` may be plain text), and
-    a value that does not parse is kept as text so validation names it."""
+    """Types for a row whose values are all text (CSV): empty cells are null, sampling fields,
+    ``messages`` and ``questions`` are parsed (JSON for lists and objects; ``stop`` may be
+    plain text), and a value that does not parse is kept as text so validation names it."""
     out: dict[str, Any] = {}
     for key, value in obj.items():
         if value is None or value == "":
             out[key] = None
-        elif key == messages_column or (key in SAMPLING_FIELDS and key != "stop") or (
+        elif key in (messages_column, "questions") or (
+                key in SAMPLING_FIELDS and key != "stop") or (
                 key in JSON_TEXT_FIELDS or key in PROMPT_FIELDS):
             out[key] = _loads(value.lower() if value.lower() in ("true", "false") else value)
         elif key == "stop" and value.startswith("["):

@@ -3,7 +3,8 @@
 mlxpa rows, one per sample: the core columns of :mod:`mlxpa.data.schema`, ``sample_index``
 when ``n > 1``, ``error`` for a failed row, ``logprobs`` and ``prompt_logprobs`` for rows that
 ask, ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` for choice rows, then the
-``--keep-columns`` fields.
+``--keep-columns`` fields. A row asked questions gets one record with ``answers``
+(:mod:`mlxpa.annotation.answers`; ``label_order_changed`` with the label order check).
 
 OpenAI Batch output, one line per input line with the ``n`` samples as ``choices``: ``{"id":
 "batch_req_<row>", "custom_id", "response": {"status_code": 200, "request_id", "body": {...}},
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mlxpa.annotation.answers import row_answers
+from mlxpa.annotation.calibration import Calibration
 from mlxpa.data.rows import Row
 from mlxpa.data.token_bytes import token_bytes
 from mlxpa.request import SampleOutput, TokenLogprob
@@ -77,7 +80,8 @@ def error_records(row: Row, message: str, fmt: str,
 
 
 def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
-                   place: str, tokenizer: Any = None) -> list[dict]:
+                   place: str, tokenizer: Any = None, *, calibration: Calibration | None = None,
+                   permute: bool = False) -> list[dict]:
     """The output of a finished row: every sample's :class:`SampleOutput`, in sample order.
 
     Args:
@@ -87,6 +91,9 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
         model: Model name for OpenAI lines.
         place: Where the row came from (``file line 3``), put before a run-time error.
         tokenizer: The model's tokenizer (``decode``; a token's text in ``logprobs``).
+        calibration: Applied to the answers of a row asked questions (None: raw).
+        permute: The row's questions were also scored with their labels listed in a second
+            order (the label order check).
     """
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
@@ -100,6 +107,12 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
     if failed is not None:
         return error_records(row, f"{place}: {failed.error}", fmt,
                              failed.num_prompt_tokens)
+    if row.questions is not None and outs and outs[0].question_scores is not None:
+        try:
+            return [answer_record(row, outs[0], calibration, permute)]
+        except ValueError as e:
+            return error_records(row, f"{place}: --calibration: {e}", fmt,
+                                 outs[0].num_prompt_tokens)
     if fmt == "openai":
         return [_openai_line(row, _openai_body(row, outs, model, token_text, own_bytes), None)]
     records = []
@@ -118,6 +131,24 @@ def result_records(row: Row, outs: list[SampleOutput], fmt: str, model: str,
         record.update(choice_fields(out))
         records.append(_keep(row, record))
     return records
+
+
+def answer_record(row: Row, out: SampleOutput, calibration: Calibration | None = None,
+                  permute: bool = False) -> dict:
+    """The record of a row asked questions: its ``answers`` from the output's
+    ``question_scores`` (:func:`mlxpa.annotation.answers.row_answers`).
+
+    Raises:
+        ValueError: The calibration's labels for a question are not the row's.
+    """
+    scores = [(list(s.logprobs.values()), s.outside_prob) for s in out.question_scores]
+    answers, changed = row_answers(row.questions, scores, calibration, permute)
+    record = {"id": row.id, "text": "", "finish_reason": out.finish_reason,
+              "prompt_tokens": out.num_prompt_tokens, "completion_tokens": 0,
+              "cached_tokens": out.num_cached_tokens, "answers": answers}
+    if changed is not None:
+        record["label_order_changed"] = changed
+    return _keep(row, record)
 
 
 def choice_fields(out: SampleOutput) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxpa.data.fields import (
     FIELD_SUPPORT,
@@ -33,6 +33,7 @@ from mlxpa.data.fields import (
 )
 from mlxpa.data.inputs import RowSpec, sampling_like, where
 from mlxpa.data.params import PROMPT_FIELDS, parse_params
+from mlxpa.data.questions import parse_questions
 from mlxpa.inputs.prompts import (
     parse_messages,
     template_kwargs_problem,
@@ -41,6 +42,9 @@ from mlxpa.inputs.prompts import (
 )
 from mlxpa.messages import field_error_text, quote_value
 from mlxpa.structured.fields import parse_structured
+
+if TYPE_CHECKING:
+    from mlxpa.annotation.questions import QuestionSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,10 @@ class Row:
             vocabulary later), or None.
         chat_template_kwargs: Keyword arguments of the chat template for ``messages``
             (``add_generation_prompt`` among them when the row sets it), or None.
+        questions: The questions the row is asked (its ``questions`` field, else the run's
+            set; :mod:`mlxpa.data.questions`), or None: the row is generated.
+        gold: Question name to the index of its gold label, for the questions that have one
+            (None when the row is asked no question).
     """
 
     index: int
@@ -88,6 +96,8 @@ class Row:
     openai: str | None = None
     prompt_token_ids: list[int] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    questions: QuestionSet | None = None
+    gold: dict[str, int] | None = None
 
 
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
@@ -134,12 +144,17 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     template_kwargs = _template_kwargs(fields, prefix, messages is not None, problems)
     params = parse_params(fields, prefix, problems)
     params.update(parse_structured(fields, prefix, problems))
+    questions = gold = None
+    if not openai:
+        questions, gold = parse_questions(fields, spec.options, problems,
+                                          token_ids=ids is not None,
+                                          constrained="structured_outputs" in params)
     keep = None
     if spec.options.keep_columns:
         keep = {c: obj[c] if c in obj else fields.get(c) for c in spec.options.keep_columns}
     error = f"{where(spec.source, line, spec.unit)}: {'; '.join(problems)}" if problems else None
     return Row(index, row_id, prompt, messages, params, error, line, keep, kind, ids,
-               template_kwargs)
+               template_kwargs, questions, gold)
 
 
 def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:

@@ -31,8 +31,10 @@ TOKEN_LOGPROB_COLUMNS = ("logprobs", "prompt_logprobs")
 CHOICE_FIELDS = ("choice_logprobs", "choice_probs", "choice_outside_prob")
 # Every field name an output record can have (mlxpa rows, OpenAI Batch lines): a kept input
 # column may not take one of these names.
+# A row asked questions: its answers, and the label order check's changed questions.
+ANSWER_FIELDS = ("answers", "label_order_changed")
 OUTPUT_FIELDS = frozenset((*CORE_COLUMNS, "sample_index", "custom_id", "response",
-                           *TOKEN_LOGPROB_COLUMNS, *CHOICE_FIELDS))
+                           *TOKEN_LOGPROB_COLUMNS, *CHOICE_FIELDS, *ANSWER_FIELDS))
 
 
 def id_key(value: Any) -> str:

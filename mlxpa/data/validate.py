@@ -200,7 +200,8 @@ def _is_done(row: Row, key: str, existing: Existing, default_n: int, v: Validati
     count = existing.counts.get(key, 0)
     if count == 0:
         return False
-    need = 1 if existing.fmt == "openai" else row.params.get("n", default_n)
+    need = (1 if existing.fmt == "openai" or row.questions is not None
+            else row.params.get("n", default_n))
     if count >= need:
         return True
     tail = existing.tail

@@ -38,7 +38,9 @@ recompute after preemption does not count twice.
 
 The engine calls :meth:`ChoiceScores.add` (a new choice row), :meth:`~ChoiceScores.on_prefilled`
 (its prefill ran: the label requests to start) and :meth:`~ChoiceScores.on_step` (a step's
-scores; the outputs of the rows they complete).
+scores; the outputs of the rows they complete). A question of a question group is a choice
+row whose scores go to its group (``add``'s ``done``) instead of becoming sample outputs
+(:mod:`mlxpa.engine.question_scores`).
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ from dataclasses import dataclass
 
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.messages import quote_value
-from mlxpa.request import Request, RequestStatus, SampleOutput, TokenLogprob
-from mlxpa.sampling_params import SamplingParams
-from mlxpa.structured.labels import LabelJoiner, source_name
+from mlxpa.request import LabelScores, Request, RequestStatus, SampleOutput, TokenLogprob
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
+from mlxpa.structured.labels import LabelJoiner, LabelTokens, source_name
 from mlxpa.worker.outputs import StepResult
 from mlxpa.worker.topk_topp_sampler import sample_one
 
@@ -65,6 +67,7 @@ class _Row:
     tokens: tuple[tuple[int, ...], ...]  # per label, from prefill.num_prompt_tokens
     values: list[dict[int, TokenLogprob]]  # per label, prompt position to its value
     left: int  # the row's requests (prefill, labels) not finished
+    done: Callable[[LabelScores | str], list[SampleOutput]] | None = None  # scores' taker
 
 
 def is_choice(params: SamplingParams) -> bool:
@@ -90,6 +93,13 @@ def choose_label(scores: Sequence[float], params: SamplingParams, seed: int) -> 
     if params.greedy:
         return max(range(len(scores)), key=scores.__getitem__)
     return sample_one(list(scores), params, seed, 0)
+
+
+def _label_scores(state: _Row) -> LabelScores:
+    """A row's scores, each label's the sum of its tokens' values."""
+    scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
+    probs, outside = label_probs(scores, state.tokens)
+    return LabelScores(dict(zip(state.labels, scores)), dict(zip(state.labels, probs)), outside)
 
 
 def label_probs(scores: Sequence[float], tokens: Sequence[Sequence[int]]
@@ -129,36 +139,34 @@ class ChoiceScores:
                  output: Callable[[Request, str], SampleOutput]) -> None:
         self._tok = tokenizer
         self._joiner = LabelJoiner(tokenizer)
-        self._max_model_len = max_model_len
+        self.max_model_len = max_model_len
         self._seed_for = seed_for
         self._output = output
         self._rows: dict[Request, _Row] = {}  # each request of a row (prefill, labels)
         self._label: dict[Request, int] = {}  # a label request's label
 
-    def add(self, row: Request, schedule: Callable[[Request], None]) -> Request:
+    def add(self, row: Request, schedule: Callable[[Request], None],
+            done: Callable[[LabelScores | str], list[SampleOutput]] | None = None) -> Request:
         """A new choice row (all its ``n`` samples): its labels joined to its prompt, and
         its prefill request (the prompt up to where the labels start, ``score_only``, each
         label's first token a target) passed to ``schedule``.
+
+        Args:
+            row: The row's request as the engine made it (its ``choice`` constraint).
+            schedule: Takes the prefill request (queues it, or keeps it to fork).
+            done: When given, the row's scores go to it (its :class:`LabelScores`, or why a
+                label could not be scored) instead of becoming the row's sample outputs;
+                its return value is what the row releases (a question group's output).
 
         Returns:
             The prefill request; it waits for :meth:`on_prefilled` when some label has two
             or more tokens (:meth:`waits_for_prefill`).
 
         Raises:
-            ValueError: The labels cannot be scored after this prompt (two are the same
-                tokens, one has no token of its own), a label does not fit the context
-                (the messages name the field), or ``schedule`` refused the prefill.
+            ValueError: As :meth:`join`, or ``schedule`` refused the prefill.
         """
         so = row.sampling_params.structured_outputs
-        try:
-            joined = self._joiner.join(row.prompt_token_ids, so.choices)
-        except ValueError as e:
-            raise ValueError(f"{source_name(so)}: {e}") from None
-        for label, ids in zip(so.choices, joined.tokens):  # a longer label's request fits
-            if len(ids) > 1 and joined.start + len(ids) >= self._max_model_len:
-                raise ValueError(
-                    f"{source_name(so)}: the prompt and label {quote_value(label)} have "
-                    f"{joined.start + len(ids)} tokens; the limit is {self._max_model_len - 1}")
+        joined = self.join(row.prompt_token_ids, so)
         params = row.sampling_params
         prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
                           arrival_time=row.arrival_time,
@@ -167,8 +175,28 @@ class ChoiceScores:
         schedule(prefill)
         self._rows[prefill] = _Row(row, prefill, so.choices, joined.tokens,
                                    [{} for _ in so.choices],
-                                   1 + sum(len(t) > 1 for t in joined.tokens))
+                                   1 + sum(len(t) > 1 for t in joined.tokens), done)
         return prefill
+
+    def join(self, prompt_ids: Sequence[int], so: StructuredOutput) -> LabelTokens:
+        """Where the labels of ``so`` start after ``prompt_ids``, and their tokens
+        (:class:`~mlxpa.structured.labels.LabelJoiner`).
+
+        Raises:
+            ValueError: The labels cannot be scored after this prompt (two are the same
+                tokens, one has no token of its own) or a label does not fit the context
+                (the messages name the field).
+        """
+        try:
+            joined = self._joiner.join(prompt_ids, so.choices)
+        except ValueError as e:
+            raise ValueError(f"{source_name(so)}: {e}") from None
+        for label, ids in zip(so.choices, joined.tokens):  # a longer label's request fits
+            if len(ids) > 1 and joined.start + len(ids) >= self.max_model_len:
+                raise ValueError(
+                    f"{source_name(so)}: the prompt and label {quote_value(label)} have "
+                    f"{joined.start + len(ids)} tokens; the limit is {self.max_model_len - 1}")
+        return joined
 
     def waits_for_prefill(self, prefill: Request) -> bool:
         """Whether ``prefill`` (from :meth:`add`) starts label requests once it has run."""
@@ -231,25 +259,27 @@ class ChoiceScores:
         return released
 
     def _release(self, state: _Row) -> list[SampleOutput]:
-        """The outputs of a row whose requests all finished."""
+        """The outputs of a row whose requests all finished (a ``done`` row's: what its
+        taker returns)."""
         row, params, start = state.row, state.row.sampling_params, state.prefill.num_prompt_tokens
+        missing = [label for label, ids, by_pos in zip(state.labels, state.tokens, state.values)
+                   if len(by_pos) != len(ids)]
+        why = f"label {quote_value(missing[0])} could not be scored" if missing else None
+        if state.done is not None:
+            return state.done(why if missing else _label_scores(state))
         samples = [Request(row.request_id, row.prompt_token_ids, params,
                            arrival_time=row.arrival_time, sample_index=i,
                            num_cached_tokens=state.prefill.num_cached_tokens)
                    for i in range(params.n)]
-        missing = [label for label, ids, by_pos in zip(state.labels, state.tokens, state.values)
-                   if len(by_pos) != len(ids)]
         if missing:  # never seen: every request of the row ran to its end
             for sample in samples:
                 sample.status = RequestStatus.FINISHED_ABORTED
-                sample.stop_reason = f"label {quote_value(missing[0])} could not be scored"
+                sample.stop_reason = why
             return [self._output(sample, "") for sample in samples]
-        scores = [sum(v.logprob for v in by_pos.values()) for by_pos in state.values]
-        probs, outside = label_probs(scores, state.tokens)
-        by_label = dict(zip(state.labels, scores)), dict(zip(state.labels, probs))
+        scores = _label_scores(state)
         outs, now = [], time.perf_counter()
         for sample in samples:
-            k = choose_label(scores, params, self._seed_for(sample))
+            k = choose_label(list(scores.logprobs.values()), params, self._seed_for(sample))
             ids = state.tokens[k]
             m = min(len(ids), params.max_tokens)
             sample.output_token_ids = list(ids[:m])
@@ -259,8 +289,8 @@ class ChoiceScores:
                              else RequestStatus.FINISHED_LENGTH_CAPPED)
             text = state.labels[k] if m == len(ids) else self._cut(ids, m, state.labels[k])
             out = self._output(sample, text)
-            out.choice_logprobs, out.choice_probs = by_label  # shared by the row's samples
-            out.choice_outside_prob = outside
+            out.choice_logprobs, out.choice_probs = scores.logprobs, scores.probs  # shared
+            out.choice_outside_prob = scores.outside_prob
             outs.append(out)
         return outs
 

@@ -21,8 +21,16 @@ from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.deltas import final_delta, step_delta, wants_deltas
 from mlxpa.engine.detokenizer import IncrementalDetokenizer, check_stop
 from mlxpa.engine.metrics import Counters
+from mlxpa.engine.question_scores import QuestionScores
 from mlxpa.messages import token_id_problem
-from mlxpa.request import EngineRequest, Request, RequestStatus, SampleOutput, sample_output
+from mlxpa.request import (
+    EngineRequest,
+    QuestionPrompt,
+    Request,
+    RequestStatus,
+    SampleOutput,
+    sample_output,
+)
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.model_runner import ModelRunner
 from mlxpa.worker.outputs import StepResult
@@ -76,6 +84,7 @@ class LLMEngine:
                                    self.runner.max_model_len,
                                    frozenset(self.tokenizer.eos_token_ids))
         self.choice_scores = self._choice_scores()
+        self.question_scores = QuestionScores(self.choice_scores, self._output)
 
     def resize_kv_pool(self, num_blocks: int) -> None:
         """Rebuild the KV pool with ``num_blocks`` blocks (null block included; see
@@ -113,7 +122,9 @@ class LLMEngine:
         return self.runner.prepare(on_wait)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    sampling_params: SamplingParams) -> list[SampleOutput] | None:
+                    sampling_params: SamplingParams,
+                    questions: tuple[QuestionPrompt, ...] | None = None
+                    ) -> list[SampleOutput] | None:
         """Queue a request (``sampling_params.n`` samples of one prompt: sample 0 runs the
         prefill; when it is done, the others fork its blocks while ``max_num_seqs`` leaves
         slots and the rest wait, reading the prompt from the prefix cache when admitted). A
@@ -126,6 +137,9 @@ class LLMEngine:
                 request's randomness is derived from it.
             prompt_token_ids: The prompt (checked here against the vocabulary and context).
             sampling_params: How to sample and when to stop.
+            questions: A question group (:mod:`mlxpa.engine.question_scores`): the document
+                prefilled once, each question scored as a choice row forking its blocks; one
+                output with ``question_scores``. None: a plain request.
 
         Returns:
             Finished :class:`SampleOutput` s (one per sample) right away when the request
@@ -147,6 +161,8 @@ class LLMEngine:
         if params.prompt_logprobs is not None:  # every prompt token after the first
             req.num_scored_tokens = len(req.prompt_token_ids) - 1
             req.scored_top_logprobs = params.prompt_logprobs
+        if questions is not None:
+            return self._add_questions(req, questions)
         choice = is_choice(params)
         try:
             self._check_token_ids(req)
@@ -171,6 +187,21 @@ class LLMEngine:
             self._pending_forks.append(req)
         return None
 
+    def _add_questions(self, req: Request,
+                       questions: tuple[QuestionPrompt, ...]) -> list[SampleOutput] | None:
+        """Queue a question group (:meth:`add_request`), or its error output."""
+        try:
+            for q in questions:
+                self._check_token_ids(Request(req.request_id, q.prompt_token_ids,
+                                              req.sampling_params))
+            waiting = self.question_scores.add(req, questions, self.scheduler.add_request)
+        except ValueError as e:
+            return [self._error(req, str(e))]
+        self.counters.prompt_tokens += self.question_scores.num_prompt_tokens(req.request_id)
+        self._unfinished[req.request_id] = 1
+        self._pending_forks.extend(waiting)
+        return None
+
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         """Abort requests by the caller's id (vLLM's ``abort_request``): every request of
         each id, running or waiting (its ``n`` samples, those not forked yet, a choice row's
@@ -189,6 +220,7 @@ class LLMEngine:
         for req in [r for r in (*sched.running, *sched.waiting) if r.request_id in ids]:
             sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
         self.choice_scores.abort(ids)
+        self.question_scores.abort(ids)
         self._pending_forks = [r for r in self._pending_forks if r.request_id not in ids]
         for req in [r for r in self._detok if r.request_id in ids]:
             del self._detok[req]
@@ -231,7 +263,10 @@ class LLMEngine:
             if id(parent) not in done:
                 still.append(parent)
                 continue
-            if parent.score_only:  # a choice row's prefill
+            if self.question_scores.owns(parent):  # a question group's document
+                children, waiting = self.question_scores.on_prefilled(parent)
+                still.extend(waiting)
+            elif parent.score_only:  # a choice row's prefill
                 children = self.choice_scores.on_prefilled(parent)
             else:
                 children = [Request(parent.request_id, parent.prompt_token_ids,

@@ -3,6 +3,7 @@
     llm = LLM("mlx-community/Qwen2.5-0.5B-Instruct-4bit")    # the model loads once, here
     outs = llm.generate(["Question: ...", {"prompt": "...", "max_tokens": 8}], SamplingParams())
     outs = llm.chat([{"role": "user", "content": "Hi"}])
+    outs = llm.classify(["a review ..."], "questions.json")      # typed questions, scored
     for out in llm.generate_iter(rows_of_a_huge_file): ...    # a stream, in constant memory
 
 Every prompt becomes its engine request through the one input processor
@@ -24,7 +25,7 @@ the stream.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -36,7 +37,11 @@ from mlxpa.engine.metrics import Counters
 from mlxpa.engine.progress import RunProgress
 from mlxpa.engine.stream import RequestStream, in_input_order, windows
 from mlxpa.entrypoints.engine_args import engine_config
-from mlxpa.entrypoints.outputs import RequestOutput, request_output
+from mlxpa.entrypoints.outputs import (
+    ClassificationRequestOutput,
+    RequestOutput,
+    request_output,
+)
 from mlxpa.entrypoints.prompts import (
     CallIds,
     PromptRequest,
@@ -261,11 +266,44 @@ class LLM:
                 engine.abort_unfinished()
             engine.resize_kv_pool(num_blocks)
 
+    def classify(self, documents: Any, questions: Any = None, *, calibration: Any = None,
+                 permute_labels: bool = False,
+                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """Answer typed questions about every document: each document prefilled once, each
+        question's labels scored (never decoded), as ``mlxpa run --questions`` does
+        (:mod:`mlxpa.entrypoints.classify`; ``docs/annotation.md``).
+
+        Args:
+            documents: A text, a conversation (a list of ``{"role", "content"}`` dicts), a
+                dict (a row of ``mlxpa run``: ``prompt`` or ``messages``, ``id``, its own
+                ``questions``), or a list of these.
+            questions: The question set: a path to its JSON file, its JSON value (a list of
+                questions or ``{"preamble", "questions"}``) or a ``QuestionSet``; None: each
+                document is a dict with its own ``questions``.
+            calibration: A calibration file's path or a ``Calibration`` (``mlxpa
+                calibrate``): the answers' ``probs`` are calibrated; None: raw.
+            permute_labels: Also score each question that lists its labels with them listed
+                in reverse (``permuted_label``, ``label_order_changed``).
+            use_tqdm: Draw a progress bar on stderr.
+
+        Returns:
+            One :class:`ClassificationRequestOutput` per document, in input order.
+
+        Raises:
+            TypeError, ValueError: A bad argument or document (naming ``documents[i]`` and
+                the field); nothing has run.
+        """
+        from mlxpa.entrypoints.classify import classify
+
+        return classify(self, documents, questions, calibration, permute_labels, use_tqdm)
+
     def _stream(self, items: Iterable[list[PromptRequest]], ordered: bool, use_tqdm: bool,
-                total: int | None, arg: str) -> Generator[tuple[int, RequestOutput]]:
+                total: int | None, arg: str, convert: Callable[..., Any] = request_output
+                ) -> Generator[tuple[int, Any]]:
         """Windows of prompts through the streaming core; ``(index, output)`` as prompts
-        finish (or in input order). The engine's counters restart for the call
-        (``llm_engine.counters``: this call's statistics). A later call takes the engine
+        finish (or in input order), each output ``convert(result, decode, place)``. The
+        engine's counters restart for the call (``llm_engine.counters``: this call's
+        statistics). A later call takes the engine
         over: this stream then raises ``RuntimeError`` instead of reading another call's
         outputs."""
         engine, token = self.llm_engine, object()
@@ -287,7 +325,7 @@ class LLM:
                         return
                     bar.advance()
                     index = result.item.index
-                    out = request_output(result, decode, f"{arg}[{index}]")
+                    out = convert(result, decode, f"{arg}[{index}]")
                     engine.counters.failed_rows += out.error is not None
                     yield index, out
         finally:

@@ -1,7 +1,9 @@
 """What :class:`~mlxpa.entrypoints.llm.LLM` returns, in vLLM's names and shapes
 (``vllm.outputs.RequestOutput`` / ``CompletionOutput``, ``vllm.logprobs.Logprob``), plus
 mlxpa's ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` (choice rows) and
-``error`` (a prompt that could not run). No mlx.
+``error`` (a prompt that could not run); and what :meth:`LLM.classify` returns per document
+(:class:`ClassificationRequestOutput`, after vLLM's name: its answers, one
+:class:`QuestionAnswer` per question). No mlx.
 
     Finished(PromptRequest, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt,
                             prompt_token_ids, outputs=[CompletionOutput(index=0..n-1, ...)])
@@ -164,3 +166,57 @@ def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:
     for rank, (token_id, value) in enumerate(lp.top, 1):
         entries[token_id] = Logprob(value, rank, decode([token_id]))
     return entries
+
+
+@dataclass(slots=True)
+class QuestionAnswer:
+    """One question's answer about a document (an ``answers`` entry of ``mlxpa run``).
+
+    Attributes:
+        label: The label of highest ``probs`` (the first on a tie): answers are never sampled.
+        probs: Label to probability over the labels, summing to 1: calibrated when the call
+            has a calibration for the question, else ``softmax(logprobs)``. Threshold
+            ``probs[label]`` of a calibrated answer (``docs/annotation.md``).
+        logprobs: Label to its raw log-probability after the question (teacher-forced).
+        outside_prob: The model's raw probability of writing none of the labels.
+        calibrated: Whether ``probs`` are calibrated.
+        expected: A ``scale`` question's ``sum(probs[c] * value(c))``; else None.
+        permuted_label: With ``permute_labels``, for a question whose template lists its
+            labels: its label with them listed in reverse; else None.
+    """
+
+    label: str
+    probs: dict[str, float]
+    logprobs: dict[str, float]
+    outside_prob: float
+    calibrated: bool
+    expected: float | None = None
+    permuted_label: str | None = None
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """The answers about one document (named after vLLM's ``ClassificationRequestOutput``).
+
+    Attributes:
+        request_id: The document's id as text: a dict row's ``id``, else its index.
+        prompt: The document as given (a text), or None (messages).
+        prompt_token_ids: The document's tokens: the longest token prefix its questions'
+            prompts share (None when it could not run).
+        outputs: Question name to its :class:`QuestionAnswer`, in the question set's order;
+            empty when the document could not run.
+        label_order_changed: With ``permute_labels``: the questions whose answer changed
+            with their labels listed in reverse; else None.
+        finished: True (offline results are finished).
+        num_cached_tokens: Document tokens read from the prefix cache.
+        error: Why the document could not run (naming ``documents[i]``), else None.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    outputs: dict[str, QuestionAnswer]
+    label_order_changed: list[str] | None = None
+    finished: bool = True
+    num_cached_tokens: int | None = None
+    error: str | None = None

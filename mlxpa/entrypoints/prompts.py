@@ -33,6 +33,7 @@ class PromptRequest(NamedTuple):
         prompt: The text prompt (None for token ids and chat messages).
         chat: The prompt is chat messages (its text is the rendered template, decoded).
         error: Why it cannot run, naming ``arg[index]``; None when it runs.
+        questions: A dict row's question set (``QuestionSet``), when it is asked questions.
     """
 
     index: int
@@ -41,6 +42,7 @@ class PromptRequest(NamedTuple):
     prompt: str | None = None
     chat: bool = False
     error: str | None = None
+    questions: Any = None
 
 
 def prompt_list(prompts: Any) -> list[Any]:

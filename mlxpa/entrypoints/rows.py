@@ -23,21 +23,23 @@ INPUTS = InputOptions()
 
 
 def row_request(index: int, obj: dict[str, Any], params: SamplingParams,
-                processor: InputProcessor, arg: str = "prompts") -> PromptRequest:
+                processor: InputProcessor, arg: str = "prompts",
+                inputs: InputOptions = INPUTS) -> PromptRequest:
     """The request of one dict row, or why it cannot run (naming ``arg[index]``): its fields
     (as a file row's are checked), its token ids against the vocabulary, its fields merged
     with ``params``, its chat template, the context. Its request id is its ``id`` field as
-    text (its index when it has none).
+    text (its index when it has none). ``inputs``: the reader settings (a question set asked
+    of every row, the label order check).
     """
     place = f"{arg}[{index}]"
-    row = parse_row(obj, index, None, RowSpec(place, "row", INPUTS))
+    row = parse_row(obj, index, None, RowSpec(place, "row", inputs))
     problem = row.error or run_problem(row, params, processor.vocab_size)
     request = None
     if problem is None:
-        request = to_request(row, params, processor)
+        request = to_request(row, params, processor, inputs.permute_labels)
         if isinstance(request, str):
             problem, request = request, None
     if problem is not None and not problem.startswith(place):
         problem = f"{place}: {problem}"
     return PromptRequest(index, str(index if row.id is None else row.id), request,
-                         row.prompt, row.messages is not None, problem)
+                         row.prompt, row.messages is not None, problem, row.questions)

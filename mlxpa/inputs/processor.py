@@ -21,9 +21,13 @@ from mlxpa.inputs.prompts import (
     token_ids_problem,
 )
 from mlxpa.messages import token_id_problem
-from mlxpa.request import EngineRequest
+from mlxpa.request import EngineRequest, QuestionPrompt, common_prefix
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.structured.spec import check
+
+# A question group's KV room per fork beyond its tokens: one partial block copied on its first
+# write (the default block size; the pool's sizing only reads it as an upper bound).
+FORK_ROOM = 16
 
 
 class InputProcessor:
@@ -44,6 +48,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.split_special_tokens = split_special_tokens
+        self._label_tokens: dict[tuple[str, ...], int] = {}
 
     def process_inputs(self, request_id: str, prompt: PromptType,
                        params: SamplingParams) -> EngineRequest:
@@ -101,6 +106,43 @@ class InputProcessor:
         if problem is not None:
             raise ValueError(problem)
         return EngineRequest(request_id, ids, params)
+
+    def question_request(self, request_id: str, prompts: list[PromptType],
+                         labels: list[tuple[str, ...]]) -> EngineRequest:
+        """A question group's request (:mod:`mlxpa.engine.question_scores`): each question's
+        prompt (a text, or chat messages, ending where its labels are scored) tokenized as
+        :meth:`prompt_token_ids` does, with its labels.
+
+        The request's tokens are the document (the prompts' longest common token prefix);
+        its ``max_tokens`` the most tokens the questions hold after it (their own tokens,
+        their labels', a block per fork), which the KV pool's sizing reads.
+
+        Raises:
+            TypeError: ``request_id`` is not a string, a prompt of a wrong type.
+            ValueError: A prompt's field, or a prompt over the context (``questions[i]: ...``).
+        """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        ids = [self.prompt_token_ids(p) for p in prompts]
+        for i, x in enumerate(ids):
+            problem = over_context(len(x), self.max_model_len)
+            if problem is not None:
+                raise ValueError(f"questions[{i}]: {problem}")
+        shared = common_prefix(ids)
+        room = sum(len(x) - shared + self._label_room(ls) for x, ls in zip(ids, labels))
+        return EngineRequest(request_id, ids[0][:shared], SamplingParams(max_tokens=room),
+                             tuple(QuestionPrompt(x, tuple(ls)) for x, ls in zip(ids, labels)))
+
+    def _label_room(self, labels: tuple[str, ...]) -> int:
+        """KV tokens a question's labels can hold: each label forks with its tokens."""
+        key = tuple(labels)
+        longest = self._label_tokens.get(key)
+        if longest is None:
+            if len(self._label_tokens) >= 4096:
+                self._label_tokens.clear()
+            longest = self._label_tokens[key] = max(
+                len(self.tokenizer.encode(c, add_special_tokens=False)) for c in labels)
+        return len(labels) * (longest + FORK_ROOM) + FORK_ROOM
 
     def prompt_token_ids(self, prompt: PromptType) -> list[int]:
         """The token ids of ``prompt`` (BOS included when the tokenizer adds one): token ids

@@ -1,4 +1,5 @@
-"""A row's ``answers`` object, and questions as today's choice rows and back."""
+"""A row's ``answers`` object: raw, calibrated, read back from its scored questions (the
+label order check's second order among them). Hand-computed cases."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from mlxpa.annotation.answers import answer, answers, outside_mass
+from mlxpa.annotation.answers import (
+    answer,
+    answers,
+    outside_mass,
+    row_answers,
+    scored_questions,
+)
 from mlxpa.annotation.calibration import Calibration, QuestionCalibration
-from mlxpa.annotation.choice_rows import answers_from_records, choice_rows, split_id
 from mlxpa.annotation.questions import Question, QuestionSet
-from mlxpa.annotation.render import prompt_text, question_messages
 
 TOPIC = Question("topic", "choice", ("a", "b", "c"), "Which?")
 STARS = Question("stars", "scale", ("1", "2", "3"), "How many?", values=(1.0, 2.0, 3.0))
@@ -61,28 +66,39 @@ def test_outside_mass():
     assert outside_mass([0.0, 0.0]) == 0.0
 
 
-def test_choice_rows_and_back():
-    rows = choice_rows({"id": 7, "prompt": "Doc"}, QS)
-    assert rows == [
-        {"id": "7/topic", "prompt": prompt_text("Doc", TOPIC, "Pre"),
-         "structured_outputs": {"choice": ["a", "b", "c"]}},
-        {"id": "7/stars", "prompt": prompt_text("Doc", STARS, "Pre"),
-         "structured_outputs": {"choice": ["1", "2", "3"]}}]
-    chat = choice_rows({"messages": [{"role": "user", "content": "Doc"}]}, QS, index=3)
-    assert chat[0]["id"] == "3/topic"
-    assert chat[0]["messages"] == question_messages([{"role": "user", "content": "Doc"}],
-                                                    TOPIC, "Pre")
-    with pytest.raises(ValueError, match='row 0: no field "prompt" or "messages"'):
-        choice_rows({"text": "x"}, QS)
-    assert split_id("a/b/topic") == ("a/b", "topic")
-    records = [
-        {"id": "7/topic", "choice_logprobs": {"c": -3.0, "a": -1.0, "b": -2.0},
-         "choice_outside_prob": 0.5},
-        {"id": "7/stars", "choice_logprobs": {"1": -1.0, "2": -1.0, "3": -1.0},
-         "choice_outside_prob": 0.1},
-        {"id": "8/topic", "error": "too long", "choice_logprobs": None}]
-    out = answers_from_records(records, QS)
-    assert list(out) == ["7"]
-    assert out["7"]["topic"]["logprobs"] == {"a": -1.0, "b": -2.0, "c": -3.0}
-    assert out["7"]["topic"]["label"] == "a" and out["7"]["topic"]["outside_prob"] == 0.5
-    assert out["7"]["stars"]["expected"] == pytest.approx(2.0)
+LISTED = Question("tone", "choice", ("bad", "ok", "good"), template="\nTone ({labels}): ")
+
+
+def test_scored_questions_add_the_second_order_where_the_text_changes():
+    """The label order check asks again only a question whose template lists its labels
+    (a scale's default template does; a choice's does not), listed in reverse; the labels,
+    and so the answers' order, stay."""
+    qs = QuestionSet((TOPIC, STARS, LISTED))
+    assert scored_questions(qs) == [TOPIC, STARS, LISTED]
+    asked = scored_questions(qs, permute=True)
+    assert [q.name for q in asked] == ["topic", "stars", "tone", "stars", "tone"]
+    assert asked[3].suffix.endswith("Scale: 3, 2, 1\nAnswer: ")
+    assert asked[4].suffix == "\nTone (good, ok, bad): " and asked[4].labels == LISTED.labels
+
+
+def test_row_answers_read_the_scores_in_order_and_mark_changed_answers():
+    qs = QuestionSet((TOPIC, LISTED))
+    first = ([math.log(0.1), math.log(0.3), math.log(0.1)], None)
+    listed = (np.log([0.2, 0.5, 0.3]).tolist(), 0.1)
+    flipped = (np.log([0.6, 0.3, 0.1]).tolist(), 0.2)
+    out, changed = row_answers(qs, [first, listed])
+    assert changed is None and list(out) == ["topic", "tone"]
+    assert out["tone"]["label"] == "ok" and "permuted_label" not in out["tone"]
+    out, changed = row_answers(qs, [first, listed, flipped], permute=True)
+    assert changed == ["tone"] and out["tone"]["permuted_label"] == "bad"
+    assert "permuted_label" not in out["topic"]  # its text is the same in any order
+    out, changed = row_answers(qs, [first, listed, listed], permute=True)
+    assert changed == [] and out["tone"]["permuted_label"] == "ok"
+    cal = Calibration({"tone": QuestionCalibration(LISTED.labels, 1.0,
+                                                   tuple(np.log([0.1, 0.8, 0.1])))})
+    out, changed = row_answers(qs, [first, listed, flipped], cal, permute=True)
+    # calibrated: ok loses its prior (0.5/0.8 against 0.2/0.1, 0.3/0.1), both orders alike
+    assert out["tone"]["label"] == "good" and out["tone"]["permuted_label"] == "bad"
+    assert changed == ["tone"]
+    with pytest.raises(ValueError, match="3 scored questions expected, got 2"):
+        row_answers(qs, [first, listed], permute=True)

@@ -105,3 +105,69 @@ def test_long_prompts_tiled_and_row_split_match_mlx_lm(default_model):
         EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=8))
         for i, p in enumerate(prompts))}
     assert [outs[i].text for i in range(len(prompts))] == refs
+
+
+def test_readme_annotation_example_on_the_default_model(default_model, tmp_path):
+    """The README's two questions over ``examples/reviews.jsonl``: every answer is the row's
+    gold label, and each question's label log-probabilities equal mlx-lm's own forward pass
+    over the question's text and the label (teacher forcing, float64)."""
+    import math
+
+    import mlx.core as mx
+    import numpy as np
+
+    from mlxpa.annotation.questions import load_questions
+    from mlxpa.annotation.render import prompt_text
+    from mlxpa.batch.run import RunOptions, run_file
+    from mlxpa.data import InputOptions
+
+    model, tok, _ = default_model
+    out = tmp_path / "answers.jsonl"
+    qs = load_questions("examples/questions.json")
+    run_file("examples/reviews.jsonl", str(out), EngineConfig(), SamplingParams(),
+             RunOptions(show_progress=False), inputs=InputOptions(questions=qs),
+             engine=LLMEngine(EngineConfig(num_blocks=256), model, tok))
+    rows = [json.loads(line) for line in open("examples/reviews.jsonl")]
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    for r, g in zip(rows, got):
+        assert {n: a["label"] for n, a in g["answers"].items()} == r["gold"], r["id"]
+    r, g = rows[0], got[0]
+    for q in qs.questions:  # each label as the tokenizer writes text + label, from the first
+        text = prompt_text(r["prompt"], q, qs.preamble)  # position where any label leaves
+        ids = tok.encode(text)  # the text's own tokens
+        fulls = {c: tok.encode(text + c) for c in q.labels}
+        start = min(next((k for k, (a, b) in enumerate(zip(f, ids)) if a != b), len(ids))
+                    for f in fulls.values())
+        for c, full in fulls.items():
+            logits = np.array(model(mx.array(full)[None])[0].astype(mx.float32), np.float64)
+            top = logits.max(-1, keepdims=True)
+            lp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+            want = math.fsum(lp[start - 1 + j][t] for j, t in enumerate(full[start:]))
+            assert abs(g["answers"][q.name]["logprobs"][c] - want) < 2e-3, (q.name, c)
+
+
+def test_chat_questions_share_the_conversation_on_gemmas_template(default_model):
+    """On the default model's own chat template, a chat document's questions share every
+    token up to the user turn's text end (the preamble, merged into the first user turn by
+    Gemma's template, and the conversation); each question adds its words and the template's
+    turn change (oracle: the template rendered by the tokenizer itself)."""
+    from mlxpa.annotation.questions import load_questions
+    from mlxpa.annotation.render import question_messages
+    from mlxpa.batch.prompts import question_prompts
+    from mlxpa.data import Row
+    from mlxpa.inputs import InputProcessor
+
+    _, tok, _ = default_model
+    qs = load_questions("examples/questions.json")
+    conv = [{"role": "user", "content": "The soup was cold and bland."}]
+    req = InputProcessor(tok).question_request(
+        "x", *question_prompts(Row(0, 0, None, conv, {}, questions=qs)))
+    rendered = [tok.encode(tok.apply_chat_template(question_messages(conv, q, qs.preamble),
+                                                   tokenize=False, add_generation_prompt=True),
+                           add_special_tokens=False) for q in qs.questions]
+    assert [list(q.prompt_token_ids) for q in req.questions] == rendered
+    doc = tok.decode(req.prompt_token_ids)
+    assert doc.endswith("The soup was cold and bland.\n") and qs.preamble in doc
+    for q, ids in zip(qs.questions, rendered):
+        tail = tok.decode(ids[len(req.prompt_token_ids):])
+        assert tail == q.suffix.strip() + "<end_of_turn>\n<start_of_turn>model\n"
