@@ -1,6 +1,6 @@
 """How messages quote a user's value and name a field, stated once for rows, the API and the
 CLI: :class:`FieldError` (a field outside its range), :func:`quote_value`,
-:func:`field_error_text` and :func:`token_id_problem`. No mlx."""
+:func:`field_error_text`, :func:`token_id_problem` and :func:`surrogate_problem`. No mlx."""
 
 from __future__ import annotations
 
@@ -70,3 +70,51 @@ def token_id_problem(field: str, ids: Iterable[object], vocab_size: int) -> str 
         return None
     return (f'field "{field}": token id {quote_value(bad_id)} is outside the model\'s '
             f"vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
+
+
+def surrogate_problem(value: Any, field: str = "") -> str | None:
+    """Why ``value`` is not Unicode text: its first string (or key) holding a lone surrogate,
+    which JSON's ``\\ud800`` escape can spell but UTF-8 cannot encode (a tokenizer, a
+    template or an output writer would fail on it); None when every string is text.
+
+    Args:
+        value: A string, or lists and dicts holding strings (walked without recursion).
+        field: The name of ``value``; ``""`` for a record, whose keys are the field names.
+
+    Returns:
+        ``field "messages[0].content" is not Unicode text: a lone surrogate \\ud800 at
+        character 3 (JSON's \\uD800-\\uDFFF escapes must come in pairs)``, or None.
+    """
+    stack: list[tuple[str, Any]] = [(field, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            at = _surrogate_at(item)
+            if at is not None:
+                return (f'field "{_printable(where)}" is not Unicode text: a lone surrogate '
+                        f"{ascii(item[at])[1:-1]} at character {at + 1} (JSON's \\uD800-"
+                        "\\uDFFF escapes must come in pairs)")
+        elif isinstance(item, dict):
+            for key, v in reversed(item.items()):
+                name = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and _surrogate_at(key) is not None:
+                    return f'field name "{_printable(name)}" is not Unicode text (a lone surrogate)'
+                stack.append((name, v))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def _surrogate_at(text: str) -> int | None:
+    """The index of ``text``'s first lone surrogate, or None (UTF-8 encodes every other
+    code point)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _printable(name: str) -> str:
+    """A field name with any surrogate written as its escape (a message must be text)."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mlxpa.messages import FieldError, check_field
+from mlxpa.messages import FieldError, check_field, surrogate_problem
 from mlxpa.utils import is_finite, is_int
 
 # Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``1 / temperature`` would
@@ -103,6 +103,8 @@ class StructuredOutput:
             if (not isinstance(value, list) or not value
                     or not all(isinstance(c, str) and c for c in value)):
                 raise ValueError(wanted)
+            if surrogate_problem(value) is not None:  # a tokenizer cannot encode the label
+                raise ValueError(f"{wanted} of Unicode text (a label holds a lone surrogate)")
             twice = next((c for i, c in enumerate(value) if c in value[:i]), None)
             if twice is not None:
                 raise ValueError(f"{wanted} (label {json.dumps(twice, ensure_ascii=False)} "

@@ -40,7 +40,7 @@ from mlxpa.inputs.prompts import (
     text_problem,
     token_ids_problem,
 )
-from mlxpa.messages import field_error_text, quote_value
+from mlxpa.messages import field_error_text, quote_value, surrogate_problem
 from mlxpa.structured.fields import parse_structured
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     ``messages`` (unless they already start with one), or as text and a blank line in front of
     ``prompt``.
     """
+    problem = surrogate_problem(obj)
+    if problem is not None:  # no string of it reaches a tokenizer, a message or the output
+        return bad_record_row(problem, index, line, spec)
     problems: list[str] = []
     fields, prefix, id_field, kind = obj, "", spec.options.id_column, None
     openai = "body" in obj and ("custom_id" in obj or "url" in obj or "method" in obj)
@@ -158,8 +161,9 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
 
 
 def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:
-    """A row for a record that could not be decoded (invalid JSON, not an object, bad UTF-8);
-    its id is None (unknown: never the index, which could be another row's id)."""
+    """A row for a record that could not be decoded (invalid JSON, not an object, bad UTF-8,
+    a lone surrogate); its id is None (unknown: never the index, which could be another row's
+    id)."""
     return Row(index, None, None, None, {}, f"{where(spec.source, line, spec.unit)}: {detail}",
                line)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from mlxpa.messages import field_error_text
+from mlxpa.messages import field_error_text, surrogate_problem
 
 
 class ChatPrompt(NamedTuple):
@@ -37,9 +37,9 @@ NOT_TEMPLATE_KWARGS = frozenset(("conversation", "tokenize", "return_dict", "ret
 
 
 def text_problem(value: Any, field: str = "prompt") -> str | None:
-    """Why ``value`` is not a text prompt (a string with something besides white space)."""
+    """Why ``value`` is not a text prompt (Unicode text with something besides white space)."""
     if isinstance(value, str) and value.strip():
-        return None
+        return surrogate_problem(value, field)
     return field_error_text(field, "a non-empty string", value)
 
 
@@ -67,6 +67,9 @@ def parse_messages(value: Any, field: str = "messages") -> tuple[list[dict] | No
     if not isinstance(value, list) or not value:
         return None, field_error_text(field, 'a non-empty list of {"role", "content"} objects',
                                       value)
+    problem = surrogate_problem(value, field)
+    if problem is not None:
+        return None, problem
     clean = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):

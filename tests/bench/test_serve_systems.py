@@ -89,6 +89,31 @@ def test_offline_system_runs_the_same_requests(tiny):
     assert f["ttft_p50_s"] is None and f["itl_p99_s"] is None and f["peak_rss_bytes"] > 0
 
 
+def test_the_offline_systems_timed_run_finds_its_kv_pool_built(tiny, monkeypatch):
+    """A server builds its KV pool before it is ready; the offline system's warm-up does too,
+    so the timed run does not pay for growing the pool to the budget (seconds of allocation
+    that a short run would count as serving time)."""
+    from mlxpa.entrypoints.llm import LLM
+
+    folder, _, tokenizer = tiny
+    wl = synthetic_requests("random", tokenizer, num_prompts=3, input_len=20, output_len=5)
+    resized: list[int] = []
+    real_iter = LLM.generate_iter
+
+    def spy(self, *args, **kwargs):
+        engine = self.llm_engine
+        before = engine.kv_cache_manager.pool.num_usable_blocks
+        out = real_iter(self, *args, **kwargs)  # the pool is fitted at the call
+        resized.append(engine.kv_cache_manager.pool.num_usable_blocks != before)
+        return out
+
+    monkeypatch.setattr(LLM, "generate_iter", spy)
+    f = run_offline(folder, wl.requests, wl.requests[:1], ignore_eos=True,
+                    kv_cache_memory_bytes=2**22)
+    assert f["completed"] == 3
+    assert resized[-1] is False  # the timed call: the pool already at the budget
+
+
 def test_a_server_that_cannot_start_is_reported_not_raised(tiny):
     folder, _, tokenizer = tiny
     wl = synthetic_requests("random", tokenizer, num_prompts=2, input_len=10, output_len=2)

@@ -120,6 +120,27 @@ def test_invalid_utf8_is_a_row_error(tmp_path):
     assert rows[1].line == 2
 
 
+def test_a_lone_surrogate_is_a_row_error_naming_its_field(tmp_path):
+    # JSON's \ud800 escape spells a string UTF-8 cannot hold: a tokenizer, a template and the
+    # output writer would each fail on it, so the row is refused as it is read.
+    path = write_lines(tmp_path / "p.jsonl", [
+        '{"prompt": "a"}', '{"id": "x", "prompt": "b", "stop": ["\\ud800"]}',
+        '{"messages": [{"role": "user", "content": "hi \\udc00\\ud83d\\ude00"}]}',
+        '{"prompt": "\\ud83d\\ude00"}', '{"prompt": "c", "\\ud800": 1}'])
+    rows = list(read_rows(path))
+    lone = "(JSON's \\uD800-\\uDFFF escapes must come in pairs)"
+    assert rows[1].error == (f'{path} line 2: field "stop[0]" is not Unicode text: a lone '
+                             f"surrogate \\ud800 at character 1 {lone}")
+    assert rows[2].error == (f'{path} line 3: field "messages[0].content" is not Unicode text: '
+                             f"a lone surrogate \\udc00 at character 4 {lone}")
+    assert rows[4].error == (f'{path} line 5: field name "\\ud800" is not Unicode text (a '
+                             "lone surrogate)")
+    assert [r.id for r in rows] == [0, None, None, 3, None]
+    assert rows[3].error is None and rows[3].prompt == "\U0001f600"  # a pair is one character
+    for row in rows:  # every message is text an output file can hold
+        (row.error or "").encode("utf-8")
+
+
 def test_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         read_rows(str(tmp_path / "nope.jsonl"))  # at call time, not at first next()

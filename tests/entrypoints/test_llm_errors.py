@@ -103,6 +103,21 @@ def test_bad_sampling_params_name_the_argument_and_the_index(llm):
         StructuredOutputsParams(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="structured_outputs.choice must be a non-empty list"):
         StructuredOutputsParams(choice="yes")
+    with pytest.raises(ValueError, match=r"strings of Unicode text \(a label holds a lone "
+                       r"surrogate\)"):  # no tokenizer can encode it
+        StructuredOutputsParams(choice=["a", "b\ud800"])
+
+
+def test_a_lone_surrogate_is_refused_naming_the_field(llm):
+    lone = "(JSON's \\uD800-\\uDFFF escapes must come in pairs)"
+    _raises(ValueError, 'prompts[1]: field "prompt" is not Unicode text: a lone surrogate '
+            f"\\udc00 at character 2 {lone}", llm.generate, ["a", "b\udc00"])
+    _raises(ValueError, 'prompts[0]: field "stop" is not Unicode text: a lone surrogate '
+            f"\\ud800 at character 1 {lone}", llm.generate, {"prompt": "a", "stop": "\ud800"})
+    _raises(ValueError, 'messages[0]: field "messages[0].content" is not Unicode text: a lone '
+            f"surrogate \\ud800 at character 1 {lone}", llm.chat,
+            [{"role": "user", "content": "\ud800"}])
+    assert not llm.llm_engine.has_unfinished_requests()  # nothing ran
 
 
 def test_bad_chat_arguments(llm):

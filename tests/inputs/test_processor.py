@@ -81,6 +81,9 @@ def test_a_chat_prompt_is_the_templates_rendering(processor, tok):
         [{"role": "user", "content": "a\nb"}], add_generation_prompt=True)
 
 
+LONE = "(JSON's \\uD800-\\uDFFF escapes must come in pairs)"
+
+
 @pytest.mark.parametrize(("prompt", "message"), [
     ("", 'field "prompt" must be a non-empty string, got ""'),
     ("  \n", 'field "prompt" must be a non-empty string, got "  \\n"'),
@@ -109,9 +112,14 @@ def test_a_chat_prompt_is_the_templates_rendering(processor, tok):
      'field "messages": the chat template rejected them: unknown role tool'),
     ("x" * 70, "prompt has 70 tokens; the limit is 63 (the model context (--max-model-len) "
                "holds 64 tokens)"),
+    ("ab\ud800", 'field "prompt" is not Unicode text: a lone surrogate \\ud800 at character 3 '
+                 + LONE),
+    (ChatPrompt([{"role": "user", "content": "hi", "name": "\udc00"}]),
+     'field "messages[0].name" is not Unicode text: a lone surrogate \\udc00 at character 1 '
+     + LONE),
 ], ids=["empty", "blank", "no-ids", "negative-id", "oov-id", "no-messages", "not-a-message",
         "content", "role", "content-part", "template-kwargs", "template-rejects",
-        "over-context"])
+        "over-context", "lone-surrogate", "lone-surrogate-in-messages"])
 def test_a_bad_prompt_is_a_value_error_naming_its_field(processor, prompt, message):
     with pytest.raises(ValueError) as e:
         processor.process_inputs("r", prompt, SamplingParams())

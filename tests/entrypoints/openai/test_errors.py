@@ -62,6 +62,11 @@ BAD = [  # (route, body, param, words every problem's message holds)
     ("completions", {"prompt": "x", "stream_options": {"include_usage": True}},
      "stream_options", ['needs "stream": true']),
     ("completions", {"messages": CHAT}, "prompt", ["this route needs"]),
+    ("completions", '{"prompt": "x\\ud800"}', "prompt", ["lone surrogate \\ud800"]),
+    ("chat/completions", '{"messages": [{"role": "user", "content": "x", "name": "\\udc00"}]}',
+     "messages[0].name", ["not Unicode text"]),
+    ("completions", '{"prompt": "x", "structured_outputs": {"choice": ["a", "\\udfff"]}}',
+     "structured_outputs.choice[1]", ["not Unicode text"]),
     ("completions", "{not json", None, ["not valid JSON"]),
     ("completions", "[1, 2]", None, ["must be a JSON object, got an array"]),
 ]
