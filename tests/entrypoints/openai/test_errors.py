@@ -8,6 +8,7 @@ traceback."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import openai
@@ -139,12 +140,17 @@ def test_full_waiting_queue_is_503_with_retry_after(folder):
             results.append(_post(s, "completions", body))
 
         threads = [threading.Thread(target=ask) for _ in range(6)]
-        for t in threads:
+        threads[0].start()  # running (max_num_seqs 1) before the others arrive
+        deadline = time.monotonic() + 60
+        while s.metrics()["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for t in threads[1:]:
             t.start()
         for t in threads:
             t.join(120)
     full = [r for r in results if r.status_code == 503]
     done = [r for r in results if r.status_code == 200]
+    # One running, at least one in the queue's one place, the rest turned away.
     assert len(full) + len(done) == 6 and full and len(done) >= 2
     for r in full:
         assert r.headers["retry-after"] == "1"
