@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 
@@ -24,3 +25,18 @@ def is_finite(x: object) -> bool:
         return math.isfinite(x)
     except OverflowError:  # an int beyond float's range
         return False
+
+
+def read_json(path: str):
+    """The JSON value in the file ``path``.
+
+    Raises:
+        ValueError: The file cannot be read or is not JSON (the message names the file).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None

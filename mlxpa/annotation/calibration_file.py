@@ -23,6 +23,7 @@ from typing import Any
 from mlxpa.annotation.calibration import Calibration, QuestionCalibration
 from mlxpa.annotation.questions import QuestionSet
 from mlxpa.messages import field_error_text, quote_value
+from mlxpa.utils import read_json
 
 FORMAT = "mlxpa-calibration"
 VERSION = 1
@@ -57,13 +58,7 @@ def load_calibration(path: str | os.PathLike,
             field is wrong, or a calibrated question is not one of ``questions`` with the
             same labels (the message names the file and the fields).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except OSError as e:
-        raise ValueError(f"{path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    obj = read_json(path)
     problems: list[str] = []
     cal = parse_calibration(obj, problems, questions)
     if cal is None:

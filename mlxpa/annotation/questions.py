@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 import string
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxpa.messages import field_error_text, quote_value
+from mlxpa.utils import read_json
 
 QUESTION_TYPES = ("choice", "yes_no", "scale")
 # How a question follows the document when it gives no template: a blank line, the question
@@ -291,13 +291,7 @@ def load_questions(path: str) -> QuestionSet:
         ValueError: The file cannot be read, is not JSON, or is not a question set (the
             message names the file and every field at fault).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except OSError as e:
-        raise ValueError(f"{path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    value = read_json(path)
     problems: list[str] = []
     questions = parse_question_set(value, "", problems)
     if questions is None:

@@ -9,18 +9,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from mlxpa.cli.options import text_option
 from mlxpa.data.inputs import InputOptions
 
 if TYPE_CHECKING:
     from mlxpa.annotation.calibration import Calibration
 
 # One line each in --help (docs/annotation.md says the rest).
-QuestionsOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Questions for each row (docs/annotation.md).")]
-GoldColumnOpt = Annotated[str | None, typer.Option(
-    metavar="NAME", help="Gold labels' field (figures in the report).")]
-CalibrationOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Calibrate the answers with this file.")]
+QuestionsOpt = text_option("PATH", "Questions for each row (docs/annotation.md).")
+GoldColumnOpt = text_option("NAME", "Gold labels' field (figures in the report).")
+CalibrationOpt = text_option("PATH", "Calibrate the answers with this file.")
 PermuteLabelsOpt = Annotated[bool, typer.Option(
     "--permute-labels", help="Also score questions with labels reversed.")]
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli import options as opt
+from mlxpa.cli import workload_options as wo
 from mlxpa.data.inputs import plural
 
 BENCH_EXAMPLES = """\b
@@ -40,24 +41,15 @@ BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", 
 
 
 @opt.engine_options(*BENCH_ENGINE)
+@wo.workload_options(num_prompts=128, input_len=320, range_ratio=0.6, output_len=64,
+                     num_groups=8, prompts_per_group=16, system_prompt_len=512,
+                     question_len=64)
 def bench(
     ctx: typer.Context,
     workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
     engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
-    num_prompts: Annotated[int, typer.Option(
-        min=1, help="random, annotation: prompts (file: every valid row).")] = 128,
-    input_len: Annotated[int, typer.Option(min=1, help="random: mean prompt tokens.")] = 320,
-    range_ratio: Annotated[float, typer.Option(
-        min=0, callback=lambda v: _below_one(v), help="random: length spread.")] = 0.6,
-    output_len: Annotated[int, typer.Option(
-        min=1, help="Tokens generated per prompt (file: rows without max_tokens).")] = 64,
-    num_groups: Annotated[int, typer.Option(min=1, help="shared-prefix: groups.")] = 8,
-    prompts_per_group: Annotated[int, typer.Option(
-        min=1, help="shared-prefix: prompts each.")] = 16,
-    system_prompt_len: Annotated[int, typer.Option(
-        min=1, help="shared-prefix: shared tokens.")] = 512,
-    question_len: Annotated[int, typer.Option(min=1, help="shared-prefix: own tokens.")] = 64,
+    shape: dict | None = None,  # the workload options (workload_options) stand here
     seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
@@ -89,9 +81,7 @@ def bench(
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
                 workload.value, files.tokenizer(), input=input,
-                num_prompts=num_prompts, input_len=input_len, range_ratio=range_ratio,
-                output_len=output_len, num_groups=num_groups, prompts_per_group=prompts_per_group,
-                system_prompt_len=system_prompt_len, question_len=question_len, seed=seed,
+                **(shape or {}), seed=seed,
                 vocab_size=files.vocab_size())
             _say_workload(console, wl, systems, repeats)
         mdl, tok, _ = load_model(config, tokenizer=files.tokenizer())
@@ -115,13 +105,6 @@ def _no_options_before(ctx: typer.Context) -> None:
         raise typer.BadParameter(f"{', '.join(given)} before {ctx.invoked_subcommand!r} is an "
                                  f"option of the offline bench; give the options of "
                                  f"{ctx.invoked_subcommand!r} after it")
-def _below_one(value: float) -> float:
-    """``--range-ratio`` is below 1 (a prompt of length 0 otherwise)."""
-    if value >= 1:
-        raise typer.BadParameter(f"must be below 1, got {value}")
-    return value
-
-
 def _console() -> Console:
     """The stderr console (full width on a terminal), with log lines going to stderr too."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

@@ -9,6 +9,7 @@ import typer
 
 from mlxpa.bench.serve_workloads import ENDPOINTS, SERVE_WORKLOADS
 from mlxpa.cli import options as opt
+from mlxpa.cli import workload_options as wo
 from mlxpa.data.inputs import plural
 
 SERVE_EXAMPLES = """\b
@@ -28,6 +29,9 @@ WARMUP_REQUESTS, WARMUP_TOKENS = 2, 4
 
 
 @opt.engine_options("model", "revision")
+@wo.workload_options(num_prompts=64, input_len=320, range_ratio=0.6, output_len=32,
+                     num_groups=1, prompts_per_group=48, system_prompt_len=512,
+                     question_len=32)
 def serve(
     workload: Annotated[ServeWorkloadChoice, typer.Option(
         help="Requests to send.")] = ServeWorkloadChoice.shared_prefix,
@@ -36,18 +40,7 @@ def serve(
         help="Input for --workload file (any input mlxpa run reads).")] = None,
     endpoint: Annotated[Endpoint, typer.Option(
         help="shared-prefix, random: the route (file rows pick theirs).")] = Endpoint.chat,
-    num_prompts: Annotated[int, typer.Option(help="random: requests.")] = 64,
-    input_len: Annotated[int, typer.Option(help="random: mean prompt tokens.")] = 320,
-    range_ratio: Annotated[float, typer.Option(help="random: length spread.")] = 0.6,
-    num_groups: Annotated[int, typer.Option(help="shared-prefix: system prompts.")] = 1,
-    prompts_per_group: Annotated[int, typer.Option(
-        help="shared-prefix: requests per system prompt.")] = 48,
-    system_prompt_len: Annotated[int, typer.Option(
-        help="shared-prefix: tokens of the shared system prompt.")] = 512,
-    question_len: Annotated[int, typer.Option(
-        help="shared-prefix: tokens of each question.")] = 32,
-    output_len: Annotated[int, typer.Option(
-        help="max_tokens of each request (file: rows without max_tokens).")] = 32,
+    shape: dict | None = None,  # the workload options (workload_options) stand here
     concurrency: Annotated[str | None, typer.Option(
         show_default=False, metavar="N,...", help="Load levels: requests in flight, "
         "comma-separated (default 1,8,16,32); with --request-rate, one cap.")] = None,
@@ -99,9 +92,7 @@ def serve(
         model = (engine or {}).get("model")
         folder = str(resolve_model(model, (engine or {}).get("revision")))
         tokenizer = load_tokenizer_of(folder)
-        make = _workload_maker(workload.value, tokenizer, endpoint.value, input, num_prompts,
-                               input_len, range_ratio, num_groups, prompts_per_group,
-                               system_prompt_len, question_len, output_len)
+        make = _workload_maker(workload.value, tokenizer, endpoint.value, input, shape or {})
         levels, warmup, info = _levels(make, specs, seed)
     except InputError as e:
         opt.fail(console, e, 2)
@@ -188,19 +179,14 @@ def _numbers(text: str, kind: type, flag: str) -> list:
     return values
 
 
-def _workload_maker(name, tokenizer, endpoint, input, num_prompts, input_len, range_ratio,
-                    num_groups, prompts_per_group, system_prompt_len, question_len, output_len):
+def _workload_maker(name, tokenizer, endpoint, input, shape: dict):
     """``make(seed)`` -> the workload (a file workload is the same for every seed)."""
     from mlxpa.bench.serve_workloads import file_requests, synthetic_requests
 
     if name == "file":
-        wl = file_requests(tokenizer, input, output_len)
+        wl = file_requests(tokenizer, input, shape["output_len"])
         return lambda seed: wl
-    return lambda seed: synthetic_requests(
-        name, tokenizer, endpoint, num_prompts=num_prompts, input_len=input_len,
-        range_ratio=range_ratio, output_len=output_len, num_groups=num_groups,
-        prompts_per_group=prompts_per_group, system_prompt_len=system_prompt_len,
-        question_len=question_len, seed=seed)
+    return lambda seed: synthetic_requests(name, tokenizer, endpoint, **shape, seed=seed)
 
 
 def _levels(make, specs, seed: int):

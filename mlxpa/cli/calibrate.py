@@ -9,21 +9,8 @@ from typing import Annotated
 
 import typer
 
+from mlxpa.cli import options as opt
 from mlxpa.cli.annotation import GoldColumnOpt, annotation_inputs
-from mlxpa.cli.options import (
-    ENGINE_FLAGS,
-    BlasOpt,
-    IdColumnOpt,
-    InputFormat,
-    InputFormatOpt,
-    MessagesColumnOpt,
-    PromptColumnOpt,
-    SystemOpt,
-    checked_engine_config,
-    engine_options,
-    fail,
-    input_options,
-)
 
 CALIBRATE_EXAMPLES = """\b
 Examples:
@@ -47,10 +34,10 @@ def _budget(value: float) -> float:
 
 
 # Every engine option but the engine seed (scores are not sampled): --seed is the split's.
-CALIBRATE_ENGINE = tuple(name for name in ENGINE_FLAGS if name != "seed")
+CALIBRATE_ENGINE = tuple(name for name in opt.ENGINE_FLAGS if name != "seed")
 
 
-@engine_options(*CALIBRATE_ENGINE)
+@opt.engine_options(*CALIBRATE_ENGINE)
 def calibrate(
     input: Annotated[str, typer.Argument(
         help="Labelled rows (.jsonl, .csv, .parquet, a datasets folder): a document and gold "
@@ -72,13 +59,13 @@ def calibrate(
         metavar="PATH", help="Save the reliability diagram (before/after) as PNG.")] = None,
     scores_output: Annotated[str | None, typer.Option(
         metavar="PATH", help="Also keep the rows' answers (JSONL or Parquet).")] = None,
-    system: SystemOpt = None,
-    input_format: InputFormatOpt = InputFormat.auto,
-    prompt_column: PromptColumnOpt = "prompt",
-    messages_column: MessagesColumnOpt = "messages",
-    id_column: IdColumnOpt = "id",
+    system: opt.SystemOpt = None,
+    input_format: opt.InputFormatOpt = opt.InputFormat.auto,
+    prompt_column: opt.PromptColumnOpt = "prompt",
+    messages_column: opt.MessagesColumnOpt = "messages",
+    id_column: opt.IdColumnOpt = "id",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    blas: BlasOpt = "auto",
+    blas: opt.BlasOpt = "auto",
 ) -> None:
     """Score labelled rows with a question set, fit a calibration per question (a temperature;
     with --content-free also a per-label bias) on one split, print the held-out figures before
@@ -93,10 +80,10 @@ def calibrate(
     from mlxpa.data import InputError
 
     console = Console(stderr=True, soft_wrap=True)
-    config = checked_engine_config(engine)
+    config = opt.checked_engine_config(engine)
     try:
         inputs = annotation_inputs(
-            input_options(input_format, prompt_column, messages_column, id_column, system),
+            opt.input_options(input_format, prompt_column, messages_column, id_column, system),
             questions, gold_column, False)
         options = CalibrateOptions(holdout, seed, content_free, error_budget, scores_output,
                                    show_progress=not quiet)
@@ -123,6 +110,6 @@ def calibrate(
     except OptionError as e:
         raise typer.BadParameter(str(e)) from None
     except InputError as e:
-        fail(console, e, 2)
+        opt.fail(console, e, 2)
     except (OSError, ValueError, ImportError) as e:
-        fail(console, e, 1)
+        opt.fail(console, e, 1)

@@ -51,6 +51,11 @@ InputFormatOpt = Annotated[InputFormat, typer.Option(
 PromptColumnOpt = Annotated[str, typer.Option(help="Field with the text prompt.")]
 MessagesColumnOpt = Annotated[str, typer.Option(help="Field with chat messages.")]
 IdColumnOpt = Annotated[str, typer.Option(help="Field with the row id.")]
+def text_option(metavar: str | None, help: str) -> Any:
+    """An optional text option: ``Annotated[str | None, typer.Option(metavar=, help=)]``."""
+    return Annotated[str | None, typer.Option(metavar=metavar, help=help)]
+
+
 SystemOpt = Annotated[str | None, typer.Option(
     help="System message: a system turn before chat messages (unless they start with one), "
     "or text before a text prompt.")]
@@ -160,21 +165,36 @@ def engine_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., 
             added.append(inspect.Parameter(KV_MEMORY, inspect.Parameter.KEYWORD_ONLY,
                                            default=None, annotation=_KV_MEMORY_OPT))
 
+    def engine(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.value if isinstance(v, enum.Enum) else v for k, v in values.items()}
+
+    return option_group("engine", added, engine)
+
+
+def option_group(target: str, added: list[inspect.Parameter],
+                 convert: Callable[[dict[str, Any]], Any] = dict,
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator that puts the options ``added`` into a Typer command's signature where its
+    parameter ``target`` stands, and calls the command with ``target=convert({name:
+    value})`` of them instead.
+
+    Raises:
+        ValueError: (when applied) The command has no parameter ``target``.
+    """
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)  # Typer passes keywords
                for p in inspect.signature(command, eval_str=True).parameters.values()]
-        at = [p.name for p in own].index("engine")
+        at = [p.name for p in own].index(target)
         params = [*own[:at], *added, *own[at + 1:]]
 
         @functools.wraps(command)
-        def with_engine(**kwargs: Any) -> Any:
-            engine = {p.name: kwargs.pop(p.name) for p in added}
-            engine = {k: v.value if isinstance(v, enum.Enum) else v for k, v in engine.items()}
-            return command(**kwargs, engine=engine)
+        def with_group(**kwargs: Any) -> Any:
+            group = convert({p.name: kwargs.pop(p.name) for p in added})
+            return command(**kwargs, **{target: group})
 
-        with_engine.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        with_engine.__annotations__ = {p.name: p.annotation for p in params}
-        return with_engine
+        with_group.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        with_group.__annotations__ = {p.name: p.annotation for p in params}
+        return with_group
 
     return wrap
 

@@ -34,6 +34,7 @@ from mlxpa.cli.options import (
     fail,
     flag_message,
     input_options,
+    text_option,
 )
 from mlxpa.config import EngineConfig
 from mlxpa.data.inputs import InputOptions
@@ -99,27 +100,21 @@ ResumeOpt = Annotated[bool, typer.Option(
 OrderOpt = Annotated[Order, typer.Option(
     help="Admission order: prefix (each window of 4096 rows read is ordered so rows sharing a "
     "prefix run together) or input. Output order is not affected.")]
-MetricsJsonOpt = Annotated[str | None, typer.Option(
-    help="Write the final statistics as JSON here.")]
+MetricsJsonOpt = text_option(None, "Write the final statistics as JSON here.")
 OverwriteOpt = Annotated[bool, typer.Option(
     "--overwrite", help="Replace an existing output file.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or report.")]
-ChoiceOpt = Annotated[str | None, typer.Option(
-    metavar="A,B,..", help="Default: one of these labels, scored (+ choice_probs, "
-    "choice_logprobs), spaces kept: ' yes, no'.")]
-JsonSchemaOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Default: JSON valid under this schema file.")]
-RegexOpt = Annotated[str | None, typer.Option(
-    metavar="RE", help="Default: text matching this regex.")]
-GrammarOpt = Annotated[str | None, typer.Option(
-    metavar="PATH", help="Default: text in this Lark or GBNF grammar.")]
+ChoiceOpt = text_option("A,B,..", "Default: one of these labels, scored (+ choice_probs, "
+                        "choice_logprobs), spaces kept: ' yes, no'.")
+JsonSchemaOpt = text_option("PATH", "Default: JSON valid under this schema file.")
+RegexOpt = text_option("RE", "Default: text matching this regex.")
+GrammarOpt = text_option("PATH", "Default: text in this Lark or GBNF grammar.")
 
 RayOpt = Annotated[bool, typer.Option(
     "--ray", help="Run on Ray replicas (pip install 'mlxpa[ray]'); rows sharing a prefix go "
     "to the same replica.")]
-RayAddressOpt = Annotated[str | None, typer.Option(
-    help="Ray cluster to join (auto: the one `ray start --head` started; default: a local "
-    "Ray); implies --ray.")]
+RayAddressOpt = text_option(None, "Ray cluster to join (auto: the one `ray start --head` "
+                            "started; default: a local Ray); implies --ray.")
 NumReplicasOpt = Annotated[int, typer.Option(
     help="Engine replicas with --ray (each loads the model once).")]
 

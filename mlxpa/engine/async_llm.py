@@ -24,6 +24,7 @@ prefilled waits for those blocks to be cached instead of computing them twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import queue
 import threading
@@ -34,6 +35,7 @@ from typing import NamedTuple
 
 from mlxpa.config import EngineConfig
 from mlxpa.engine.llm_engine import LLMEngine
+from mlxpa.engine.metrics import Counters
 from mlxpa.request import EngineRequest, SampleOutput
 
 
@@ -55,20 +57,15 @@ class EngineStats(NamedTuple):
         kv_blocks_in_use: KV blocks held by requests (blocks only the prefix cache holds
             are free to evict and not counted, as in vLLM).
         kv_blocks_total: Usable KV blocks of the pool (the null block left out).
-        prompt_tokens: Prompt tokens of admitted requests, since start.
-        cached_prompt_tokens: Of those, tokens served from the prefix cache.
-        generation_tokens: Output tokens sampled, since start.
-        num_preemptions: Requests preempted, since start.
+        counters: A copy of the engine's :class:`~mlxpa.engine.metrics.Counters` since start
+            (prompt, cached and generated tokens, preemptions), latency lists left empty.
     """
 
     num_running: int = 0
     num_waiting: int = 0
     kv_blocks_in_use: int = 0
     kv_blocks_total: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generation_tokens: int = 0
-    num_preemptions: int = 0
+    counters: Counters = Counters()
 
 
 @dataclass
@@ -290,10 +287,9 @@ class AsyncLLM:
         kv, c = engine.kv_cache_manager, engine.counters
         c.ttft_s.clear()
         c.itl_s.clear()
-        stats = EngineStats(
-            len(engine.scheduler.running), engine.num_waiting, kv.num_active_blocks,
-            kv.pool.num_usable_blocks, c.prompt_tokens, c.cached_prompt_tokens,
-            c.generation_tokens, c.num_preemptions)
+        stats = EngineStats(len(engine.scheduler.running), engine.num_waiting,
+                            kv.num_active_blocks, kv.pool.num_usable_blocks,
+                            dataclasses.replace(c, ttft_s=[], itl_s=[]))
         with self._lock:  # a request moves from the inbox's count to the engine's at once
             self._queued -= self._applied
             self._applied = 0

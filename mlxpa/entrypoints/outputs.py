@@ -169,32 +169,6 @@ def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:
 
 
 @dataclass(slots=True)
-class QuestionAnswer:
-    """One question's answer about a document (an ``answers`` entry of ``mlxpa run``).
-
-    Attributes:
-        label: The label of highest ``probs`` (the first on a tie): answers are never sampled.
-        probs: Label to probability over the labels, summing to 1: calibrated when the call
-            has a calibration for the question, else ``softmax(logprobs)``. Threshold
-            ``probs[label]`` of a calibrated answer (``docs/annotation.md``).
-        logprobs: Label to its raw log-probability after the question (teacher-forced).
-        outside_prob: The model's raw probability of writing none of the labels.
-        calibrated: Whether ``probs`` are calibrated.
-        expected: A ``scale`` question's ``sum(probs[c] * value(c))``; else None.
-        permuted_label: With ``permute_labels``, for a question whose template lists its
-            labels: its label with them listed in reverse; else None.
-    """
-
-    label: str
-    probs: dict[str, float]
-    logprobs: dict[str, float]
-    outside_prob: float
-    calibrated: bool
-    expected: float | None = None
-    permuted_label: str | None = None
-
-
-@dataclass(slots=True)
 class ClassificationRequestOutput:
     """The answers about one document (named after vLLM's ``ClassificationRequestOutput``).
 
@@ -220,3 +194,29 @@ class ClassificationRequestOutput:
     finished: bool = True
     num_cached_tokens: int | None = None
     error: str | None = None
+
+
+@dataclass(slots=True)
+class QuestionAnswer:
+    """One question's answer about a document (an ``answers`` entry of ``mlxpa run``).
+
+    Attributes:
+        label: The label of highest ``probs`` (the first on a tie): answers are never sampled.
+        probs: Label to probability over the labels, summing to 1: calibrated when the call
+            has a calibration for the question, else ``softmax(logprobs)``. Threshold
+            ``probs[label]`` of a calibrated answer (``docs/annotation.md``).
+        logprobs: Label to its raw log-probability after the question (teacher-forced).
+        outside_prob: The model's raw probability of writing none of the labels.
+        calibrated: Whether ``probs`` are calibrated.
+        expected: A ``scale`` question's ``sum(probs[c] * value(c))``; else None.
+        permuted_label: With ``permute_labels``, for a question whose template lists its
+            labels: its label with them listed in reverse; else None.
+    """
+
+    label: str
+    probs: dict[str, float]
+    logprobs: dict[str, float]
+    outside_prob: float
+    calibrated: bool
+    expected: float | None = None
+    permuted_label: str | None = None

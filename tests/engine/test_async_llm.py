@@ -91,7 +91,7 @@ def test_closing_the_stream_aborts_and_frees_the_blocks():
         asyncio.run(leave_early())
         _wait(lambda: llm.stats.kv_blocks_in_use == 0 and llm.stats.num_running == 0)
         assert llm.engine.kv_cache_manager.num_active_blocks == 0
-        assert llm.stats.generation_tokens < 200 and not seen  # no finished output
+        assert llm.stats.counters.generation_tokens < 200 and not seen  # no finished output
         texts = asyncio.run(_texts(llm, _request("next", "hi", max_tokens=4)))
         assert len(texts[0]) > 0 and len(seen) == 1  # still serving; e2e observed
     finally:

@@ -41,6 +41,7 @@ class _EngineCollector(Collector):
 
     def collect(self):
         s = self.llm.stats
+        c = s.counters
         gauges = (("vllm:num_requests_running", "Requests running (samples).", s.num_running),
                   ("vllm:num_requests_waiting", "Requests waiting.", self.llm.num_waiting()),
                   ("vllm:kv_cache_usage_perc", "KV blocks held by requests over usable "
@@ -51,13 +52,13 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(self.labels, value)
             yield g
-        counters = (("vllm:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens),
-                    ("vllm:generation_tokens", "Output tokens sampled.", s.generation_tokens),
+        counters = (("vllm:prompt_tokens", "Prompt tokens admitted.", c.prompt_tokens),
+                    ("vllm:generation_tokens", "Output tokens sampled.", c.generation_tokens),
                     ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix "
-                     "cache.", s.prompt_tokens),
+                     "cache.", c.prompt_tokens),
                     ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
-                     s.cached_prompt_tokens),
-                    ("vllm:num_preemptions", "Requests preempted.", s.num_preemptions))
+                     c.cached_prompt_tokens),
+                    ("vllm:num_preemptions", "Requests preempted.", c.num_preemptions))
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(self.labels, value)
