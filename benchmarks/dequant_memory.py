@@ -20,10 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from rss import peak_rss_run
 
 
 def measure(model: str, src: str, out: str, extra: list[str]) -> dict:
@@ -32,14 +32,7 @@ def measure(model: str, src: str, out: str, extra: list[str]) -> dict:
         os.remove(out)
     cmd = [sys.executable, "-m", "mlxpa", "run", src, "-o", out, "--model", model, "--quiet",
            *extra]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    # ru_maxrss is in KiB on Linux and bytes on macOS.
-    scale = 1 / 1024 if sys.platform.startswith("linux") else 1 / 2**20
-    return {"peak_rss_mib": round(usage.ru_maxrss * scale, 1), "wall_s": round(wall, 1),
-            "status": os.waitstatus_to_exitcode(status)}
+    return peak_rss_run(cmd)
 
 
 def main() -> None:

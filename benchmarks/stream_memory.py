@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
+
+from rss import peak_rss_run
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,14 +34,7 @@ def measure(model: str, src: str, out: str, extra: list[str]) -> dict:
     """Run ``mlxpa run`` once; returns its peak RSS (MiB), wall seconds and exit status."""
     cmd = [sys.executable, "-m", "mlxpa", "run", src, "-o", out, "--model", model,
            "--max-tokens", "1", "--kv-memory", "0.02", "--quiet", *extra]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    # ru_maxrss is in KiB on Linux and bytes on macOS.
-    scale = 1 / 1024 if sys.platform.startswith("linux") else 1 / 2**20
-    return {"peak_rss_mib": round(usage.ru_maxrss * scale, 1), "wall_s": round(wall, 1),
-            "status": os.waitstatus_to_exitcode(status)}
+    return peak_rss_run(cmd)
 
 
 def main() -> None:

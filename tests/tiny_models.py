@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import gemma3_text, llama
@@ -114,3 +116,14 @@ def float64_log_softmax(model, ids: list[int]) -> np.ndarray:
     logits = np.array(model(mx.array(ids)[None])[0].astype(mx.float32), dtype=np.float64)
     top = logits.max(axis=-1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+
+
+def teacher_forced(model, tok, prompt: list[int], labels) -> list[float]:
+    """Each label's float64 log-probability after ``prompt`` (mlx-lm's forward over
+    prompt + label, no cache; the label tokenized without special tokens)."""
+    scores = []
+    for label in labels:
+        ids = tok.encode(label, add_special_tokens=False)
+        ref = float64_log_softmax(model, prompt + ids)
+        scores.append(math.fsum(ref[len(prompt) - 1 + j][t] for j, t in enumerate(ids)))
+    return scores

@@ -21,7 +21,7 @@ from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from tests.cli.helpers import cli
 from tests.cli.test_run_cli import invoke, read_jsonl, write_jsonl
-from tests.tiny_models import float64_log_softmax, save_tiny_model
+from tests.tiny_models import save_tiny_model, teacher_forced
 
 QUESTIONS = {"preamble": "Tag each note.", "questions": [
     {"name": "topic", "type": "choice", "labels": ["tea", "ink", "sky"], "question": "Topic?",
@@ -172,15 +172,6 @@ def grid_loss(x: np.ndarray, gold: np.ndarray, t: float) -> float:
     return -np.mean(z[np.arange(len(gold)), gold] - np.log(np.exp(z).sum(axis=1)))
 
 
-def teacher_forced(model, tok, text: str, labels) -> list[float]:
-    ids = tok.encode(text)
-    out = []
-    for c in labels:
-        lab = tok.encode(c, add_special_tokens=False)
-        ref = float64_log_softmax(model, ids + lab)
-        out.append(math.fsum(ref[len(ids) - 1 + j][t] for j, t in enumerate(lab)))
-    return out
-
 
 def test_calibrate_fits_what_a_grid_search_and_the_model_say(tmp_path, tiny, files):
     q, src, rows = files
@@ -200,7 +191,8 @@ def test_calibrate_fits_what_a_grid_search_and_the_model_say(tmp_path, tiny, fil
     for name, gold in (("topic", [["tea", "ink", "sky"].index(r["topic_gold"]) for r in rows]),
                        ("spam", [0 if r["gold"]["spam"] else 1 for r in rows])):
         question, entry = qs[name], fitted["questions"][name]
-        cf = np.array([teacher_forced(model, tok, prompt_text(d, question, qs.preamble),
+        cf = np.array([teacher_forced(model, tok,
+                                      tok.encode(prompt_text(d, question, qs.preamble)),
                                       question.labels) for d in CONTENT_FREE])
         p_cf = np.exp(cf) / np.exp(cf).sum(axis=1, keepdims=True)
         bias = np.log(p_cf.mean(axis=0))

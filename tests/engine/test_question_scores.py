@@ -6,8 +6,6 @@ separate choice rows; and the tokens the scheduler computes, counted by hand."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from mlxpa.config import EngineConfig
@@ -15,7 +13,12 @@ from mlxpa.engine import LLMEngine
 from mlxpa.engine.choice_scores import label_probs
 from mlxpa.request import EngineRequest, QuestionPrompt, common_prefix
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
-from tests.tiny_models import byte_tokenizer, float64_log_softmax, tiny_gemma3, tiny_llama
+from tests.tiny_models import (
+    byte_tokenizer,
+    teacher_forced,
+    tiny_gemma3,
+    tiny_llama,
+)
 
 DOCS = ["The kettle boiled in a minute and the lid broke after a week of use, sadly.",
         "Short note.",
@@ -45,16 +48,6 @@ def group(tok, rid: str, doc: str, questions=QUESTIONS) -> EngineRequest:
     return EngineRequest(rid, prompts[0].prompt_token_ids[:shared], SamplingParams(),
                          tuple(prompts))
 
-
-def teacher_forced(model, tok, prompt: list[int], labels) -> list[float]:
-    """Each label's float64 log-probability after ``prompt`` (mlx-lm's forward over
-    prompt + label, no cache; the byte tokenizer writes a label as its characters)."""
-    scores = []
-    for label in labels:
-        ids = tok.encode(label, add_special_tokens=False)
-        ref = float64_log_softmax(model, prompt + ids)
-        scores.append(math.fsum(ref[len(prompt) - 1 + j][t] for j, t in enumerate(ids)))
-    return scores
 
 
 def run(model, requests, config, tok=None):

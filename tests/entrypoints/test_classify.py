@@ -5,7 +5,6 @@ through ``mlxpa run`` (the answers written), and each error's text by hand."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -14,21 +13,13 @@ from mlxpa.annotation.temperature import calibrated_probs
 from mlxpa.entrypoints.classify import question_set
 from mlxpa.entrypoints.outputs import ClassificationRequestOutput, QuestionAnswer
 from tests.cli.test_run_cli import invoke, read_jsonl, write_jsonl
-from tests.tiny_models import float64_log_softmax
+from tests.tiny_models import teacher_forced
 
 QUESTIONS = {"preamble": "Tag each note.", "questions": [
     {"name": "topic", "type": "choice", "labels": ["tea", "ink"], "question": "Topic?"},
     {"name": "stars", "type": "scale", "range": [1, 3], "question": "Stars?"}]}
 DOCS = ["A pot of green tea.", "Ink on the page.", "Tea and ink."]
 
-
-def teacher_forced(model, tok, ids: list[int], labels) -> list[float]:
-    out = []
-    for c in labels:
-        lab = tok.encode(c, add_special_tokens=False)
-        ref = float64_log_softmax(model, ids + lab)
-        out.append(math.fsum(ref[len(ids) - 1 + j][t] for j, t in enumerate(lab)))
-    return out
 
 
 def test_answers_equal_teacher_forcing_for_texts_and_conversations(llm, mlx_lm_model):
