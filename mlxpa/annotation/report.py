@@ -16,6 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from mlxpa.annotation.calibration import Calibration
+from mlxpa.annotation.temperature import TEMPERATURE_BOUNDS
 
 # (key of the figures, row title, format)
 ROWS = (("n", "rows", "{:,}"), ("accuracy", "accuracy", "{:.3f}"),
@@ -48,14 +49,24 @@ def figures_table(title: str, columns: Mapping[str, Mapping[str, Any] | None]) -
     return table
 
 
+# Fewer fitting rows than this get a warning in the report: a temperature fitted on a few rows
+# (all answered right, the loss falls as T falls) makes every answer nearly certain.
+FEW_ROWS = 30
+
+
 def calibration_tables(cal: Calibration) -> list[Table]:
     """A table per calibrated question: the held-out figures before and after, titled with
     the question, its temperature and the split's sizes."""
     tables = []
     for name, q in cal.questions.items():
         bias = ", bias" if q.bias is not None else ""
-        title = (f"{name}: T = {q.temperature:.3f}{bias}; fitted on {q.num_fit:,} rows, "
-                 f"figures on {q.num_heldout:,} held out")
+        title = (f"{name}: T = {q.temperature:.3f}{bias}; fitted on {q.num_fit:,} "
+                 f"row{'s' * (q.num_fit != 1)}, figures on {q.num_heldout:,} held out")
+        lo, hi = TEMPERATURE_BOUNDS
+        if q.num_fit < FEW_ROWS or not lo * 1.05 < q.temperature < hi / 1.05:
+            why = "few rows" if q.num_fit < FEW_ROWS else "T at the end of its range"
+            title += (f" (warning: {why}; fit on {FEW_ROWS}+ labelled rows, some of them "
+                      "answered wrong)")
         tables.append(figures_table(title, {"before": q.before, "after": q.after}))
     return tables
 

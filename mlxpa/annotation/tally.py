@@ -46,6 +46,7 @@ class AnswerTally:
         self.rows = 0  # rows with answers
         self.checked_rows = 0  # rows with a question listed in two orders
         self.changed_rows = 0  # rows with an answer that changed
+        self.gold_column: str | None = None  # the run's --gold-column, for the report
 
     def add(self, questions: QuestionSet, answers: Mapping[str, Mapping[str, Any]],
             gold: Mapping[str, int] | None, changed: list[str] | None,

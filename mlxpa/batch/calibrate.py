@@ -68,6 +68,10 @@ class _Item(NamedTuple):
     request: EngineRequest
 
 
+_NO_GOLD = ("{source}: no row has a gold label for a question of the set ({names}); give "
+            "--gold-column or gold_field")
+
+
 def calibrate_file(source: str, config: EngineConfig, inputs: InputOptions,
                    options: CalibrateOptions, console: Console | None = None) -> Calibration:
     """Score the labelled rows of ``source`` with ``inputs.questions`` and fit a calibration
@@ -89,8 +93,12 @@ def calibrate_file(source: str, config: EngineConfig, inputs: InputOptions,
         checked = validate_input(src, None, SamplingParams(), run, console,
                                  vocab_size=meta.vocab_size(), tokenizer=meta.tokenizer_or_none)
         chat = next((r.messages is not None for r in src.rows() if r.error is None), False)
+        golded = any(r.gold and set(r.gold) & set(questions.names)
+                     for r in src.rows() if r.error is None)
     if checked.validation.num_rows == 0:
         raise ValueError(f"{source}: no rows")
+    if not golded:  # before the model loads
+        raise ValueError(_NO_GOLD.format(source=source, names=", ".join(questions.names)))
     engine = build_engine(config, [], True, constrained=False, console=console,
                           verbose=options.show_progress, tokenizer=meta.tokenizer())
     cf = content_free_scores(engine, questions, chat, inputs) if options.content_free else None
@@ -103,8 +111,7 @@ def calibrate_file(source: str, config: EngineConfig, inputs: InputOptions,
     golded = {name: v for name, v in tally.golded().items()
               if name in questions.names and v[0].labels == questions[name].labels}
     if not golded:
-        raise ValueError(f"{source}: no row has a gold label for a question of the set "
-                         f"({', '.join(questions.names)}); give --gold-column or gold_field")
+        raise ValueError(_NO_GOLD.format(source=source, names=", ".join(questions.names)))
     return calibrate(QuestionSet(tuple(v[0] for v in golded.values()), questions.preamble),
                      {n: v[1] for n, v in golded.items()}, {n: v[2] for n, v in golded.items()},
                      content_free_logprobs=cf, seed=options.seed, holdout=options.holdout,

@@ -44,6 +44,11 @@ def final_report(stats: Stats, console: Console, options: RunOptions, *,
     if options.show_progress and figures is not None:
         for t in answers.tables(calibrated=options.calibration is not None):
             console.print(t)
+    if (options.show_progress and figures is not None and not figures["questions"]
+            and answers.gold_column):
+        console.print(f'warning: no row has a gold label in the field "{answers.gold_column}" '
+                      "(--gold-column): no quality figures", style="yellow", highlight=False,
+                      soft_wrap=True)
     if figures is not None:
         metrics = {**(stats.to_dict() if metrics is None else metrics), "annotation": figures}
     if options.show_progress and stats.failed_rows:

@@ -38,9 +38,11 @@ def parse_questions(fields: dict[str, Any], options: InputOptions, problems: lis
     if token_ids:
         problems.append('field "prompt_token_ids": a row asked questions needs a text '
                         f'"{options.prompt_column}" or "{options.messages_column}"')
-    if constrained and given:
+    if constrained:  # scored, not decoded: a constraint would be ignored
         problems.append('give field "questions" or a constraint (structured_outputs, '
-                        "guided_*, response_format), not both")
+                        "guided_*, response_format), not both" if given else
+                        "a row asked the run's questions (--questions) takes no constraint "
+                        "of its own (structured_outputs, guided_*, response_format)")
     gold_fields = dict(fields)
     column = options.gold_column
     if column is not None and isinstance(fields.get(column), str) and fields[column][:1] == "{":

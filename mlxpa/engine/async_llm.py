@@ -96,15 +96,18 @@ class AsyncLLM:
             ``LLMEngine(config)``, its KV pool the whole memory budget).
         on_finished: Called in the engine thread with every finished sample's output and its
             end-to-end seconds (from :meth:`generate` to the output), e.g. for histograms.
+        on_aborted: Called in the engine thread with the number of samples left unfinished
+            when a caller's request is aborted (its caller stopped reading).
     """
 
     def __init__(self, config: EngineConfig, *, max_num_waiting: int | None = None,
                  engine_factory: Callable[[], LLMEngine] | None = None,
-                 on_finished: Callable[[SampleOutput, float], None] | None = None) -> None:
+                 on_finished: Callable[[SampleOutput, float], None] | None = None,
+                 on_aborted: Callable[[int], None] | None = None) -> None:
         self.config = config
         self.max_num_waiting = max_num_waiting
         self._factory = engine_factory or (lambda: LLMEngine(config))
-        self.on_finished = on_finished
+        self.on_finished, self.on_aborted = on_finished, on_aborted
         self.engine: LLMEngine | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
@@ -251,7 +254,9 @@ class AsyncLLM:
         engine = self.engine
         if isinstance(command, tuple):  # ("abort", request id)
             engine.abort_request(command[1])
-            self._sinks.pop(command[1], None)
+            sink = self._sinks.pop(command[1], None)
+            if sink is not None and self.on_aborted is not None:
+                self.on_aborted(sink.left)
             return
         self._applied += 1
         request = command.request

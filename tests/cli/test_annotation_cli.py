@@ -227,3 +227,43 @@ def test_resume_keeps_the_answered_rows(tmp_path, tiny, files):
     for g, w in zip(got, want):
         assert {n: a["label"] for n, a in g["answers"].items()} == {
             n: a["label"] for n, a in w["answers"].items()}
+
+
+def test_a_row_constraint_under_the_runs_questions_is_refused(tmp_path, tiny, files):
+    q, _, _ = files
+    src = write_jsonl(tmp_path / "c.jsonl", [
+        {"prompt": "Note: tea."},
+        {"prompt": "Note: ink.", "structured_outputs": {"choice": ["a"]}}])
+    r = run([src, "-o", tmp_path / "out.jsonl", "--model", tiny, "--questions", q])
+    assert r.exit_code != 0
+    assert "line 2: a row asked the run's questions (--questions) takes no constraint" in r.output
+
+
+def _without_gold_field(tmp_path) -> str:
+    q = tmp_path / "q_no_gold.json"
+    q.write_text(json.dumps({**QUESTIONS, "questions": [
+        {k: v for k, v in x.items() if k != "gold_field"} for x in QUESTIONS["questions"]]}))
+    return str(q)
+
+
+def test_calibrate_without_gold_stops_before_the_model_loads(tmp_path, tiny, files):
+    _, src, _ = files
+    q = _without_gold_field(tmp_path)
+    r = cli("calibrate", src, "--questions", q, "-o", tmp_path / "cal.json", "--model", tiny,
+            "--kv-memory", "0.01")
+    assert r.exit_code == 1
+    assert "no row has a gold label for a question of the set" in r.output
+    assert "Loading the model" not in r.output and not (tmp_path / "cal.json").exists()
+
+
+def test_reports_warn_of_a_gold_column_no_row_has_and_of_few_fitting_rows(tmp_path, tiny, files):
+    q, src, _ = files
+    r = cli("run", src, "-o", tmp_path / "out.jsonl", "--model", tiny, "--questions",
+            _without_gold_field(tmp_path),
+            "--gold-column", "nosuch", "--kv-memory", "0.01")
+    assert r.exit_code == 0, r.output
+    assert 'no row has a gold label in the field "nosuch"' in " ".join(r.output.split())
+    r = cli("calibrate", src, "--questions", q, "-o", tmp_path / "cal.json", "--model", tiny,
+            "--gold-column", "gold", "--kv-memory", "0.01")
+    assert r.exit_code == 0, r.output
+    assert "fitted on 12 rows" in r.output and "warning: few rows" in r.output

@@ -70,7 +70,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     defaults = SamplingParams(temperature=1.0, max_tokens=engine.max_model_len)
     name = settings.served_model_name
     metrics = ServerMetrics(llm, name)
-    llm.on_finished = metrics.on_finished
+    llm.on_finished, llm.on_aborted = metrics.on_finished, metrics.on_aborted
     serving = Serving(llm, name, tokenizer)
     created = int(time.time())
 

@@ -101,6 +101,10 @@ class ServerMetrics:
         self.e2e.labels(name).observe(e2e_s)
         self.success.labels(name, out.finish_reason or "abort").inc()
 
+    def on_aborted(self, num_samples: int) -> None:
+        """Count the samples of a request its client left (called in the engine thread)."""
+        self.success.labels(self.model_name, "abort").inc(num_samples)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)

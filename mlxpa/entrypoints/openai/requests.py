@@ -107,11 +107,30 @@ def engine_request(kind: str, body: dict[str, Any], request_id: str,
             problem = request
     if problem is not None:
         raise _error(problem, kind)
+    _check_room(body, request, processor.max_model_len)
     if stream:
         params = dataclasses.replace(request.sampling_params,
                                      output_kind=RequestOutputKind.DELTA)
         request = request._replace(sampling_params=params)
     return ParsedRequest(request, row, stream, include_usage)
+
+
+def _check_room(body: dict[str, Any], request, max_model_len: int | None) -> None:
+    """A ``max_tokens`` (or ``max_completion_tokens``) the body sets must fit in the context
+    after the prompt, as vLLM checks it (a default takes the rest of the context).
+
+    Raises:
+        RequestError: Prompt and asked tokens over the context.
+    """
+    field = next((f for f in ("max_completion_tokens", "max_tokens") if body.get(f) is not None),
+                 None)
+    if field is None or max_model_len is None:
+        return
+    prompt, asked = len(request.prompt_token_ids), request.sampling_params.max_tokens
+    if prompt + asked > max_model_len:
+        raise RequestError(f"this model's maximum context length is {max_model_len:,} tokens; "
+                           f"you asked for {prompt + asked:,} ({prompt:,} in the prompt, "
+                           f"{asked:,} in the completion): lower {field}", field)
 
 
 def _stream_fields(fields: dict[str, Any]) -> tuple[bool, bool]:

@@ -51,12 +51,22 @@ def _check_back_to_baseline(server, before: dict, asked: int) -> None:
     assert made < asked  # stopped early, not run to max_tokens
 
 
+def _aborted(url: str) -> float:
+    """``vllm:request_success_total{finished_reason="abort"}`` (0 before the first)."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:request_success_total{") and 'reason="abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_a_stream_left_mid_way_is_aborted(long_server):
     server = long_server
     before = server.wait_idle()
+    aborted = _aborted(server.url)
     assert before["mlxpa:kv_blocks_in_use"] == 0
     assert _stream_then_leave(server.url, 3) == 3
     _check_back_to_baseline(server, before, LONG["max_tokens"])
+    assert _aborted(server.url) == aborted + 1  # counted as vLLM counts it
     r = httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 4}, timeout=30)
     assert r.json()["usage"]["completion_tokens"] == 4  # still serving
 
