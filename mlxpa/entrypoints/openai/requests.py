@@ -95,6 +95,8 @@ def engine_request(kind: str, body: dict[str, Any], request_id: str,
     """
     fields = dict(body)
     stream, include_usage = _stream_fields(fields)
+    if kind == "chat":
+        _check_chat_logprobs(fields)
     ids = _prompt_ids(fields) if kind == "completions" else None
     line = {"custom_id": request_id, "method": "POST", "url": URLS[kind], "body": fields}
     row = parse_row(line, 0, None, _SPEC)
@@ -113,6 +115,22 @@ def engine_request(kind: str, body: dict[str, Any], request_id: str,
                                      output_kind=RequestOutputKind.DELTA)
         request = request._replace(sampling_params=params)
     return ParsedRequest(request, row, stream, include_usage)
+
+
+def _check_chat_logprobs(fields: dict[str, Any]) -> None:
+    """Chat's ``logprobs`` is a boolean and ``top_logprobs`` needs it true (OpenAI's and
+    vLLM's chat API; completions' ``logprobs`` is a count).
+
+    Raises:
+        RequestError: Either field out of that shape.
+    """
+    logprobs = fields.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise RequestError(field_error_text("logprobs", "true or false (a chat request; "
+                                            "top_logprobs gives the count)", logprobs),
+                           "logprobs")
+    if fields.get("top_logprobs") is not None and logprobs is not True:
+        raise RequestError('field "top_logprobs" needs "logprobs": true', "top_logprobs")
 
 
 def _check_room(body: dict[str, Any], request, max_model_len: int | None) -> None:
