@@ -38,15 +38,16 @@ class AnswerTally:
 
     Args:
         budget: The error budget of the figures' accepted share.
+        gold_column: The run's ``--gold-column`` (the report warns when no row has it).
     """
 
-    def __init__(self, budget: float = 0.05) -> None:
+    def __init__(self, budget: float = 0.05, gold_column: str | None = None) -> None:
         self.budget = budget
         self._columns: dict[tuple[str, tuple[str, ...]], _Column] = {}
         self.rows = 0  # rows with answers
         self.checked_rows = 0  # rows with a question listed in two orders
         self.changed_rows = 0  # rows with an answer that changed
-        self.gold_column: str | None = None  # the run's --gold-column, for the report
+        self.gold_column = gold_column  # the run's --gold-column, for the report
 
     def add(self, questions: QuestionSet, answers: Mapping[str, Mapping[str, Any]],
             gold: Mapping[str, int] | None, changed: list[str] | None,

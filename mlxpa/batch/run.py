@@ -105,8 +105,8 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             config, requests, more, constrained=p.validation.constrained, console=console,
             verbose=options.show_progress, tokenizer=model.tokenizer())
         tally = answers or AnswerTally(
-            options.calibration.error_budget if options.calibration else 0.05)
-        tally.gold_column = inputs.gold_column
+            options.calibration.error_budget if options.calibration else 0.05,
+            inputs.gold_column)
         _generate(engine, src, p, output, options, console,
                   should_stop or (lambda: False), itertools.chain([first], fed), tally)
     r = engine.runner
