@@ -122,8 +122,9 @@ class Request:
         status: Lifecycle status.
         num_computed_tokens: Tokens whose K/V are written in the pool (prefix hits included).
         num_cached_tokens: Prompt tokens served from the prefix cache at first admission.
-        block_table: KV block ids in token order; block ``i`` holds tokens
-            ``[i * block_size, (i + 1) * block_size)``.
+        block_tables: Per KV cache group, KV block ids in token order: block ``i`` holds
+            tokens ``[i * block_size, (i + 1) * block_size)`` (``0``, the null block, where a
+            sliding-window group no longer keeps them).
         num_preemptions: Times this request was preempted (its blocks freed, recomputed later).
         token_times: ``perf_counter`` seconds of every sampled token (TTFT and ITL).
         stop_reason: The matched stop string or token id, when stopped by one.
@@ -156,7 +157,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
     num_preemptions: int = 0
     token_times: list[float] = field(default_factory=list)
     stop_reason: object = None

@@ -26,9 +26,10 @@ def tiny_llama(seed: int = 0, vocab: int = VOCAB, tie: bool = False, hidden: int
 
 
 def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, sliding_window: int = 8,
-                head_dim: int = 32):
+                head_dim: int = 32, num_layers: int = 3):
     mx.random.seed(seed)
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=3,
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64,
+                                 num_hidden_layers=num_layers,
                                  intermediate_size=128, num_attention_heads=4,
                                  head_dim=head_dim, num_key_value_heads=1, vocab_size=vocab,
                                  sliding_window=sliding_window, sliding_window_pattern=3,

@@ -14,7 +14,6 @@ import time
 from rich.console import Console
 
 from mlxpa.config import EngineConfig
-from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.engine import LLMEngine
 from mlxpa.request import EngineRequest
 
@@ -46,11 +45,10 @@ def build_engine(config: EngineConfig, first: list[EngineRequest], more: bool, *
     model, tokenizer, _ = load_model(
         config, on_tokenizer=start_grammar_tokenizer if constrained else None,
         tokenizer=tokenizer)
-    need = None if more else kv_blocks_needed(
-        ((len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
-         for r in first),
-        config.block_size, max_model_len=config.max_model_len)
-    engine = LLMEngine(config, model, tokenizer, kv_blocks_needed=need)
+    work = None if more else [
+        (len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
+        for r in first]
+    engine = LLMEngine(config, model, tokenizer, expected_requests=work)
     r = engine.runner
     if verbose:
         mib = r.block_bytes / 2**20

@@ -88,17 +88,15 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
               advance: Advance = _ignore) -> SystemResult:
     """Our engine on the workload, admitted in prefix order as ``mlxpa run`` does (when
     prefix caching is on), its KV pool sized to the workload as ``run`` sizes it
-    (:func:`~mlxpa.core.kv_sizing.kv_blocks_needed`); records KV blocks in use after every step,
+    (:meth:`~mlxpa.engine.LLMEngine.kv_blocks_needed`); records KV blocks in use after every step,
     and the decode phase apart: the steps in which every scheduled request computes one
     token (``decode_output_tokens_per_s``: their output tokens over their seconds)."""
-    from mlxpa.core.kv_sizing import kv_blocks_needed
     from mlxpa.core.prefix_order import prefix_order
     from mlxpa.engine import LLMEngine
     from mlxpa.engine.metrics import summarize
 
     lengths = ((len(p), n, 1) for p, n in zip(wl.prompts, wl.output_lens))
-    need = kv_blocks_needed(lengths, config.block_size, max_model_len=config.max_model_len)
-    engine = LLMEngine(config, model, tokenizer, kv_blocks_needed=need)
+    engine = LLMEngine(config, model, tokenizer, expected_requests=lengths)
     t0 = time.perf_counter()
     engine.counters.start_time = t0
     order = (prefix_order(wl.prompts, config.block_size) if config.enable_prefix_caching

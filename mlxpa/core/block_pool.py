@@ -39,6 +39,8 @@ class BlockPool:
         self.block_size = block_size
         self._ref_cnt = [0] * num_blocks
         self._free: deque[int] = deque(range(1, num_blocks))
+        self._group = [0] * num_blocks  # the KV cache group a block was allocated for
+        self._used: dict[int, int] = {}  # blocks in use per group
 
     @property
     def num_free_blocks(self) -> int:
@@ -54,8 +56,9 @@ class BlockPool:
         """Fraction of usable blocks in use, in [0, 1]."""
         return 1.0 - len(self._free) / self.num_usable_blocks
 
-    def allocate(self, n: int) -> list[int]:
-        """Take ``n`` blocks from the head of the free queue, each with ``ref_cnt`` 1.
+    def allocate(self, n: int, group: int = 0) -> list[int]:
+        """Take ``n`` blocks from the head of the free queue, each with ``ref_cnt`` 1, for
+        KV cache group ``group`` (counted in :meth:`used_by_group`).
 
         Raises:
             NoFreeBlocksError: Fewer than ``n`` blocks are free (nothing is taken).
@@ -66,7 +69,14 @@ class BlockPool:
         for b in ids:
             assert self._ref_cnt[b] == 0, (b, self._ref_cnt[b])
             self._ref_cnt[b] = 1
+            self._group[b] = group
+        if n:
+            self._used[group] = self._used.get(group, 0) + n
         return ids
+
+    def used_by_group(self, num_groups: int) -> list[int]:
+        """Blocks in use for each of groups ``0 .. num_groups - 1``."""
+        return [self._used.get(g, 0) for g in range(num_groups)]
 
     def incref(self, ids: Iterable[int]) -> None:
         for b in ids:
@@ -81,6 +91,7 @@ class BlockPool:
             self._ref_cnt[b] -= 1
             if self._ref_cnt[b] == 0:
                 self._free.append(b)
+                self._used[self._group[b]] -= 1
 
     def ref_cnt(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
@@ -106,7 +117,7 @@ class BlockPool:
         src = block_table[index]
         if self._ref_cnt[src] <= 1:
             return None
-        (dst,) = self.allocate(1)
+        (dst,) = self.allocate(1, self._group[src])
         self._ref_cnt[src] -= 1
         block_table[index] = dst
         return src, dst
@@ -127,6 +138,11 @@ class BlockPool:
             rc = self._ref_cnt[b]
             assert rc >= 0, (b, rc)
             assert (rc == 0) == (b in free), f"block {b}: ref_cnt {rc}, free={b in free}"
+        used: dict[int, int] = {}
+        for b in range(1, self.num_blocks):
+            if self._ref_cnt[b]:
+                used[self._group[b]] = used.get(self._group[b], 0) + 1
+        assert used == {g: n for g, n in self._used.items() if n}, (used, self._used)
         if holders is not None:
             counts = [0] * self.num_blocks
             for table in holders:

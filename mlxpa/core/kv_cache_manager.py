@@ -1,31 +1,45 @@
-"""The scheduler's only door to KV memory: prefix hits, slot allocation, caching, free.
+"""The scheduler's only door to KV memory: prefix hits, slot allocation, caching, free, over
+KV cache groups, with recurrent snapshots.
 
-Pure Python (no mlx); follows vLLM v1's ``KVCacheManager`` over SGLang's radix tree. It owns
-the :class:`BlockPool` and the :class:`RadixCache`; the scheduler never touches reference
-counts or tree nodes.
+Pure Python (no mlx); follows vLLM v1's ``KVCacheManager`` and its hybrid coordinator over
+SGLang's radix tree. It owns the :class:`BlockPool` and the :class:`RadixCache`; the
+scheduler never touches reference counts or tree nodes. Each request has one block table per
+KV cache group (:mod:`mlxpa.core.kv_cache_groups`), position-indexed: entry ``i`` holds
+tokens ``[i * block_size, (i + 1) * block_size)``.
 
-Token ranges of a request when a step is scheduled::
+Token ranges of a request when a step is scheduled (every group)::
 
     |<---- prefix hit ---->|<-- computed -->|<--- num_new_tokens --->|
     |  tree's blocks,      |  own blocks    |  written this step     |
     |  forked + locked     |                |                        |
     |<-------------- blocks needed: cdiv(computed + new, block_size) ------------->|
 
+A sliding-window group's table starts with ``NULL_BLOCK`` entries: after every step the
+blocks entirely before ``num_computed_tokens - window + 1`` (no query reads them again) go
+back (vLLM's ``remove_skipped_blocks``); the tree may keep them cached until evicted.
+
 After a step, every newly full block (prompt or generated tokens) is inserted into the tree
 (``cache_blocks``); the tree keeps its own reference, so the block stays cached after the
 request finishes until LRU eviction needs it. When several requests computed the same block
 concurrently, the tree keeps the first and the others keep their duplicates until they finish
 (swapping them would rewrite block-table entries the model runner treats as immutable).
+
+Recurrent layers (hybrid and state-space models) keep a live state per request in the worker.
+At a *snapshot point* of a request (a position where another request will resume: the end of
+a prefix it shares, the position its forks start from) the scheduler ends a chunk, the
+manager gives the step a snapshot of ``layout.snapshot_blocks`` blocks to save the state into
+(``SchedulerOutput.state_saves``), and after the step a block-aligned snapshot joins the tree
+at that position (a hit resumes from it: ``state_restores``) while a fork's stays with the
+request until its children have taken it.
 """
 
 from __future__ import annotations
 
-from mlxpa.core.block_pool import BlockPool
+from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
+from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.request import Request
 from mlxpa.utils import cdiv
-
-_NO_HIT = PrefixMatch([], 0, None)
 
 
 class KVCacheManager:
@@ -34,16 +48,40 @@ class KVCacheManager:
     Args:
         pool: The block pool.
         enable_prefix_caching: Keep full blocks in a radix tree and reuse them.
+        layout: The KV cache groups (None: one full-attention group).
     """
 
-    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True,
+                 layout: KVCacheLayout | None = None) -> None:
         self.pool = pool
         self.block_size = pool.block_size
-        self.tree = RadixCache(pool, pool.block_size) if enable_prefix_caching else None
+        self.layout = layout or KVCacheLayout(pool.block_size,
+                                              (KVCacheGroupSpec(None, (0,)),), 1)
+        if self.layout.block_size != pool.block_size:
+            raise ValueError(f"layout block_size {self.layout.block_size} != pool block_size "
+                             f"{pool.block_size}")
+        self.windows = self.layout.windows
+        self.num_groups = len(self.windows)
+        self.recurrent = bool(self.layout.recurrent)
+        self.tree = (RadixCache(pool, pool.block_size, self.windows, self.recurrent)
+                     if enable_prefix_caching else None)
         self._blocks_to_copy: list[tuple[int, int]] = []
         self._locked: dict[Request, RadixNode] = {}
         self._num_cached_blocks: dict[Request, int] = {}
+        self._first_held: dict[Request, list[int]] = {}  # per sliding group: first live entry
         self.evicted_blocks = 0
+        # Recurrent snapshots: positions where a request's state is due (and the one its
+        # forks start from), the saves and restores of the step being built, the blocks a
+        # request saves into this step, the snapshot it resumes from (before its next step;
+        # during it), a fork's snapshot held for the request's children.
+        self._points: dict[Request, list[int]] = {}
+        self._fork_points: dict[Request, int] = {}
+        self._saves: list[tuple[Request, list[int]]] = []
+        self._restores: list[tuple[Request, list[int]]] = []
+        self._saving: dict[Request, tuple[int, list[int]]] = {}
+        self._restore_due: dict[Request, list[int]] = {}
+        self._restoring: dict[Request, list[int]] = {}
+        self._fork_snapshot: dict[Request, tuple[int, list[int]]] = {}
         # Each eviction scans the tree's leaves (O(nodes)); evicting at least 1/128 of the
         # pool per call keeps decode steps, which need one block at a time, from scanning a
         # large tree once per request.
@@ -60,73 +98,189 @@ class KVCacheManager:
 
     @property
     def num_active_blocks(self) -> int:
-        """Blocks held by requests: used blocks minus those only the tree holds (unlocked,
-        evictable on demand; vLLM counts such cached blocks as free)."""
+        """Blocks held by requests: used blocks minus those the tree may drop (unlocked or
+        idle, evictable on demand; vLLM counts such cached blocks as free)."""
         evictable = self.tree.evictable_blocks if self.tree is not None else 0
         return self.num_used_blocks - evictable
 
+    def active_blocks_by_group(self) -> list[int]:
+        """:attr:`num_active_blocks` per group, then for recurrent snapshots."""
+        used = self.pool.used_by_group(self.num_groups + 1)
+        if self.tree is None:
+            return used
+        return [u - e for u, e in zip(used, self.tree.evictable)]
+
+    def held_tokens_and_slots(self, reqs: list[Request], ends: list[int]) -> tuple[int, int]:
+        """Over ``reqs`` (whose K/V reach ``ends``) and every group: tokens whose K/V their
+        blocks hold, and the token slots of those blocks (KV utilisation's two sums)."""
+        tokens = slots = 0
+        for req, end in zip(reqs, ends):
+            first = self._first_held.get(req)
+            for g, table in enumerate(req.block_tables):
+                skipped = first[g] if first else 0
+                tokens += max(end - skipped * self.block_size, 0)
+                slots += (len(table) - skipped) * self.block_size
+        return tokens, slots
+
     @property
     def capacity_tokens(self) -> int:
-        """Most tokens one request can ever hold (every usable block)."""
-        return self.pool.num_usable_blocks * self.block_size
+        """Most tokens one request can ever hold: ``n`` blocks of tokens, the largest whose
+        blocks in every group (:meth:`KVCacheLayout.blocks_needed`) fit the usable blocks (a
+        model without a full-attention group: unbounded once they fit; a snapshot that does
+        not fit is not saved)."""
+        usable = self.pool.num_usable_blocks
+        chunk = 1  # a request alone computes as few tokens a step as it must (Scheduler)
+
+        def fits(n: int) -> bool:
+            return self.layout.blocks_needed(n * self.block_size, chunk) <= usable
+
+        if not fits(1):
+            return 0
+        if None not in self.windows:
+            return 1 << 40
+        lo, hi = 1, usable + 1  # fits(lo), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo * self.block_size
+
+    # ------------------------------------------------------------------ prefix hits
 
     def get_computed_blocks(self, req: Request) -> PrefixMatch:
-        """Longest cached prefix of ``req``'s tokens, capped at ``num_tokens - 1`` so the
-        last token is always computed (its logits are sampled); a scoring request's scored
+        """Longest usable cached prefix of ``req``'s tokens, capped at ``num_tokens - 1`` so
+        the last token is always computed (its logits are sampled); a scoring request's scored
         tokens and the one before them are computed too (their logits are read)."""
         if self.tree is None:
-            return _NO_HIT
+            return PrefixMatch([[] for _ in self.windows], 0, None)
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
         return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens])
 
-    def allocate_slots(self, req: Request, num_new_tokens: int,
-                       computed: PrefixMatch | None = None) -> list[int] | None:
-        """Give ``req`` blocks for ``num_new_tokens`` more tokens after its computed ones.
+    def cached_prefix_blocks(self, tokens: list[int]) -> int:
+        """Full blocks of ``tokens`` whose K/V the tree holds in every full-attention group,
+        usable or not (where a recurrent model's next snapshot would pay)."""
+        if self.tree is None:
+            return 0
+        path = self.tree._walk(tokens)
+        return path[-1][0].start + path[-1][1] if path else 0
 
-        Evicts unlocked tree leaves (LRU) when free blocks run short.
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       computed: PrefixMatch | None = None) -> list[list[int]] | None:
+        """Give ``req`` blocks for ``num_new_tokens`` more tokens after its computed ones, in
+        every group, and a snapshot's blocks when the step ends at one of its snapshot points.
+
+        Evicts blocks the tree alone holds (LRU) when free blocks run short.
 
         Args:
-            req: The request; its ``block_table`` grows in place.
+            req: The request; its ``block_tables`` grow in place.
             num_new_tokens: Tokens to be written this step.
             computed: A prefix hit from :meth:`get_computed_blocks` on admission.
 
         Returns:
-            The newly allocated block ids, or None when even after eviction the pool lacks
-            free blocks (nothing changes; the scheduler preempts someone and retries).
+            The newly allocated block ids per group, or None when even after eviction the
+            pool lacks free blocks (nothing changes; the scheduler preempts someone and
+            retries).
         """
-        computed = computed or _NO_HIT
-        num_tokens = req.num_computed_tokens + computed.num_tokens + num_new_tokens
-        need = max(cdiv(num_tokens, self.block_size) - len(req.block_table)
-                   - len(computed.block_ids), 0)
-        cow = self._needs_cow(req)
-        if computed.last_node is not None:
-            self.tree.lock(computed.last_node)  # protect the hit from the eviction below
-        short = need + cow - self.pool.num_free_blocks
+        hit = computed if computed is not None and computed.num_tokens else None
+        start = req.num_computed_tokens + (hit.num_tokens if hit else 0)
+        end = start + num_new_tokens
+        tables = req.block_tables or [[] for _ in self.windows]
+        have = [len(t) + (len(hit.block_ids[g]) if hit else 0) for g, t in enumerate(tables)]
+        need = [max(cdiv(end, self.block_size) - h, 0) for h in have]
+        cow = [] if hit else [g for g in range(self.num_groups) if self._needs_cow(req, g)]
+        saving = self._due_point(req, end)
+        snap = self.layout.snapshot_blocks if saving is not None else 0
+        total = sum(need) + len(cow)
+        held = self._hold(hit) if hit else []  # protect the hit from the eviction below
+        short = total + snap - self.pool.num_free_blocks
         if short > 0 and self.tree is not None:
             self.evicted_blocks += self.tree.evict(max(short, self.evict_batch))
-        if need + cow > self.pool.num_free_blocks:
-            if computed.last_node is not None:
-                self.tree.unlock(computed.last_node)
+        if total + snap > self.pool.num_free_blocks:  # a snapshot never preempts anyone
+            saving, snap = None, 0
+        if total > self.pool.num_free_blocks:
+            if hit:
+                self._free_blocks(held)
+                if hit.last_node is not None:
+                    self.tree.unlock(hit.last_node)
             return None
-        if computed.last_node is not None:
-            self._adopt_lock(req, computed.last_node)
-            self._num_cached_blocks[req] = len(computed.block_ids)
-        if computed.block_ids:
-            req.block_table.extend(self.pool.fork(computed.block_ids))
-        if cow:
-            pair = self.pool.copy_on_write(req.block_table,
-                                           req.num_computed_tokens // self.block_size)
+        req.block_tables = tables
+        if hit:
+            self._adopt_hit(req, hit)
+        for g in cow:
+            index = req.num_computed_tokens // self.block_size
+            pair = self.pool.copy_on_write(req.block_tables[g], index)
             assert pair is not None
+            self._release([pair[0]])
             self._blocks_to_copy.append(pair)
-        new = self.pool.allocate(need)
-        req.block_table.extend(new)
+        new = [self.pool.allocate(n, g) for g, n in enumerate(need)]
+        for table, ids in zip(req.block_tables, new):
+            table.extend(ids)
+        if saving is not None:
+            blocks = self.pool.allocate(snap, self.num_groups)
+            self._saving[req] = (saving, blocks)
+            self._saves.append((req, blocks))
+        restore = self._restore_due.pop(req, None)
+        if restore is not None:  # read before this step's forward, released after it
+            self._restores.append((req, restore))
+            self._restoring[req] = restore
         return new
 
-    def _needs_cow(self, req: Request) -> bool:
-        if req.num_computed_tokens % self.block_size == 0:
+    def _hold(self, hit: PrefixMatch) -> list[int]:
+        """Lock ``hit``'s node and take a reference of its blocks and snapshot, so no
+        eviction drops them (a sliding window's, a snapshot, are droppable in a locked
+        node); returns the blocks taken."""
+        if hit.last_node is not None:
+            self.tree.lock(hit.last_node)
+        held = [b for ids in hit.block_ids for b in ids if b != NULL_BLOCK]
+        if self.recurrent and hit.snapshot:
+            held += hit.snapshot
+        self.pool.incref(held)
+        self._acquire(held)
+        return held
+
+    def _adopt_hit(self, req: Request, hit: PrefixMatch) -> None:
+        """Make ``hit``'s blocks (held: :meth:`_hold`) ``req``'s first blocks, and its
+        snapshot the state ``req`` resumes from."""
+        if hit.last_node is not None:
+            self._adopt_lock(req, hit.last_node)
+            self._num_cached_blocks[req] = hit.num_tokens // self.block_size
+        for table, ids in zip(req.block_tables, hit.block_ids):
+            table.extend(ids)
+        if self.recurrent and hit.snapshot:
+            self._restore_due[req] = list(hit.snapshot)
+
+    def _needs_cow(self, req: Request, group: int) -> bool:
+        if req.num_computed_tokens % self.block_size == 0 or not req.block_tables:
             return False
         idx = req.num_computed_tokens // self.block_size
-        return idx < len(req.block_table) and self.pool.ref_cnt(req.block_table[idx]) > 1
+        table = req.block_tables[group]
+        return idx < len(table) and table[idx] != NULL_BLOCK and self.pool.ref_cnt(
+            table[idx]) > 1
+
+    def _release(self, blocks: list[int]) -> None:
+        """After a request dropped its reference of ``blocks``: the tree's may go idle."""
+        if self.tree is not None:
+            self.tree.release(blocks)
+
+    def _acquire(self, blocks: list[int]) -> None:
+        if self.tree is not None:
+            self.tree.acquire(blocks)
+
+    def _shared_node(self, req: Request, node: RadixNode) -> RadixNode:
+        """The deepest node at or above ``node`` whose last block ``req`` holds (its first
+        group's): below it the tree keeps blocks another request computed, which ``req``
+        holds duplicates of and must not keep from eviction."""
+        tree = self.tree
+        if not self.num_groups:
+            return tree.root
+        while node is not tree.root:
+            end = tree._end(node) - 1
+            table = req.block_tables[0]
+            if end < len(table) and node.value[0][-1] == table[end] != NULL_BLOCK:
+                return node
+            node = node.parent
+        return node
 
     def _lock_for(self, req: Request, node: RadixNode) -> None:
         """Lock ``node`` and make it the tree node ``req`` keeps locked."""
@@ -141,26 +295,142 @@ class KVCacheManager:
             self.tree.unlock(old)
         self._locked[req] = node
 
+    # ------------------------------------------------------------------ after a step
+
     def cache_blocks(self, req: Request) -> None:
-        """Insert ``req``'s newly full blocks (prompt and generated tokens) into the tree.
+        """After a step of ``req``: insert its newly full blocks (prompt and generated tokens)
+        into the tree, file the snapshot saved at its end, release the blocks its windows
+        left and the snapshot it resumed from.
 
         Cost is paid only when a block boundary was crossed (amortized O(1) per step)."""
-        if self.tree is None:
-            return
+        restored = self._restoring.pop(req, None)
+        if restored is not None:
+            self._free_blocks(restored)
         full = req.num_computed_tokens // self.block_size
-        if full <= self._num_cached_blocks.get(req, 0):
+        if self.tree is not None and full > self._num_cached_blocks.get(req, 0):
+            n = full * self.block_size
+            tokens = req.all_token_ids[:n] if n > req.num_prompt_tokens else (
+                req.prompt_token_ids[:n])
+            self.tree.insert(tokens, [t[:full] for t in req.block_tables],
+                             self._num_cached_blocks.get(req, 0))
+            self._lock_for(req, self._shared_node(req, self.tree.node_for(tokens)))
+            self._num_cached_blocks[req] = full
+        saved = self._saving.pop(req, None)
+        if saved is not None:
+            self._file_snapshot(req, *saved)
+        if req.num_computed_tokens >= req.num_prompt_tokens:
+            held = self._fork_snapshot.pop(req, None)  # its forks took theirs by now
+            if held is not None:
+                self._free_blocks(held[1])
+        self._remove_skipped_blocks(req)
+
+    def _file_snapshot(self, req: Request, position: int, blocks: list[int]) -> None:
+        """A snapshot of ``req``'s state at ``position`` was saved in ``blocks``: a fork's is
+        held for its children; a block-aligned one joins the tree (the tree takes a
+        reference); whatever is not kept is freed."""
+        points = self._points.get(req, [])
+        if position in points:
+            points.remove(position)
+        fork = self._fork_points.get(req) == position
+        kept = False
+        if fork:
+            self._fork_snapshot[req] = (position, blocks)
+            kept = True
+        if (self.tree is not None and position % self.block_size == 0
+                and position <= req.num_prompt_tokens):
+            if kept:
+                self.pool.incref(blocks)
+            if self.tree.attach_snapshot(req.prompt_token_ids[:position], blocks):
+                kept = True
+            elif kept:
+                self.pool.free(blocks)
+        if not kept:
+            self.pool.free(blocks)
+
+    def _remove_skipped_blocks(self, req: Request) -> None:
+        """Free ``req``'s sliding-window blocks no query reads again (vLLM's
+        ``remove_skipped_blocks``): those before ``num_computed_tokens - window + 1``."""
+        if not req.block_tables:
             return
-        n = full * self.block_size
-        tokens = req.all_token_ids[:n] if n > req.num_prompt_tokens else (
-            req.prompt_token_ids[:n])
-        self.tree.insert(tokens, req.block_table[:full])
-        self._lock_for(req, self.tree.match_prefix(tokens).last_node)
-        self._num_cached_blocks[req] = full
+        first = self._first_held.setdefault(req, [0] * self.num_groups)
+        for g, w in enumerate(self.windows):
+            if w is None:
+                continue
+            stop = min(max(0, req.num_computed_tokens - w + 1) // self.block_size,
+                       len(req.block_tables[g]))
+            table, freed = req.block_tables[g], []
+            for i in range(first[g], stop):
+                if table[i] != NULL_BLOCK:
+                    freed.append(table[i])
+                    table[i] = NULL_BLOCK
+            first[g] = max(first[g], stop)
+            if freed:
+                self._free_blocks(freed)
+
+    def _free_blocks(self, blocks: list[int]) -> None:
+        """Drop a request's reference of ``blocks`` (the tree's may go idle)."""
+        self.pool.free(reversed(blocks))
+        self._release(blocks)
 
     def take_blocks_to_copy(self) -> list[tuple[int, int]]:
         """``(src, dst)`` copies queued by copy-on-write since the last call."""
         pairs, self._blocks_to_copy = self._blocks_to_copy, []
         return pairs
+
+    def take_state_ops(self) -> tuple[list[tuple[Request, list[int]]],
+                                      list[tuple[Request, list[int]]]]:
+        """The recurrent snapshots queued since the last call: ``(request, blocks)`` to save
+        each request's state into after the step, and to restore its state from before."""
+        saves, restores = self._saves, self._restores
+        self._saves, self._restores = [], []
+        return saves, restores
+
+    # ------------------------------------------------------------------ snapshot points
+
+    def add_snapshot_point(self, req: Request, position: int, fork: bool = False) -> None:
+        """Save ``req``'s recurrent state at ``position`` (after that many tokens) when its
+        computation reaches it: for a hit of later requests (block-aligned) or, ``fork``,
+        for the requests forked from it there. A point ``req`` has passed is ignored."""
+        if not self.recurrent or position <= req.num_computed_tokens:
+            return
+        if not fork and (self.tree is None or position % self.block_size):
+            return
+        points = self._points.setdefault(req, [])
+        if position not in points:
+            points.append(position)
+            points.sort()
+        if fork:
+            self._fork_points[req] = position
+
+    def snapshot_points(self, req: Request) -> list[int]:
+        return list(self._points.get(req, ()))
+
+    def chunk_limit(self, req: Request, start: int) -> int | None:
+        """Most tokens ``req``'s next chunk, from position ``start``, may compute: up to its
+        next snapshot point, at most the layout's chunk cap (None: no limit)."""
+        limit = self.layout.max_chunk_tokens
+        for p in self._points.get(req, ()):
+            if p > start:
+                return p - start if limit is None else min(p - start, limit)
+        return limit
+
+    def _due_point(self, req: Request, end: int) -> int | None:
+        return end if end in self._points.get(req, ()) else None
+
+    def can_fork(self, parent: Request, position: int) -> bool:
+        """Whether a request forked from ``parent`` can start at ``position`` (a recurrent
+        model needs the parent's snapshot there)."""
+        return not self.recurrent or self._fork_blocks(parent, position) is not None
+
+    def _fork_blocks(self, parent: Request, position: int) -> list[int] | None:
+        """The blocks of ``parent``'s snapshot at ``position``: its fork snapshot, or the
+        one the step that just ran saved (filed after the forks)."""
+        for held in (self._fork_snapshot.get(parent), self._saving.get(parent)):
+            if held is not None and held[0] == position:
+                return held[1]
+        return None
+
+    # ------------------------------------------------------------------ free and fork
 
     def free(self, req: Request) -> None:
         """Release ``req``'s blocks, tail first, so its last blocks are reused first; blocks
@@ -169,21 +439,52 @@ class KVCacheManager:
         if node is not None:
             self.tree.unlock(node)
         self._num_cached_blocks.pop(req, None)
-        self.pool.free(reversed(req.block_table))
-        req.block_table = []
+        self._first_held.pop(req, None)
+        for table in req.block_tables:
+            self._free_blocks([b for b in table if b != NULL_BLOCK])
+        req.block_tables = []
+        self._points.pop(req, None)
+        self._fork_points.pop(req, None)
+        for holdings in (self._restore_due, self._restoring):
+            blocks = holdings.pop(req, None)
+            if blocks is not None:
+                self._free_blocks(blocks)
+        for holdings in (self._fork_snapshot, self._saving):
+            held = holdings.pop(req, None)
+            if held is not None:
+                self._free_blocks(held[1])
+        self._saves = [(r, b) for r, b in self._saves if r is not req]
+        self._restores = [(r, b) for r, b in self._restores if r is not req]
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Let ``child`` share ``parent``'s prompt blocks (n > 1 samples of one prompt)."""
-        child.block_table = self.pool.fork(
-            parent.block_table[:cdiv(parent.num_prompt_tokens, self.block_size)])
+        """Let ``child`` share ``parent``'s prompt blocks (n > 1 samples of one prompt, a
+        scoring request after its prompt) and, for a recurrent model, restore the parent's
+        fork snapshot (:meth:`can_fork` must hold)."""
+        n = cdiv(parent.num_prompt_tokens, self.block_size)
+        child.block_tables = [list(t[:n]) for t in parent.block_tables]
+        for w, table in zip(self.windows, child.block_tables):
+            if w is not None:  # only the child's window (the parent may hold more still)
+                first = max(0, child.num_computed_tokens - w + 1) // self.block_size
+                table[:first] = [NULL_BLOCK] * min(first, len(table))
+        for table in child.block_tables:
+            live = [b for b in table if b != NULL_BLOCK]
+            self.pool.incref(live)
+            self._acquire(live)
         node = self._locked.get(parent)
         if node is not None:
             self._lock_for(child, node)
             self._num_cached_blocks[child] = self._num_cached_blocks[parent]
+        if self.recurrent:
+            blocks = self._fork_blocks(parent, child.num_computed_tokens)
+            self.pool.incref(blocks)
+            self._restore_due[child] = list(blocks)
 
     def check_invariants(self, requests: list[Request]) -> None:
         """Assert every block's ``ref_cnt`` equals its holders (requests and the tree)."""
-        holders = [r.block_table for r in requests]
+        holders = [[b for b in t if b != NULL_BLOCK] for r in requests for t in r.block_tables]
+        holders += [*self._restore_due.values(), *self._restoring.values()]
+        holders += [held[1] for held in (*self._fork_snapshot.values(),
+                                         *self._saving.values())]
         if self.tree is not None:
             self.tree.check_invariants()
             holders.append(self.tree.blocks())

@@ -3,10 +3,12 @@ can use.
 
 A batch run knows its requests before the model loads, so the pool need not take the whole
 memory budget up front (vLLM sizes it from free memory, for a server whose work is unknown). A
-request holds at most ``ceil((prompt + max_tokens) / block_size)`` blocks per sample
-(prefix sharing and copy-on-write only lower that, preemption frees before it re-allocates),
-so the sum over all requests plus the null block bounds every block ever held at once, the
-prefix cache's included: with a pool that size nothing is ever evicted or preempted.
+request holds at most ``ceil((prompt + max_tokens) / block_size)`` blocks per sample in a
+full-attention group and its window's blocks in a sliding-window group
+(:mod:`mlxpa.core.kv_cache_groups`; prefix sharing and copy-on-write only lower that,
+preemption frees before it re-allocates), so the sum over all requests plus the null block
+bounds every block requests hold at once: with a pool that size nothing is ever preempted
+(blocks a window left stay in the prefix cache until one is needed).
 
 Trade-off: the file run sizes the pool from the requests of its first window of rows (what
 pass 2 reads and tokenizes before the model loads anyway; :mod:`mlxpa.batch.setup`), not from
@@ -19,22 +21,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mlxpa.utils import cdiv
+from mlxpa.core.kv_cache_groups import KVCacheLayout
 
 
-def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
-                     cap: int | None = None, max_model_len: int | None = None) -> int:
-    """Most KV blocks ``requests`` can hold at once, null block 0 included.
+def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], layout: KVCacheLayout,
+                     chunk: int, cap: int | None = None,
+                     max_model_len: int | None = None) -> int:
+    """Most KV blocks ``requests`` can hold at once, null block included.
 
     Args:
         requests: ``(prompt_tokens, max_tokens, n)`` per request; read lazily and only until
             the sum reaches ``cap`` (so a large input is not read through).
-        block_size: Tokens per block.
+        layout: The model's KV cache groups (a sliding-window group holds at most its
+            window's blocks) and recurrent snapshots.
+        chunk: The most tokens a step computes for one request (``max_num_batched_tokens``).
         cap: Returned as soon as the need reaches it (the budget in blocks; None: no cap).
         max_model_len: Context cap on ``prompt_tokens + max_tokens`` (None: no cap).
 
     Returns:
-        ``1 + sum(n * ceil(min(prompt + max_tokens, max_model_len) / block_size))``, at most
+        ``1 + sum(n * need(min(prompt + max_tokens, max_model_len)))``, ``need`` the blocks
+        of :meth:`KVCacheLayout.blocks_needed` plus, with recurrent layers, a snapshot (and
+        one more for a request with ``n > 1``, whose samples fork from one); at most
         ``cap``, at least 2 (a pool holds the null block and one block).
     """
     total = 1
@@ -42,7 +49,8 @@ def kv_blocks_needed(requests: Iterable[tuple[int, int, int]], block_size: int,
         length = prompt + max_tokens
         if max_model_len is not None:
             length = min(length, max_model_len)
-        total += n * cdiv(length, block_size)
+        snapshots = layout.snapshot_blocks * (1 + (n > 1))
+        total += n * layout.blocks_needed(length, chunk) + snapshots
         if cap is not None and total >= cap:
             return cap
     return max(2, total)

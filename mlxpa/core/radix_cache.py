@@ -1,63 +1,92 @@
-"""Block-granular radix tree of cached prompt prefixes: match, insert, lock, LRU evict.
+"""Block-granular radix tree of cached prompt prefixes over KV cache groups: match, insert,
+lock, LRU evict; sliding-window tombstones and recurrent snapshots.
 
 SGLang's RadixAttention cache (``radix_cache.py``) at block granularity, in SGLang's names: a
-node's ``key`` is a run of token ids whose length is a multiple of ``block_size``, its ``value``
-holds one block id per block of the key, and a child is indexed by its first block's tokens.
+node's ``key`` is a run of token ids whose length is a multiple of ``block_size``, its
+``value`` holds, per KV cache group (:mod:`mlxpa.core.kv_cache_groups`), one block id per
+block of the key, and a child is indexed by its first block's tokens. The tree holds one
+:class:`BlockPool` reference of each of its blocks.
 
-Ownership of a request's prompt blocks around the tree::
+Three kinds of blocks, after SGLang's SWA and Mamba radix caches and vLLM's hybrid manager:
 
-    |<------ hit (match_prefix) ------>|<---- own blocks (allocate) ---->|
-    |  tree's blocks, forked + locked  |  written by the model          |
-    after insert(): |<---------- tree holds one reference of every full block ----------->|
+- a full-attention block is part of the tree's structure: it goes only when its node's tail
+  is trimmed (an unlocked leaf, least recently used first);
+- a sliding-window block is needed only by a hit that ends less than a window after it, so
+  the tree may drop it alone, leaving a *tombstone* (``NULL_BLOCK``) in the node;
+- a recurrent *snapshot* (the state after a node's last token, in some blocks of the pool)
+  may be dropped alone too.
 
-The tree holds one :class:`BlockPool` reference of each of its blocks. :meth:`evict` drops it,
-so an evicted block becomes free only once no request holds it any more.
+A droppable block (the last two kinds) held by no request is *idle*; idle blocks are kept in
+the order they became idle (a request releasing a block refreshes it, as vLLM's free queue
+does), and :meth:`evict` takes the least recently used of an idle block and an unlocked
+leaf. A hit (:meth:`match_prefix`) is the longest block-aligned prefix whose full-attention
+blocks are all cached, whose sliding-window groups hold the window before its end, and, for a
+model with recurrent layers, which ends at a node with a snapshot.
 
 NOTE: unlike SGLang, :meth:`evict` trims the LRU leaf from its tail end instead of always
-dropping whole nodes, so it releases exactly the blocks asked for and keeps the rest of a long
-leaf cached. Only blocks no other node depends on are dropped, so the tree stays consistent.
+dropping whole nodes, so it releases about the blocks asked for and keeps the rest of a long
+leaf cached.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from mlxpa.core.block_pool import BlockPool
+from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
 
 
 @dataclass(eq=False, slots=True)
 class RadixNode:
-    """One edge of the tree: ``len(key) == len(value) * block_size`` (the root's are empty).
+    """One edge of the tree: ``len(key) == len(value[g]) * block_size`` (the root's are empty).
 
     Attributes:
         node_id: Creation order within its cache (breaks LRU ties; shown by ``pretty_print``).
         key: Token ids of this edge.
-        value: Block ids holding ``key``'s K/V, one per block.
+        value: Per group, the block ids holding ``key``'s K/V, one per block (``NULL_BLOCK``:
+            a sliding-window block the tree dropped).
+        start: Blocks from the root to this node's first block.
         parent: None for the root.
         children: Child nodes by the first block of their key.
-        lock_ref: Requests using this node or a descendant; > 0 protects it from eviction.
+        lock_ref: Requests using this node or a descendant; > 0 protects it from trimming.
         last_access_time: Tick of the cache's monotone clock at the last match or insert.
+        snapshot: The blocks of the recurrent state after the node's last token, or None.
+        held: Per group, then for the snapshot, the block ids the node holds (tombstones
+            excluded).
+        idle: Of those, droppable ones no request holds.
+        removed: Evicted from the tree (its parent link is kept: a split may have moved
+            blocks recorded at it into its ancestors).
     """
 
     node_id: int
     key: tuple[int, ...] = ()
-    value: list[int] = field(default_factory=list)
+    value: list[list[int]] = field(default_factory=list)
+    start: int = 0
     parent: RadixNode | None = None
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access_time: int = 0
+    snapshot: list[int] | None = None
+    held: list[int] = field(default_factory=list)
+    idle: list[int] = field(default_factory=list)
+    removed: bool = False
 
 
 class PrefixMatch(NamedTuple):
-    """A prefix hit: ``block_ids`` hold the K/V of the first ``num_tokens`` tokens; lock
-    ``last_node`` while using them (None: no tree, no hit)."""
+    """A prefix hit: per group, ``block_ids`` hold the K/V of the first ``num_tokens`` tokens
+    (``NULL_BLOCK`` before a sliding window's last window); ``snapshot``, the recurrent state
+    there; lock ``last_node`` while using them (None: no tree, no hit)."""
 
-    block_ids: list[int]
+    block_ids: list[list[int]]
     num_tokens: int
     last_node: RadixNode | None = None
+    snapshot: list[int] | None = None
+
+
+_SNAPSHOT = -1  # the group index of a snapshot's blocks in RadixCache._where
 
 
 class RadixCache:
@@ -68,75 +97,164 @@ class RadixCache:
             (no reference counting; block ids are made up when not given) used for planning
             and ordering.
         block_size: Tokens per block.
+        windows: Per KV cache group, its sliding window (None: full attention); ``()`` for a
+            model without K/V.
+        recurrent: Hits must end at a recurrent snapshot.
 
     Raises:
         ValueError: ``block_size < 1`` or it differs from ``pool.block_size``.
     """
 
-    def __init__(self, pool: BlockPool | None, block_size: int) -> None:
+    def __init__(self, pool: BlockPool | None, block_size: int,
+                 windows: Sequence[int | None] = (None,), recurrent: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if pool is not None and pool.block_size != block_size:
             raise ValueError(f"block_size {block_size} != pool.block_size {pool.block_size}")
         self.pool = pool
         self.block_size = block_size
+        self.windows = tuple(windows)
+        self.recurrent = recurrent
+        self._sliding = [g for g, w in enumerate(self.windows) if w is not None]
         self._clear()
 
     def reset(self) -> None:
         """Empty the tree, dropping its pool reference of every block. Nodes held by requests
         become stale: drop those handles rather than unlocking them."""
         if self.pool is not None:
-            self.pool.free(b for node in self._nodes() for b in reversed(node.value))
+            self.pool.free(b for node in self._nodes() for b in reversed(_held(node)))
         self._clear()
 
     def _clear(self) -> None:
         self._clock = itertools.count(1)
         self._ids = itertools.count()
         self._sim_block_ids = itertools.count(1)
-        self.root = RadixNode(next(self._ids))
-        self.evictable_blocks = self.protected_blocks = 0
+        self.root = self._node(value=[[] for _ in self.windows])
+        # per group, then for snapshots: blocks the tree holds, and those it may drop now
+        self.held = [0] * (len(self.windows) + 1)
+        self.evictable = [0] * (len(self.windows) + 1)
+        # droppable block -> (node holding it or a node below, group or _SNAPSHOT, position)
+        self._where: dict[int, tuple[RadixNode, int, int]] = {}
+        self._idle: dict[int, int] = {}  # idle droppable block -> tick, oldest first
+
+    def _size(self, node: RadixNode) -> int:
+        """Blocks of ``node``'s key."""
+        return len(node.key) // self.block_size
+
+    def _end(self, node: RadixNode) -> int:
+        """Blocks from the root to ``node``'s end."""
+        return node.start + len(node.key) // self.block_size
+
+    def _node(self, **fields) -> RadixNode:
+        g = len(self.windows) + 1
+        return RadixNode(next(self._ids), held=[0] * g, idle=[0] * g, **fields)
 
     @property
     def total_blocks(self) -> int:
-        return self.evictable_blocks + self.protected_blocks
+        return sum(self.held)
 
-    def _child_key(self, token_ids: tuple[int, ...] | list[int], pos: int) -> tuple[int, ...]:
+    @property
+    def evictable_blocks(self) -> int:
+        """Blocks :meth:`evict` can drop now: every block of an unlocked node, and idle
+        droppable blocks of locked ones."""
+        return sum(self.evictable)
+
+    @property
+    def protected_blocks(self) -> int:
+        return self.total_blocks - self.evictable_blocks
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
+    # ------------------------------------------------------------------ match and insert
+
+    def _child_key(self, token_ids: Sequence[int], pos: int) -> tuple[int, ...]:
         return tuple(token_ids[pos:pos + self.block_size])
 
-    def _common_blocks(self, key: tuple[int, ...], token_ids: list[int], pos: int) -> int:
+    def _common_blocks(self, key: tuple[int, ...], token_ids: Sequence[int], pos: int) -> int:
         bs, n = self.block_size, 1  # the first block matched through the children index
         while n * bs < len(key) and tuple(token_ids[pos + n * bs:pos + (n + 1) * bs]) == \
                 key[n * bs:(n + 1) * bs]:
             n += 1
         return n
 
-    def _split(self, child: RadixNode, num_blocks: int) -> RadixNode:
-        """Cut ``child`` after ``num_blocks`` blocks; returns the new upper node."""
-        cut = num_blocks * self.block_size
-        assert child.parent is not None and 0 < cut < len(child.key)
-        new = RadixNode(next(self._ids), child.key[:cut], child.value[:num_blocks], child.parent,
-                        lock_ref=child.lock_ref, last_access_time=child.last_access_time)
-        child.parent.children[child.key[:self.block_size]] = new
-        child.key, child.value, child.parent = child.key[cut:], child.value[num_blocks:], new
-        new.children[child.key[:self.block_size]] = child
-        return new
-
-    def _walk(self, token_ids: list[int]) -> tuple[RadixNode, int, list[int]]:
-        """Follow the longest block-aligned match, splitting where it ends inside a node;
-        refreshes access times. Returns the last node, matched tokens and their blocks."""
-        node, pos, block_ids = self.root, 0, []
+    def _walk(self, token_ids: Sequence[int]) -> list[tuple[RadixNode, int]]:
+        """The longest block-aligned match as ``(node, blocks of it matched)`` pairs, root
+        excluded; nothing changes."""
+        node, pos, path = self.root, 0, []
         end = len(token_ids) // self.block_size * self.block_size
         while pos < end and (child := node.children.get(self._child_key(token_ids, pos))):
             n = self._common_blocks(child.key, token_ids, pos)
-            if n * self.block_size < len(child.key):
-                child = self._split(child, n)
-            child.last_access_time = next(self._clock)
-            block_ids.extend(child.value)
+            path.append((child, n))
+            if n < self._size(child):
+                break
             node, pos = child, pos + len(child.key)
-        return node, pos, block_ids
+        return path
 
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
-        """Longest cached prefix of ``token_ids`` in whole blocks.
+    def _split(self, child: RadixNode, num_blocks: int) -> RadixNode:
+        """Cut ``child`` after ``num_blocks`` blocks; returns the new upper node (the lower
+        part keeps ``child``'s identity and snapshot)."""
+        cut = num_blocks * self.block_size
+        assert child.parent is not None and 0 < cut < len(child.key)
+        upper = [v[:num_blocks] for v in child.value]
+        new = self._node(key=child.key[:cut], value=upper, start=child.start,
+                         parent=child.parent, lock_ref=child.lock_ref,
+                         last_access_time=child.last_access_time)
+        child.parent.children[child.key[:self.block_size]] = new
+        child.key, child.value, child.parent = child.key[cut:], [
+            v[num_blocks:] for v in child.value], new
+        child.start += num_blocks
+        new.children[child.key[:self.block_size]] = child
+        for g, v in enumerate(upper):
+            moved = sum(b != NULL_BLOCK for b in v)
+            idle = sum(b in self._idle for b in v)
+            new.held[g], new.idle[g] = moved, idle
+            child.held[g] -= moved
+            child.idle[g] -= idle
+        return new
+
+    def _cut(self, path: list[tuple[RadixNode, int]], num_blocks: int) -> RadixNode:
+        """The node ending ``num_blocks`` blocks down ``path`` (split there when inside a
+        node), every node up to it refreshed; the root when ``num_blocks`` is 0."""
+        node = self.root
+        for child, _ in path:
+            if child.start >= num_blocks:
+                break
+            if self._end(child) > num_blocks:
+                child = self._split(child, num_blocks - child.start)
+            child.last_access_time = next(self._clock)
+            node = child
+        return node
+
+    def _usable(self, path: list[tuple[RadixNode, int]]) -> int:
+        """Blocks of the longest hit along ``path``: every sliding group holds the window
+        before its end, and (recurrent) a snapshot ends it."""
+        n = path[-1][0].start + path[-1][1] if path else 0
+        if self.recurrent:
+            ends = [0] + [self._end(c) for c, k in path if k == self._size(c) and c.snapshot]
+        else:
+            ends = range(n + 1)
+        if not self._sliding:
+            return max(ends)
+        bs = self.block_size
+        last_null = {}  # per sliding group: for each block, the last tombstone at or before
+        for g in self._sliding:
+            last, marks = -1, []
+            for c, k in path:
+                for i, b in enumerate(c.value[g][:k]):
+                    if b == NULL_BLOCK:
+                        last = c.start + i
+                    marks.append(last)
+            last_null[g] = marks
+        for m in sorted(ends, reverse=True):
+            if m == 0 or all(last_null[g][m - 1] < max(0, m * bs - self.windows[g] + 1) // bs
+                             for g in self._sliding):
+                return m
+        return 0
+
+    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+        """Longest usable cached prefix of ``token_ids`` in whole blocks.
 
         The caller caps ``token_ids`` at ``len(prompt) - 1`` so the last prompt token is always
         computed. No pool references are taken: lock ``last_node``, then fork the blocks.
@@ -145,22 +263,52 @@ class RadixCache:
             token_ids: Tokens to look up; a trailing partial block is ignored.
 
         Returns:
-            The matched blocks, their token count and the deepest matched node (the root on a
-            miss). A node in which the match ends is split there first.
+            Per group the matched blocks (a sliding group's ``NULL_BLOCK`` before the window
+            of the hit's end), their token count, the deepest matched node (the root on a
+            miss; split where the hit ends inside a node) and its snapshot.
         """
-        node, num_tokens, block_ids = self._walk(token_ids)
-        return PrefixMatch(block_ids, num_tokens, node)
+        path = self._walk(token_ids)
+        m = self._usable(path)
+        node = self._cut(path, m)
+        blocks: list[list[int]] = [[] for _ in self.windows]
+        walk = []
+        while node is not self.root:
+            walk.append(node)
+            node = node.parent
+        for c in reversed(walk):
+            for g, v in enumerate(c.value):
+                blocks[g].extend(v)
+        for g in self._sliding:
+            first = max(0, m * self.block_size - self.windows[g] + 1) // self.block_size
+            blocks[g][:first] = [NULL_BLOCK] * first
+        last = walk[0] if walk else self.root
+        return PrefixMatch(blocks, m * self.block_size, last,
+                           last.snapshot if self.recurrent and walk else None)
 
-    def insert(self, token_ids: list[int], block_ids: list[int] | None = None) -> int:
-        """Cache the full blocks of ``token_ids``, held in ``block_ids``.
+    def node_for(self, token_ids: Sequence[int]) -> RadixNode:
+        """The node ending after the cached full blocks of ``token_ids`` (split there when
+        inside a node; refreshed): what a request that holds them locks."""
+        path = self._walk(token_ids)
+        return self._cut(path, path[-1][0].start + path[-1][1] if path else 0)
 
-        The tree takes one pool reference of each newly inserted block. For the prefix it
-        already held, the caller should free its own duplicate blocks and use the tree's.
+    def insert(self, token_ids: Sequence[int], block_ids: list[list[int]] | None = None,
+               start: int = 0) -> int:
+        """Cache the full blocks of ``token_ids``, held per group in ``block_ids``.
+
+        The tree takes one pool reference of each newly inserted block. Where it already
+        held blocks from block ``start`` on, it takes the caller's in place of its own when
+        no request holds those (so the caller, which computed them again, shares the tree's
+        path and an evicted copy is not kept twice) and fills its tombstones with them; else
+        the caller keeps its own duplicates.
 
         Args:
-            token_ids: Tokens whose K/V are in ``block_ids``; a trailing partial block is ignored.
-            block_ids: One block id per block of ``token_ids`` (extra ones are ignored). May be
-                None only for a simulated tree, which then numbers new blocks 1, 2, ...
+            token_ids: Tokens whose K/V are in ``block_ids``; a trailing partial block is
+                ignored.
+            block_ids: Per group, one block id per block of ``token_ids`` (extra ones are
+                ignored; ``NULL_BLOCK`` in a sliding group: a block the caller no longer
+                holds). None only for a simulated tree, which then numbers new blocks.
+            start: Blocks before this are known to be the tree's own (the caller's hit, or
+                what it inserted before).
 
         Returns:
             Tokens (a multiple of ``block_size``) the tree already held before this call.
@@ -171,29 +319,129 @@ class RadixCache:
         num_blocks = len(token_ids) // self.block_size
         if block_ids is None and self.pool is not None:
             raise ValueError("block_ids are required when the tree holds pool references")
-        if block_ids is not None and len(block_ids) < num_blocks:
-            raise ValueError(f"{len(token_ids)} tokens need {num_blocks} blocks, "
-                             f"got {len(block_ids)}")
-        node, present, _ = self._walk(token_ids)
-        first = present // self.block_size
-        if first < num_blocks:
-            value = (list(block_ids[first:num_blocks]) if block_ids is not None
-                     else [next(self._sim_block_ids) for _ in range(first, num_blocks)])
-            new = RadixNode(next(self._ids), tuple(token_ids[present:num_blocks * self.block_size]),
-                            value, node, last_access_time=next(self._clock))
-            node.children[new.key[:self.block_size]] = new
-            if self.pool is not None:
-                self.pool.incref(value)
-            self.evictable_blocks += len(value)
-        return present
+        if block_ids is not None and (len(block_ids) != self.num_groups or any(
+                len(v) < num_blocks for v in block_ids)):
+            raise ValueError(f"{len(token_ids)} tokens need {num_blocks} blocks in each of "
+                             f"{self.num_groups} groups, got {[len(v) for v in block_ids]}")
+        path = self._walk(token_ids)
+        present = path[-1][0].start + path[-1][1] if path else 0
+        if block_ids is None:  # a simulated tree numbers its new blocks
+            block_ids = [[NULL_BLOCK] * present + [next(self._sim_block_ids) for _ in range(
+                present, num_blocks)] for _ in self.windows]
+        node = self._cut(path, present)
+        if self.pool is not None and start < present:
+            self._take_caller_blocks(node, block_ids, start)
+        if present < num_blocks:
+            value = [list(v[present:num_blocks]) for v in block_ids]
+            key = tuple(token_ids[present * self.block_size:num_blocks * self.block_size])
+            new = self._node(key=key, value=value, start=present, parent=node,
+                             last_access_time=next(self._clock))
+            node.children[key[:self.block_size]] = new
+            for g, v in enumerate(value):
+                held = [b for b in v if b != NULL_BLOCK]
+                assert len(held) == len(v) or self.windows[g] is not None, (g, v)
+                if self.pool is not None:
+                    self.pool.incref(held)
+                if self.windows[g] is not None:
+                    for i, b in enumerate(v):
+                        if b != NULL_BLOCK:
+                            self._where[b] = (new, g, present + i)
+                self._count(new, g, len(held))
+        return present * self.block_size
+
+    def _take_caller_blocks(self, node: RadixNode, block_ids: list[list[int]],
+                            start: int) -> None:
+        """On the path to ``node``, from block ``start`` on: the caller's block replaces a
+        tombstone, or a block only the tree holds (see :meth:`insert`)."""
+        at = node
+        while at is not self.root and self._end(at) > start:
+            for g, v in enumerate(at.value):
+                ids = block_ids[g]
+                for i in range(max(start - at.start, 0), len(v)):
+                    new, old = ids[at.start + i], v[i]
+                    if new == NULL_BLOCK or new == old or (
+                            old != NULL_BLOCK and self.pool.ref_cnt(old) > 1):
+                        continue
+                    if old != NULL_BLOCK:
+                        self._forget(at, g, [old])
+                    v[i] = new
+                    self.pool.incref([new])
+                    if self.windows[g] is not None:
+                        self._where[new] = (at, g, at.start + i)
+                    self._count(at, g, 1)
+            at = at.parent
+
+    def attach_snapshot(self, token_ids: Sequence[int], blocks: list[int]) -> bool:
+        """Give the node ending after ``token_ids`` (cached; split there if needed) the
+        recurrent snapshot in ``blocks``, taking the caller's pool reference of them.
+
+        Returns:
+            False (nothing taken) when the tokens are not all cached or the node has one.
+        """
+        path = self._walk(token_ids)
+        n = len(token_ids) // self.block_size
+        if not n or not path or path[-1][0].start + path[-1][1] != n:
+            return False
+        node = self._cut(path, n)
+        if node.snapshot is not None:
+            return False
+        node.snapshot = list(blocks)
+        for b in blocks:
+            self._where[b] = (node, _SNAPSHOT, n)
+        self._count(node, _SNAPSHOT, len(blocks))
+        self.release(blocks)
+        return True
+
+    def _count(self, node: RadixNode, group: int, n: int) -> None:
+        """``n`` more block ids of ``group`` held by ``node`` (none of them idle)."""
+        node.held[group] += n
+        self.held[group] += n
+        if node.lock_ref == 0:
+            self.evictable[group] += n
+
+    # ------------------------------------------------------------------ idle blocks
+
+    def _owner(self, block: int) -> tuple[RadixNode, int, int]:
+        """The node holding droppable ``block`` (splits only add nodes above the recorded
+        one), its group and its index in the node (a snapshot's: 0)."""
+        node, group, pos = self._where[block]
+        if group == _SNAPSHOT:
+            return node, group, 0
+        while node.start > pos:
+            node = node.parent
+        return node, group, pos - node.start
+
+    def release(self, blocks: Iterable[int]) -> None:
+        """Blocks a request dropped a reference of: droppable ones the tree alone holds now
+        become idle (most recently used)."""
+        if self.pool is None:
+            return
+        for b in blocks:
+            if b in self._where and b not in self._idle and self.pool.ref_cnt(b) == 1:
+                self._idle[b] = next(self._clock)
+                node, g, _ = self._owner(b)
+                node.idle[g] += 1
+                if node.lock_ref:
+                    self.evictable[g] += 1
+
+    def acquire(self, blocks: Iterable[int]) -> None:
+        """Blocks a request took a reference of: no longer idle."""
+        for b in blocks:
+            if self._idle.pop(b, None) is not None:
+                node, g, _ = self._owner(b)
+                node.idle[g] -= 1
+                if node.lock_ref:
+                    self.evictable[g] -= 1
+
+    # ------------------------------------------------------------------ locks and eviction
 
     def lock(self, node: RadixNode) -> None:
-        """Protect ``node`` and its ancestors from eviction (SGLang ``inc_lock_ref``)."""
+        """Protect ``node`` and its ancestors from trimming (SGLang ``inc_lock_ref``)."""
         while node is not self.root:
             assert node.parent is not None
             if node.lock_ref == 0:
-                self.evictable_blocks -= len(node.value)
-                self.protected_blocks += len(node.value)
+                for g, (h, i) in enumerate(zip(node.held, node.idle)):
+                    self.evictable[g] -= h - i
             node.lock_ref += 1
             node = node.parent
 
@@ -203,45 +451,92 @@ class RadixCache:
             assert node.parent is not None and node.lock_ref > 0, node
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self.evictable_blocks += len(node.value)
-                self.protected_blocks -= len(node.value)
+                for g, (h, i) in enumerate(zip(node.held, node.idle)):
+                    self.evictable[g] += h - i
             node = node.parent
 
     def evict(self, num_blocks: int) -> int:
-        """Drop up to ``num_blocks`` unlocked blocks, least recently used leaves first.
-
-        A leaf loses its blocks tail first; an emptied leaf is removed and its parent becomes a
-        candidate. The tree's pool reference of each block is released, so a block still held
-        by a request stays allocated.
-
-        Args:
-            num_blocks: Blocks to evict.
+        """Drop at least ``num_blocks`` blocks the tree alone holds (fewer when it has no
+        more): of an idle droppable block and the least recently used unlocked leaf, the
+        older first. A leaf loses its snapshot and blocks tail first; an emptied leaf is
+        removed and its parent becomes a candidate.
 
         Returns:
-            Blocks evicted: ``min(num_blocks, evictable_blocks)``.
+            Blocks dropped (their pool references released).
         """
         # NOTE: leaves are collected per call (O(nodes)), as SGLang's ``_collect_leaves`` does.
         heap = [(n.last_access_time, n.node_id, n) for n in self._nodes()
                 if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         evicted = 0
-        while evicted < num_blocks and heap:
+        while evicted < num_blocks and (heap or self._idle):
+            while heap and (heap[0][2].children or heap[0][2].lock_ref or heap[0][2].removed):
+                heapq.heappop(heap)  # stale: a child was added, locked, or removed
+            oldest = next(iter(self._idle.items()), None)
+            if oldest is not None and (not heap or oldest[1] < heap[0][0]):
+                evicted += self._drop(oldest[0])
+                continue
+            if not heap:
+                break
             _, _, leaf = heapq.heappop(heap)
-            k = min(num_blocks - evicted, len(leaf.value))
-            dropped = leaf.value[len(leaf.value) - k:]
-            if self.pool is not None:
-                self.pool.free(reversed(dropped))
-            evicted += k
-            self.evictable_blocks -= k
-            if k < len(leaf.value):
-                leaf.key, leaf.value = leaf.key[:-k * self.block_size], leaf.value[:-k]
+            evicted += self._trim(leaf, num_blocks - evicted)
+            if not leaf.removed:
+                heapq.heappush(heap, (leaf.last_access_time, leaf.node_id, leaf))
                 continue
             parent = leaf.parent
-            assert parent is not None
-            del parent.children[leaf.key[:self.block_size]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
         return evicted
+
+    def _drop(self, block: int) -> int:
+        """Drop idle droppable ``block`` (a tombstone, or the node's whole snapshot)."""
+        node, group, index = self._owner(block)
+        if group == _SNAPSHOT:
+            return self._drop_snapshot(node)
+        assert node.value[group][index] == block, (block, node)
+        node.value[group][index] = NULL_BLOCK
+        self._forget(node, group, [block])
+        return 1
+
+    def _drop_snapshot(self, node: RadixNode) -> int:
+        blocks, node.snapshot = node.snapshot or [], None
+        self._forget(node, _SNAPSHOT, blocks)
+        return len(blocks)
+
+    def _forget(self, node: RadixNode, group: int, blocks: list[int]) -> None:
+        """Release the tree's reference of ``blocks`` of ``group`` held by ``node``."""
+        for b in blocks:
+            self._where.pop(b, None)
+            idle = self._idle.pop(b, None) is not None
+            node.idle[group] -= idle
+            if idle or node.lock_ref == 0:
+                self.evictable[group] -= 1
+            node.held[group] -= 1
+            self.held[group] -= 1
+        if self.pool is not None:
+            self.pool.free(reversed(blocks))
+
+    def _trim(self, leaf: RadixNode, want: int) -> int:
+        """Drop ``leaf``'s snapshot, then its blocks tail first until ``want`` are dropped
+        (a position's blocks go together); remove it when emptied. Returns blocks dropped."""
+        dropped = self._drop_snapshot(leaf) if leaf.snapshot else 0
+        n = self._size(leaf)
+        while self.windows and n and dropped < want:
+            n -= 1
+            for g, v in enumerate(leaf.value):
+                if v[n] != NULL_BLOCK:
+                    self._forget(leaf, g, [v[n]])
+                    dropped += 1
+                del v[n]
+        if n == 0 or not self.windows:
+            assert leaf.parent is not None
+            del leaf.parent.children[leaf.key[:self.block_size]]
+            leaf.removed = True
+        else:
+            leaf.key = leaf.key[:n * self.block_size]
+        return dropped
+
+    # ------------------------------------------------------------------ inspection
 
     def _nodes(self) -> list[RadixNode]:
         """Every node but the root, parents before children."""
@@ -256,35 +551,49 @@ class RadixCache:
         """Assert the tree is consistent.
 
         Raises:
-            AssertionError: A key/value size mismatch, a mis-indexed child, a negative lock
-                count, a lock count below its children's sum, evictable/protected counts that
-                disagree with the nodes, a block in two nodes, or a block without a pool
-                reference.
+            AssertionError: A key/value size mismatch, a mis-indexed child, a wrong start, a
+                negative lock count, a lock count below its children's sum, held/idle/
+                evictable counts that disagree with the nodes, a full-attention tombstone, a
+                block in two places, or a block without a pool reference.
         """
-        bs, evictable, protected, seen = self.block_size, 0, 0, set()
+        bs, seen = self.block_size, set()
+        evictable, total = [0] * len(self.held), [0] * len(self.held)
         for node in [self.root, *self._nodes()]:
             assert node.lock_ref >= 0, node
             for k, child in node.children.items():
                 assert child.parent is node and k == child.key[:bs], (k, child)
+                assert child.start == self._end(node), (child.start, self._end(node))
             if node is self.root:
-                assert not node.key and not node.value and node.lock_ref == 0
+                assert not node.key and node.lock_ref == 0
                 continue
-            assert node.key and len(node.key) == len(node.value) * bs, node
+            assert node.key and len(node.key) % bs == 0 and all(
+                len(node.key) == len(v) * bs for v in node.value), node
             assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), node
-            if node.lock_ref:
-                protected += len(node.value)
-            else:
-                evictable += len(node.value)
-            for b in node.value:
-                assert b not in seen, f"block {b} in two nodes"
+            for g, v in enumerate(node.value):
+                assert self.windows[g] is not None or NULL_BLOCK not in v, (g, node)
+            per_group = [[b for b in v if b != NULL_BLOCK] for v in node.value]
+            per_group.append(list(node.snapshot or ()))
+            for g, blocks in enumerate(per_group):
+                idle = sum(b in self._idle for b in blocks)
+                assert (node.held[g], node.idle[g]) == (len(blocks), idle), (g, node)
+                evictable[g] += idle if node.lock_ref else len(blocks)
+                total[g] += len(blocks)
+            for b in _held(node):
+                assert b not in seen, f"block {b} in two places"
                 seen.add(b)
                 assert self.pool is None or self.pool.ref_cnt(b) >= 1, (b, node)
-        assert (evictable, protected) == (self.evictable_blocks, self.protected_blocks), \
-            ((evictable, protected), (self.evictable_blocks, self.protected_blocks))
+                assert b not in self._idle or self.pool.ref_cnt(b) == 1, (b, node)
+        droppable = {b for node in self._nodes() for g in self._sliding
+                     for b in node.value[g] if b != NULL_BLOCK}
+        droppable |= {b for node in self._nodes() for b in node.snapshot or ()}
+        assert set(self._where) == droppable, "droppable index out of date"
+        assert set(self._idle) <= droppable
+        assert (evictable, total) == (self.evictable, self.held), \
+            ((evictable, total), (self.evictable, self.held))
 
     def blocks(self) -> list[int]:
         """Every block id in the tree (the tree's holder list for pool invariants)."""
-        return [b for node in self._nodes() for b in node.value]
+        return [b for node in self._nodes() for b in _held(node)]
 
     def pretty_print(self) -> str:
         """The tree as indented lines: first block of each key, blocks, lock_ref, access time."""
@@ -293,8 +602,14 @@ class RadixCache:
         while stack:
             node, depth = stack.pop()
             more = f"+{len(node.key) - self.block_size}" if len(node.key) > self.block_size else ""
+            value = node.value[0] if len(node.value) == 1 else node.value
+            snap = f" snapshot={node.snapshot}" if node.snapshot else ""
             lines.append(f"{'  ' * depth}{list(node.key[:self.block_size])}{more} "
-                         f"blocks={node.value} lock={node.lock_ref} t={node.last_access_time}")
+                         f"blocks={value} lock={node.lock_ref} t={node.last_access_time}{snap}")
             stack.extend((c, depth + 1) for c in reversed(node.children.values()))
         return "\n".join(lines)
 
+
+def _held(node: RadixNode) -> list[int]:
+    """The block ids ``node`` holds: its blocks, group by group, then its snapshot."""
+    return [b for v in node.value for b in v if b != NULL_BLOCK] + list(node.snapshot or ())

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from mlxpa.config import EngineConfig
 from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.shared_prefix import shares_uncached_prefix, snapshot_points
 from mlxpa.request import Request, RequestStatus
 
 # How many waiting requests admission may pass over while they wait for a shared prefix.
@@ -47,6 +48,11 @@ class SchedulerOutput:
     # Requests preempted while building this step (their blocks are already free): the
     # runner drops their recurrent states.
     preempted: list[Request] = field(default_factory=list)
+    # Recurrent snapshots: (request, blocks) to restore the request's state from before
+    # the forward pass (a prefix hit's, a fork's), and to save its state into after it (the
+    # step ends at one of its snapshot points).
+    state_restores: list[tuple[Request, list[int]]] = field(default_factory=list)
+    state_saves: list[tuple[Request, list[int]]] = field(default_factory=list)
     # Requests finished since the previous step (vLLM's finished_req_ids): the runner frees
     # its state of them.
     finished: list[Request] = field(default_factory=list)
@@ -116,8 +122,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, req.num_computed_tokens, budget)
             while self.kv_cache_manager.allocate_slots(req, n) is None:
+                if self.running[-1] is req and n > 1:
+                    n = (n + 1) // 2  # a smaller chunk before preempting itself
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
@@ -130,6 +139,7 @@ class Scheduler:
         if not out.preempted:
             budget = self._admit(out, budget)
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
+        out.state_saves, out.state_restores = self.kv_cache_manager.take_state_ops()
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens)
         out.last_chunk = [r.num_computed_tokens + n == r.num_tokens
                           for r, n in zip(out.requests, out.num_scheduled_tokens)]
@@ -140,13 +150,25 @@ class Scheduler:
             out.cascade_groups = self._cascade_groups(out)
         return out
 
+    def _chunk(self, req: Request, start: int, budget: int) -> int:
+        """Tokens ``req`` computes this step from position ``start``: the rest of it, at most
+        ``budget`` and its chunk limit (a sliding window's cap, its next snapshot point)."""
+        n = min(req.num_tokens - start, budget)
+        limit = self.kv_cache_manager.chunk_limit(req, start)
+        return n if limit is None else min(n, limit)
+
     def _cascade_groups(self, out: SchedulerOutput) -> list[CascadeGroup]:
         """The step's requests grouped by the leading full blocks they share
-        (:func:`common_prefix_groups`), as indices into ``out.requests``: decode requests
-        among themselves and prefill chunks among themselves (the runner runs the two kinds
-        in separate batches). Only blocks written before this step count (a request's
-        ``num_computed_tokens``), so a chunk never shares a block its own step computes."""
+        (:func:`common_prefix_groups`) in the first full-attention group, as indices into
+        ``out.requests``: decode requests among themselves and prefill chunks among
+        themselves (the runner runs the two kinds in separate batches). Only blocks written
+        before this step count (a request's ``num_computed_tokens``), so a chunk never
+        shares a block its own step computes. None without a full-attention group."""
         bs = self.kv_cache_manager.block_size
+        full = self.kv_cache_manager.windows.index(None) if (
+            None in self.kv_cache_manager.windows) else None
+        if full is None:
+            return []
         groups: list[CascadeGroup] = []
         for decode in (True, False):
             kind = [i for i, n in enumerate(out.num_scheduled_tokens) if (n == 1) == decode]
@@ -155,21 +177,31 @@ class Scheduler:
             reqs = [out.requests[i] for i in kind]
             groups.extend(CascadeGroup(tuple(kind[j] for j in g.indices), g.num_blocks)
                           for g in common_prefix_groups(
-                              [r.block_table for r in reqs],
+                              [r.block_tables[full] for r in reqs],
                               [r.num_computed_tokens // bs for r in reqs]))
         return groups
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        kv = self.kv_cache_manager
         deferred: list[Request] = []
+        ends = {r: r.num_computed_tokens + n
+                for r, n in zip(out.requests, out.num_scheduled_tokens)}
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
             req = self.waiting.popleft()
-            computed = self.kv_cache_manager.get_computed_blocks(req)
-            if self._shares_uncached_prefix(req, computed.num_tokens):
+            computed = kv.get_computed_blocks(req)
+            if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
                 deferred.append(req)
                 continue
-            n = min(req.num_tokens - computed.num_tokens, budget)
-            if self.kv_cache_manager.allocate_slots(req, n, computed) is None:
+            if kv.recurrent:
+                for point in snapshot_points(req, computed.num_tokens, self.waiting,
+                                             self.running, kv):
+                    kv.add_snapshot_point(req, point)
+            n = self._chunk(req, computed.num_tokens, budget)
+            while (allocated := kv.allocate_slots(req, n, computed)) is None and (
+                    not self.running and n > 1):
+                n = (n + 1) // 2  # alone in the pool: a smaller chunk (a window's)
+            if allocated is None:
                 self.waiting.appendleft(req)
                 break
             req.num_computed_tokens = computed.num_tokens
@@ -179,51 +211,36 @@ class Scheduler:
             self.running.append(req)
             out.requests.append(req)
             out.num_scheduled_tokens.append(n)
+            ends[req] = computed.num_tokens + n
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _shares_uncached_prefix(self, req: Request, num_cached: int) -> bool:
-        """True when a running request is still prefilling blocks ``req`` shares beyond its
-        cached prefix: ``req`` waits and reads them from the cache once they are computed,
-        instead of computing them a second time (SGLang's in-batch prefix deduplication)."""
-        if not self.kv_cache_manager.enable_prefix_caching:
-            return False
-        bs = self.kv_cache_manager.block_size
-        limit = (req.num_tokens - 1) // bs  # blocks a hit can cover
-        if limit * bs <= num_cached:
-            return False
-        prompt = req.prompt_token_ids
-        first = prompt[:bs]
-        for other in self.running:
-            if (other.num_computed_tokens >= other.num_prompt_tokens
-                    or other.prompt_token_ids[:bs] != first):
-                continue
-            shared = 0
-            top = min(limit, other.num_prompt_tokens // bs)
-            while (shared < top and prompt[shared * bs:(shared + 1) * bs]
-                   == other.prompt_token_ids[shared * bs:(shared + 1) * bs]):
-                shared += 1
-            if shared * bs > num_cached:
-                return True
-        return False
+    def expect_forks(self, parent: Request, position: int) -> None:
+        """Requests will fork from ``parent`` at ``position`` once its prefill has run
+        (:meth:`add_samples`): a recurrent model snapshots its state there."""
+        self.kv_cache_manager.add_snapshot_point(parent, position, fork=True)
 
-    def add_samples(self, parent: Request, children: list[Request], fork: bool = True) -> None:
-        """Start ``children`` (samples 1..n-1 of ``parent``'s prompt) within ``max_num_seqs``.
+    def add_samples(self, parent: Request, children: list[Request]) -> None:
+        """Start ``children`` (samples 1..n-1 of ``parent``'s prompt, or requests whose
+        prompt extends it) within ``max_num_seqs``.
 
         As many children as there are free sequence slots fork ``parent``'s prompt blocks
-        (:meth:`fork_request`); the others join the waiting queue like any request and are
-        admitted when slots and blocks allow, reading the prompt's full blocks from the prefix
-        cache (vLLM v1 fans ``n`` out into independent requests the same way). A child's
-        output does not depend on which way it starts: its seed comes from its identity.
+        (:meth:`fork_request`; a recurrent model also its state, when the parent saved it
+        where they start: :meth:`expect_forks`); the others join the waiting queue like any
+        request and are admitted when slots and blocks allow, reading the prompt's full
+        blocks from the prefix cache (vLLM v1 fans ``n`` out into independent requests the
+        same way). A child's output does not depend on which way it starts: its seed comes
+        from its identity.
 
         Args:
             parent: Sample 0, whose prefill has just run (its prompt K/V written).
             children: The other samples, in sample order.
-            fork: False when blocks cannot be shared (a recurrent state): all are queued.
         """
         for child in children:
-            if fork and len(self.running) < self.max_num_seqs:
+            start = min(parent.num_prompt_tokens, child.num_prompt_tokens - 1)
+            if (len(self.running) < self.max_num_seqs
+                    and self.kv_cache_manager.can_fork(parent, start)):
                 self.fork_request(parent, child)
             else:
                 self.add_request(child)
@@ -245,11 +262,9 @@ class Scheduler:
         """
         if len(self.running) >= self.max_num_seqs:
             raise RuntimeError(f"fork would exceed max_num_seqs={self.max_num_seqs}")
-        bs = self.kv_cache_manager.block_size
-        assert len(parent.block_table) * bs >= parent.num_prompt_tokens
         assert child.num_prompt_tokens >= parent.num_prompt_tokens
-        self.kv_cache_manager.fork(parent, child)
         child.num_computed_tokens = min(parent.num_prompt_tokens, child.num_prompt_tokens - 1)
+        self.kv_cache_manager.fork(parent, child)
         child.max_tokens = min(child.sampling_params.max_tokens,
                                self.max_model_len - child.num_prompt_tokens)
         child.num_cached_tokens = parent.num_cached_tokens

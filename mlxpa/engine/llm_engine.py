@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from mlxpa.config import EngineConfig
 from mlxpa.core.block_pool import BlockPool
 from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.deltas import final_delta, step_delta, wants_deltas
@@ -48,13 +49,15 @@ class LLMEngine:
         model: An mlx-lm model; None loads ``config.model`` (the default Gemma 3 270M when
             that is None).
         tokenizer: The model's mlx-lm ``TokenizerWrapper`` (required with ``model``).
-        kv_blocks_needed: Most blocks the work can use, null block included
-            (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`): the pool takes that, at most the
-            memory budget; None (work unknown): the budget.
+        kv_blocks_needed: Most blocks the work can use, null block included: the pool takes
+            that, at most the memory budget; None (work unknown): the budget.
+        expected_requests: The work, ``(prompt_tokens, max_tokens, n)`` per request, in place
+            of ``kv_blocks_needed`` (:meth:`kv_blocks_needed` sizes the pool for them).
     """
 
     def __init__(self, config: EngineConfig, model=None, tokenizer=None, *,
-                 kv_blocks_needed: int | None = None) -> None:
+                 kv_blocks_needed: int | None = None,
+                 expected_requests: Iterable[tuple[int, int, int]] | None = None) -> None:
         if model is None:
             from mlxpa.loader.models import load_model
 
@@ -68,18 +71,25 @@ class LLMEngine:
         self._pending_forks: list[Request] = []
         self._released: list[SampleOutput] = []
         self._unfinished: dict[str, int] = {}  # request id -> its samples not yet returned
+        if expected_requests is not None:
+            kv_blocks_needed = self.kv_blocks_needed(expected_requests)
         self._build_pool(self.runner.kv_blocks_for(kv_blocks_needed))
+
+    def kv_blocks_needed(self, requests: Iterable[tuple[int, int, int]]) -> int:
+        """Most KV blocks ``requests`` (``(prompt_tokens, max_tokens, n)`` each, read lazily)
+        can hold at once in this model's KV cache groups, null block included, at most the
+        memory budget's blocks (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`)."""
+        return kv_blocks_needed(requests, self.runner.kv_cache_layout,
+                                self.config.max_num_batched_tokens, self.runner.budget_blocks,
+                                self.runner.max_model_len)
 
     def _build_pool(self, num_blocks: int) -> None:
         """The runner's pools, the block pool, its manager and the scheduler for
         ``num_blocks`` blocks (an empty prefix cache)."""
         self.runner.allocate_kv_cache(num_blocks)
-        # A recurrent state exists only at the position its request reached: no prefix
-        # cache hits (and no forked samples, see _fork_samples) for such models.
-        recurrent = self.runner.states is not None
         self.kv_cache_manager = KVCacheManager(
-            BlockPool(num_blocks, self.config.block_size),
-            self.config.enable_prefix_caching and not recurrent)
+            BlockPool(num_blocks, self.config.block_size), self.config.enable_prefix_caching,
+            self.runner.kv_cache_layout)
         self.scheduler = Scheduler(self.config, self.kv_cache_manager,
                                    self.runner.max_model_len,
                                    frozenset(self.tokenizer.eos_token_ids))
@@ -176,7 +186,7 @@ class LLMEngine:
         if choice:
             self._unfinished[request_id] = params.n
             if self.choice_scores.waits_for_prefill(prefill):
-                self._pending_forks.append(prefill)
+                self._await_forks([prefill])
             return None
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
@@ -184,7 +194,7 @@ class LLMEngine:
         self._unfinished[request_id] = params.n
         self._detok[req] = self._detokenizer(params)
         if params.n > 1:
-            self._pending_forks.append(req)
+            self._await_forks([req])
         return None
 
     def _add_questions(self, req: Request,
@@ -199,7 +209,7 @@ class LLMEngine:
             return [self._error(req, str(e))]
         self.counters.prompt_tokens += self.question_scores.num_prompt_tokens(req.request_id)
         self._unfinished[req.request_id] = 1
-        self._pending_forks.extend(waiting)
+        self._await_forks(waiting)
         return None
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
@@ -253,19 +263,28 @@ class LLMEngine:
         out.error = message
         return out
 
+    def _await_forks(self, parents: list[Request]) -> None:
+        """Requests will fork from each of ``parents`` when its prefill has run
+        (:meth:`_fork_samples`): another sample from its last prompt token, a scoring request
+        from its prompt's end (the scheduler keeps a recurrent state there)."""
+        for parent in parents:
+            self._pending_forks.append(parent)
+            self.scheduler.expect_forks(parent, parent.num_prompt_tokens - (
+                0 if parent.score_only else 1))
+
     def _fork_samples(self, out: SchedulerOutput) -> None:
         """Start samples 1..n-1 of every request whose prefill ran in step ``out``, and the
         label requests of every choice row's prefill that ran (before
         ``update_from_output``, which finishes and frees a choice row's prefill)."""
         done = {id(r) for r, last in zip(out.requests, out.last_chunk) if last}
-        still = []
-        for parent in self._pending_forks:
+        still, pending, self._pending_forks = [], self._pending_forks, []
+        for parent in pending:
             if id(parent) not in done:
                 still.append(parent)
                 continue
             if self.question_scores.owns(parent):  # a question group's document
                 children, waiting = self.question_scores.on_prefilled(parent)
-                still.extend(waiting)
+                self._await_forks(waiting)
             elif parent.score_only:  # a choice row's prefill
                 children = self.choice_scores.on_prefilled(parent)
             else:
@@ -276,9 +295,8 @@ class LLMEngine:
                             for i in range(1, parent.sampling_params.n)]
                 for child in children:
                     self._detok[child] = self._detokenizer(parent.sampling_params)
-            # A recurrent state cannot be forked: such requests compute their prompt.
-            self.scheduler.add_samples(parent, children, fork=self.runner.states is None)
-        self._pending_forks = still
+            self.scheduler.add_samples(parent, children)
+        self._pending_forks = still + self._pending_forks  # and the documents' questions
 
     def abort_unfinished(self) -> None:
         """Abort every request in flight (:meth:`abort_request` of every unfinished id: a
@@ -359,9 +377,22 @@ class LLMEngine:
         c, kv = self.counters, self.kv_cache_manager
         running = self.scheduler.running
         c.peak_kv_blocks = max(c.peak_kv_blocks, kv.num_active_blocks)
-        c.kv_tokens_held += (sum(r.num_computed_tokens for r in running)
-                             + out.total_num_scheduled_tokens)
-        c.kv_slots_in_use += sum(len(r.block_table) for r in running) * kv.block_size
+        scheduled = dict(zip(out.requests, out.num_scheduled_tokens))
+        tokens, slots = kv.held_tokens_and_slots(
+            running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
+        c.kv_tokens_held += tokens
+        c.kv_slots_in_use += slots
+        block_bytes, per_group = self.runner.block_bytes, kv.active_blocks_by_group()
+        held = {}
+        for kind, blocks in zip(kv.layout.group_kinds(), per_group):
+            held[kind] = held.get(kind, 0) + blocks * block_bytes
+        if kv.recurrent:  # the live states beside the snapshots
+            held["recurrent"] += len(running) * self.runner.kv_storage.snapshot_bytes
+        else:
+            del held["recurrent"]
+        c.peak_kv_bytes = max(c.peak_kv_bytes, sum(held.values()))
+        for kind, nbytes in held.items():
+            c.peak_kv_bytes_by_group[kind] = max(c.peak_kv_bytes_by_group.get(kind, 0), nbytes)
 
     def _count(self, out: SchedulerOutput, result: StepResult, num_sampled: int) -> None:
         c = self.counters

@@ -29,6 +29,10 @@ class Counters:
         num_steps: Engine steps run.
         peak_kv_blocks: Most KV blocks held by requests after any step (blocks only the
             prefix cache holds are evictable and not counted, as in vLLM).
+        peak_kv_bytes: Most bytes of KV held at once, every group (blocks held by requests
+            and snapshots the tree must keep; a recurrent model's live states too).
+        peak_kv_bytes_by_group: The same per kind of KV cache group (``full_attention``,
+            ``sliding_window_<window>``, ``recurrent``), each its own peak.
         kv_tokens_held: Sum over steps of tokens with K/V in the pool.
         kv_slots_in_use: Sum over steps of ``blocks in use * block_size``.
         ttft_s: Time to first token of each finished request, seconds.
@@ -50,6 +54,8 @@ class Counters:
     evicted_blocks: int = 0
     num_steps: int = 0
     peak_kv_blocks: int = 0
+    peak_kv_bytes: int = 0
+    peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
     kv_tokens_held: int = 0
     kv_slots_in_use: int = 0
     ttft_s: list[float] = field(default_factory=list)
@@ -85,6 +91,8 @@ class Stats:
     mask_ms_per_step: float | None = None  # bitmask fill per step with constrained rows
     mask_steps: int = 0
     scored_tokens: int = 0
+    peak_kv_bytes: int = 0
+    peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,4 +124,5 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         itl_p50_s=percentile(c.itl_s, 50), itl_p99_s=percentile(c.itl_s, 99),
         failed_rows=c.failed_rows,
         mask_ms_per_step=1e3 * c.mask_time_s / c.mask_steps if c.mask_steps else None,
-        mask_steps=c.mask_steps, scored_tokens=c.scored_tokens)
+        mask_steps=c.mask_steps, scored_tokens=c.scored_tokens, peak_kv_bytes=c.peak_kv_bytes,
+        peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group))

@@ -30,7 +30,6 @@ from typing import Any
 
 from rich.console import Console
 
-from mlxpa.core.kv_sizing import kv_blocks_needed
 from mlxpa.core.prefix_order import PREFIX_WINDOW
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
@@ -251,14 +250,14 @@ class LLM:
 
     def _fit(self, requests: list[EngineRequest] | None) -> None:
         """Grow the KV pool to what ``requests`` can use (None: an unknown need, the whole
-        budget), at most the budget (:func:`mlxpa.core.kv_sizing.kv_blocks_needed`, as
+        budget), at most the budget (:meth:`~mlxpa.engine.LLMEngine.kv_blocks_needed`, as
         ``mlxpa run``); a pool that holds it already is kept."""
-        engine, runner, config = self.llm_engine, self.llm_engine.runner, self._config
+        engine, runner = self.llm_engine, self.llm_engine.runner
         need = None
         if requests is not None:
-            need = kv_blocks_needed(((len(r.prompt_token_ids), r.sampling_params.max_tokens,
-                                      r.sampling_params.n) for r in requests),
-                                    config.block_size, runner.budget_blocks, config.max_model_len)
+            need = engine.kv_blocks_needed((len(r.prompt_token_ids),
+                                            r.sampling_params.max_tokens,
+                                            r.sampling_params.n) for r in requests)
         num_blocks = runner.kv_blocks_for(need)
         if num_blocks > runner.num_blocks:
             self._active = None  # a stream left open ends (RuntimeError), its prompts dropped

@@ -33,20 +33,16 @@ class WindowTables:
 
 
 @dataclass(frozen=True, slots=True)
-class AttentionMetadata:
-    """Frozen per-step inputs shared by every layer.
+class GroupTables:
+    """One KV cache group's per-step tables (its layers' slot mapping and block tables).
 
     Attributes:
         slot_blocks: ``[B * L]`` int32 block id of each scheduled token (padding: 0).
         slot_offsets: ``[B * L]`` int32 offset of each token inside its block.
-        block_tables: ``[B, max_blocks]`` int32 block ids per request.
-        context_lens: ``[B]`` int32 tokens with K/V after this step's write.
-        offsets: ``[B]`` int32 position of each request's first scheduled token (its
-            ``num_computed_tokens``; mlx-lm's per-row cache ``offset``). Not vLLM's
-            ``query_start_loc``, which is cumulative over the flattened batch; the kernels
-            take it as their ``query_start`` argument (the name in the pinned Metal sources).
-        window_tables: Per sliding-window size, tables trimmed to that window.
-        kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
+        block_tables: ``[B, max_blocks]`` int32 block ids per request (``0`` where a
+            sliding-window group no longer holds a block).
+        window_tables: Per sliding-window size of the group's layers, tables trimmed to
+            that window.
         cascade: Per layer kind (its sliding window, None for full attention), the groups of
             the batch that attend over their shared prefix once and the tables of each
             row's own keys (:class:`~mlxpa.worker.cascade.CascadeTables`); a kind without an
@@ -56,11 +52,28 @@ class AttentionMetadata:
     slot_blocks: mx.array
     slot_offsets: mx.array
     block_tables: mx.array
+    window_tables: dict[int, WindowTables]
+    cascade: dict[int | None, CascadeTables] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Frozen per-step inputs shared by every layer.
+
+    Attributes:
+        context_lens: ``[B]`` int32 tokens with K/V after this step's write.
+        offsets: ``[B]`` int32 position of each request's first scheduled token (its
+            ``num_computed_tokens``; mlx-lm's per-row cache ``offset``). Not vLLM's
+            ``query_start_loc``, which is cumulative over the flattened batch; the kernels
+            take it as their ``query_start`` argument (the name in the pinned Metal sources).
+        groups: Per KV cache group, its tables (:class:`GroupTables`).
+        kernel: Paged-attention backend (``auto``, ``reference``, ``cpu``, ``metal``, ``cuda``).
+    """
+
     context_lens: mx.array
     offsets: mx.array
-    window_tables: dict[int, WindowTables]
+    groups: tuple[GroupTables, ...]
     kernel: str = "auto"
-    cascade: dict[int | None, CascadeTables] = field(default_factory=dict)
 
 
 class PagedLayerCache:
@@ -68,20 +81,22 @@ class PagedLayerCache:
 
     Args:
         kv_cache: The pools.
-        layer_idx: Which layer's pools.
+        layer_idx: Which layer slot's pools.
         metadata: This step's metadata.
         sliding_window: The layer's window in tokens, or None for full attention.
         gathered: The layer attends over K/V it derives from what it cached (latent
             attention, MLA; K/V heads repeated in the model): ``update_and_fetch`` returns
             each row's whole gathered context and :meth:`attend_gathered` attends over what
             the layer passes.
+        group: The KV cache group whose block tables the layer reads.
     """
 
     def __init__(self, kv_cache: PagedKVCache, layer_idx: int, metadata: AttentionMetadata,
-                 sliding_window: int | None, gathered: bool = False) -> None:
+                 sliding_window: int | None, gathered: bool = False, group: int = 0) -> None:
         self.kv_cache = kv_cache
         self.layer_idx = layer_idx
         self.metadata = metadata
+        self.tables = metadata.groups[group]
         self.sliding_window = sliding_window
         self.gathered = gathered
 
@@ -95,12 +110,12 @@ class PagedLayerCache:
         (the paged attention reads the pool, not these), or, for a ``gathered`` layer, each
         row's K/V gathered from the pool: ``[B, kv_heads, max_blocks * block_size, D]``,
         position ``j`` at index ``j``."""
-        m = self.metadata
-        self.kv_cache.write(self.layer_idx, keys, values, m.slot_blocks, m.slot_offsets)
+        t = self.tables
+        self.kv_cache.write(self.layer_idx, keys, values, t.slot_blocks, t.slot_offsets)
         if not self.gathered:
             return keys, values
         pools = self.kv_cache.key_caches, self.kv_cache.value_caches
-        return tuple(dense(gather_kv(p[self.layer_idx], m.block_tables)).astype(keys.dtype)
+        return tuple(dense(gather_kv(p[self.layer_idx], t.block_tables)).astype(keys.dtype)
                      for p in pools)
 
     def make_mask(self, *args, **kwargs) -> None:
@@ -117,18 +132,18 @@ class PagedLayerCache:
         """Paged attention of ``[B, q_heads, L, D]`` queries over this layer's pool, float or
         quantized (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss); in
         two parts where the step's metadata has cascade tables for this layer's kind."""
-        m = self.metadata
+        m, t = self.metadata, self.tables
         pools = (self.kv_cache.key_caches[self.layer_idx],
                  self.kv_cache.value_caches[self.layer_idx])
-        cascade = m.cascade.get(self.sliding_window)
+        cascade = t.cascade.get(self.sliding_window)
         if cascade is not None:
             return cascade_attention(
                 queries, *pools, cascade.block_tables, m.context_lens, m.offsets,
                 cascade.prefix, scale=scale, sliding_window=self.sliding_window,
                 key_start=cascade.key_start, kernel=m.kernel, sinks=sinks)
-        tables, key_start = m.block_tables, None
-        if self.sliding_window is not None and self.sliding_window in m.window_tables:
-            w = m.window_tables[self.sliding_window]
+        tables, key_start = t.block_tables, None
+        if self.sliding_window is not None and self.sliding_window in t.window_tables:
+            w = t.window_tables[self.sliding_window]
             tables, key_start = w.block_tables, w.key_start
         return paged_attention(
             queries, *pools, tables, m.context_lens, m.offsets, scale=scale,

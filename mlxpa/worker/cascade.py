@@ -105,7 +105,10 @@ def cascade_tables(groups: Sequence[tuple[Sequence[int], int]], starts: np.ndarr
     members = np.zeros((len(kept), width), np.int32)
     row_slot = np.full(b, len(kept) * width, np.int32)
     for g, (rows, lo, shared) in enumerate(kept):
-        prefix_tables[g, :shared - lo] = tables[rows[0], lo:shared]
+        # the member whose window reaches furthest back holds every shared block in use (a
+        # sliding-window group's tables hold 0 before each row's window)
+        source = min(rows, key=lambda r: first[r])
+        prefix_tables[g, :shared - lo] = tables[source, lo:shared]
         members[g, :len(rows)] = rows
         members[g, len(rows):] = rows[0]
         row_slot[rows] = g * width + np.arange(len(rows))

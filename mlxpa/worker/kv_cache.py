@@ -1,8 +1,10 @@
-"""Per-layer paged K/V pools as ``mx.array``s, written through a slot mapping.
+"""Per-layer-slot paged K/V pools as ``mx.array``s, written through a slot mapping.
 
-Layout per cache entry: ``[num_blocks, kv_heads, block_size, head_dim]``: one block of
-one head is contiguous, and gathering a sequence's blocks into ``[B, kv_heads, L, D]`` is one
-advanced-index op with no transpose. Measured on the development CPU (Gemma 3 270M shape,
+A block is a column of layer slots (:mod:`mlxpa.core.kv_cache_groups`): slot ``j`` of block
+``b`` holds the K/V of the ``j``-th layer of whichever KV cache group owns ``b``. Layout per
+slot: ``[num_blocks, kv_heads, block_size, head_dim]``: one block of one head is contiguous,
+and gathering a sequence's blocks into ``[B, kv_heads, L, D]`` is one advanced-index op with
+no transpose. Measured on the development CPU (Gemma 3 270M shape,
 1 KV head, D=256, B=32, 40 blocks): 2.5 ms for the gather against 2.3 ms for the
 token-contiguous layout plus a transpose; equal within noise, so this layout stays.
 
@@ -17,6 +19,10 @@ scales and biases with its values.
 Writes are MLX scatters (``pool[blocks, :, offsets] = kv``) applied in place to the array
 objects the pool holds, so no other live array references the old buffers and MLX can donate
 them instead of copying the pool each step.
+
+A recurrent snapshot is stored as raw bytes across a few whole blocks (every array's row of
+the block, in order: :meth:`PagedKVCache.write_bytes`); a model without K/V gets one raw
+``uint32`` array for them.
 """
 
 from __future__ import annotations
@@ -79,27 +85,31 @@ def _arrays(pool: mx.array | QuantizedPool) -> tuple[mx.array, ...]:
 
 
 class PagedKVCache:
-    """The only K/V storage of the engine: one K and one V pool per cache entry.
+    """The only K/V storage of the engine: one K and one V pool per layer slot.
 
-    Each entry (an attention layer, or one loop of a looped layer) has its own geometry, so
-    layers with other head counts or head sizes (Gemma 4's global layers) and K/V of
-    different widths (MLA's non-absorbed form) each get pools of their own shape; each entry
-    is stored in ``dtype`` or quantized (:class:`PoolSpec`).
+    Each slot (one layer of every KV cache group, or with one group an attention layer or
+    one loop of a looped layer) has its own geometry, so layers with other head counts or
+    head sizes (Gemma 4's global layers) and K/V of different widths (MLA's non-absorbed
+    form) each get pools of their own shape; each slot is stored in ``dtype`` or quantized
+    (:class:`PoolSpec`).
 
     Args:
-        specs: One :class:`PoolSpec` per entry (a ``(kv_heads, k_dim, v_dim)`` tuple: an
-            unquantized entry); ``kv_heads == 0`` for an entry the model never writes.
+        specs: One :class:`PoolSpec` per slot (a ``(kv_heads, k_dim, v_dim)`` tuple: an
+            unquantized slot).
         num_blocks: Blocks per pool, the null block 0 included.
         block_size: Tokens per block.
         dtype: Storage dtype of unquantized pools, and of quantized pools' scales and biases.
+        state_block_bytes: With no slot: the bytes of a block of the raw snapshot array
+            (a model without K/V; a multiple of 4; 0: none).
 
     Attributes:
-        key_caches, value_caches: Per entry, the pool: an ``mx.array`` or a
+        key_caches, value_caches: Per slot, the pool: an ``mx.array`` or a
             :class:`QuantizedPool` (``mx.eval`` evaluates either).
+        state_pool: ``[num_blocks, state_block_bytes / 4]`` uint32 raw blocks, or None.
     """
 
     def __init__(self, specs: Iterable[PoolSpec | tuple[int, int, int]], num_blocks: int,
-                 block_size: int, dtype: mx.Dtype) -> None:
+                 block_size: int, dtype: mx.Dtype, state_block_bytes: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
@@ -108,7 +118,9 @@ class PagedKVCache:
                                  s.group_size, dtype) for s in self.specs]
         self.value_caches = [_pool(num_blocks, s.kv_heads, block_size, s.v_dim, s.v_bits,
                                    s.group_size, dtype) for s in self.specs]
-        mx.eval(self.key_caches, self.value_caches)
+        self.state_pool = (mx.zeros((num_blocks, state_block_bytes // 4), mx.uint32)
+                           if state_block_bytes and not self.specs else None)
+        mx.eval(self.arrays())
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
@@ -117,7 +129,34 @@ class PagedKVCache:
 
     def arrays(self) -> list[mx.array]:
         """Every array of every pool (what a step evaluates after its writes)."""
-        return [a for p in (*self.key_caches, *self.value_caches) for a in _arrays(p)]
+        pools = [a for p in (*self.key_caches, *self.value_caches) for a in _arrays(p)]
+        return pools if self.state_pool is None else [*pools, self.state_pool]
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block over every array."""
+        return sum(a.nbytes // a.shape[0] for a in self.arrays())
+
+    def write_bytes(self, blocks: list[int], data: mx.array) -> None:
+        """Store raw bytes in whole blocks: ``data`` (uint8, ``len(blocks) * block_nbytes``
+        bytes) split into one run per block, each laid over the block's row of every array
+        in :meth:`arrays` order (a recurrent snapshot)."""
+        k = len(blocks)
+        ids = mx.array(blocks, dtype=mx.int32)
+        data = data.reshape(k, -1)
+        off = 0
+        for a in self.arrays():
+            row = a.nbytes // a.shape[0]
+            part = mx.contiguous(data[:, off:off + row])
+            a[ids] = part.view(a.dtype).reshape(k, *a.shape[1:])
+            off += row
+
+    def read_bytes(self, blocks: list[int]) -> mx.array:
+        """The bytes :meth:`write_bytes` stored in ``blocks``, as one uint8 array (lazy)."""
+        ids = mx.array(blocks, dtype=mx.int32)
+        k = len(blocks)
+        return mx.concatenate([a[ids].reshape(k, -1).view(mx.uint8) for a in self.arrays()],
+                              axis=1).reshape(-1)
 
     @property
     def nbytes(self) -> int:
@@ -126,10 +165,10 @@ class PagedKVCache:
 
     def write(self, layer: int, keys: mx.array, values: mx.array, slot_blocks: mx.array,
               slot_offsets: mx.array) -> None:
-        """Scatter new K/V into ``layer``'s pools (quantizing them for a quantized entry).
+        """Scatter new K/V into ``layer``'s pools (quantizing them for a quantized slot).
 
         Args:
-            layer: Cache entry index.
+            layer: Layer slot index.
             keys: ``[B, kv_heads, L, k_dim]`` new keys (RoPE applied).
             values: ``[B, kv_heads, L, v_dim]`` new values.
             slot_blocks: ``[B * L]`` int32 block id of each token (padding: block 0).

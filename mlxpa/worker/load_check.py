@@ -41,6 +41,7 @@ from mlxpa.worker.paged_forward import (
     build_metadata,
     find_head_split,
     forward,
+    layer_map,
     lm_head,
     paged_context,
 )
@@ -91,7 +92,7 @@ class _Stored:
 _STORED_CLASSES: dict[type, type] = {}
 
 
-def _stored_rows(pool: PagedKVCache, entry: int, table: np.ndarray) -> list[tuple]:
+def _stored_rows(pool: PagedKVCache, slot: int, table: np.ndarray) -> list[tuple]:
     """Per K and V of a quantized entry, one row's ``[1, h, S, D]`` float32 values as the
     pool stores them and the deviation allowed from the row they quantize: 1.5 quantization
     steps (MLX's affine rounding makes the larger-magnitude edge of a group exact and fits the
@@ -101,7 +102,7 @@ def _stored_rows(pool: PagedKVCache, entry: int, table: np.ndarray) -> list[tupl
     magnitude). A lost bias is off by the group's edge, many steps."""
     slack = 1e-4 if pool.dtype == mx.float32 else 2e-2
     out = []
-    for cache in (pool.key_caches[entry], pool.value_caches[entry]):
+    for cache in (pool.key_caches[slot], pool.value_caches[slot]):
         g = gather_kv(cache, mx.array(table[None]))
         scales, biases = (mx.repeat(mx.abs(a.astype(mx.float32)), g.group_size, axis=-1)
                           for a in (g.scales, g.biases))
@@ -111,23 +112,25 @@ def _stored_rows(pool: PagedKVCache, entry: int, table: np.ndarray) -> list[tupl
 
 
 def _stored_reference(model: nn.Module, storage: KVStorage, pool: PagedKVCache,
-                      tables: list[np.ndarray]) -> tuple[list[mx.array], float]:
+                      tables: list[list[np.ndarray]]) -> tuple[list[mx.array], float]:
     """:func:`_reference` with each quantized entry's K/V rows replaced by the pool's (see
     the module docstring); and the worst deviation of a stored row from mlx-lm's own, in
     allowed deviations (at most 1 when the writes are right)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     worst: list[mx.array] = []
+    where = storage.entry_slots()
 
     def make_caches(i: int) -> list:
         caches = make_prompt_cache(model)
         for e, (cache, spec) in enumerate(zip(cache_entries(caches)[0], storage.specs)):
             if spec.k_bits:
+                group, slot = where[e]
                 base = type(cache)
                 if base not in _STORED_CLASSES:
                     _STORED_CLASSES[base] = type(f"Stored{base.__name__}", (_Stored, base), {})
                 cache.__class__ = _STORED_CLASSES[base]
-                cache.mlxpa_stored = _stored_rows(pool, e, tables[i])
+                cache.mlxpa_stored = _stored_rows(pool, slot, tables[i][group])
                 cache.mlxpa_worst = worst
         return caches
 
@@ -154,13 +157,17 @@ def _steps(store: RecurrentStateStore | None) -> list[tuple[list[int], np.ndarra
 
 def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
            block_size: int, kernel: str, fused: bool, storage: KVStorage,
-           ) -> tuple[list[mx.array], PagedKVCache, list[np.ndarray]]:
-    """The same two steps through the paged path, both prompts batched; with the pool and
-    each prompt's block table."""
+           ) -> tuple[list[mx.array], PagedKVCache, list[list[np.ndarray]]]:
+    """The same two steps through the paged path, both prompts batched, in the KV cache
+    groups of ``storage``; with the pool and each prompt's block table per group."""
     lens = [len(p) for p in PROMPTS]
     per_row = cdiv(max(lens) + 1, block_size)
-    pool = PagedKVCache(storage.specs, 1 + per_row * len(PROMPTS), block_size, geometry.dtype)
-    tables = [np.arange(1 + i * per_row, 1 + (i + 1) * per_row, dtype=np.int32)
+    layers = layer_map(geometry, storage)
+    num_groups = len(layers.group_windows)
+    pool = PagedKVCache(storage.slot_specs, 1 + per_row * len(PROMPTS) * num_groups,
+                        block_size, geometry.dtype, storage.block_bytes(block_size))
+    tables = [[np.arange(1 + (i * num_groups + g) * per_row, 1 + (i * num_groups + g + 1)
+                         * per_row, dtype=np.int32) for g in range(num_groups)]
               for i in range(len(PROMPTS))]
     done = [0] * len(PROMPTS)
     results: list[list[mx.array]] = [[] for _ in PROMPTS]
@@ -170,13 +177,14 @@ def _paged(model: nn.Module, geometry: ModelGeometry, split: HeadSplit | None,
             counts = [1 if done[i] else lens[i] for i in rows]
             starts = [done[i] for i in rows]
             tok, meta = build_metadata(toks, counts, np.array(starts, np.int32),
-                                       [tables[i][:cdiv(done[i] + n, block_size)]
-                                        for i, n in zip(rows, counts)], block_size,
-                                       geometry.windows, kernel)
+                                       [[tables[i][g][:cdiv(done[i] + n, block_size)]
+                                         for i, n in zip(rows, counts)]
+                                        for g in range(num_groups)], block_size,
+                                       layers.group_windows, kernel)
             last = Positions(list(range(len(rows))), [n - 1 for n in counts])
             plan = ForwardPlan(tok, meta, {ReadKind.SAMPLE: last},
                                store.caches(rows, starts, counts) if store is not None else None)
-            logits = lm_head(split)(forward(model, split, pool, geometry, plan)[ReadKind.SAMPLE])
+            logits = lm_head(split)(forward(model, split, pool, layers, plan)[ReadKind.SAMPLE])
             if store is not None:
                 store.save(rows, starts, counts, plan.states)
             mx.eval(logits, pool.arrays(), store.arrays() if store is not None else [])
@@ -223,7 +231,7 @@ def verify_and_split(model: nn.Module, geometry: ModelGeometry, block_size: int,
     Raises:
         UnsupportedModelError: The paged path fails or differs, with and without the split.
     """
-    storage = storage or kv_storage(geometry)
+    storage = storage or kv_storage(geometry, block_size=block_size)
     ref = None if storage.quantized else _reference(model)
     split = find_head_split(model)
     if split is not None and _difference(model, geometry, split, block_size, kernel, fused,

@@ -42,6 +42,8 @@ class CacheGeometry:
         state_size: For a recurrent-state entry (``ArraysCache``: SSM, convolution, linear
             attention), its number of state arrays (no pool; the state store holds it);
             0 for a K/V entry.
+        state_shapes: Per state array, the shape of one request's (``[1, ...]``) and its
+            dtype, as mlx-lm's forward left it (None: an array it never set).
     """
 
     kv_heads: int
@@ -50,6 +52,7 @@ class CacheGeometry:
     window: int | None = None
     gathered: bool = False
     state_size: int = 0
+    state_shapes: tuple[tuple[tuple[int, ...], mx.Dtype] | None, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -222,7 +225,10 @@ def probe_model(model, evaluate: bool = True) -> ModelGeometry:
     for i, (cache, window) in enumerate(zip(leaves, windows)):
         keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
         if isinstance(getattr(cache, "cache", None), list):  # ArraysCache: recurrent state
-            geometry.append(CacheGeometry(0, 0, 0, None, state_size=len(cache.cache)))
+            shapes = tuple(None if a is None else (tuple(a.shape), a.dtype)
+                           for a in cache.cache)
+            geometry.append(CacheGeometry(0, 0, 0, None, state_size=len(cache.cache),
+                                          state_shapes=shapes))
             continue
         if keys is None:
             geometry.append(CacheGeometry(0, 0, 0, window))

@@ -51,9 +51,16 @@ from mlxpa.worker.load_check import verify_and_split
 from mlxpa.worker.logprobs import LogprobGather, scored_logprobs
 from mlxpa.worker.model_probe import probe_model
 from mlxpa.worker.outputs import EMPTY_STEP_RESULT, StepResult
-from mlxpa.worker.paged_forward import build_metadata, forward, lm_head, paged_context
+from mlxpa.worker.paged_forward import (
+    build_metadata,
+    forward,
+    layer_map,
+    lm_head,
+    paged_context,
+)
 from mlxpa.worker.penalties import PenaltyState
 from mlxpa.worker.sampler import NOTHING_SAMPLED, Sampler, sampling_metadata
+from mlxpa.worker.state_snapshots import StateCodec
 from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
@@ -127,8 +134,11 @@ class ModelRunner:
         geometry: What the probe learned (:class:`ModelGeometry`).
         dtype: The compute dtype, which unquantized pools store.
         kv_storage: How each cache entry stores K/V (``config.kv_cache_dtype``;
-            :class:`~mlxpa.worker.kv_storage.KVStorage`).
-        block_bytes: Bytes of one KV block over all layers, K and V, from the stored layout.
+            :class:`~mlxpa.worker.kv_storage.KVStorage`), and the KV cache groups.
+        kv_cache_layout: The KV cache groups (:class:`~mlxpa.core.kv_cache_groups.
+            KVCacheLayout`): what the KV cache manager pages.
+        block_bytes: Bytes of one KV block over its layer slots, K and V, from the stored
+            layout.
         states: The per-request recurrent-state store of a hybrid or state-space model
             (:class:`RecurrentStateStore`), or None.
 
@@ -146,7 +156,10 @@ class ModelRunner:
         self.geometry = probe_model(model)
         self.dtype = self.geometry.dtype
         self.windows = self.geometry.windows
-        self.kv_storage = kv_storage(self.geometry, config.kv_cache_dtype, config.kv_group_size)
+        self.kv_storage = kv_storage(self.geometry, config.kv_cache_dtype, config.kv_group_size,
+                                     self.block_size)
+        self.kv_cache_layout = self.kv_storage.layout
+        self.layers = layer_map(self.geometry, self.kv_storage)
         self._split = verify_and_split(model, self.geometry, self.block_size,
                                        config.attention_backend, config.fused_cpu_ops,
                                        self.kv_storage)
@@ -163,8 +176,9 @@ class ModelRunner:
         self.penalties = PenaltyState()
         self.sampler = Sampler(self.eos_token_ids, self.grammars, self.penalties)
         self._head = lm_head(self._split)
-        self._tables: dict[Request, tuple[np.ndarray, int, int]] = {}
+        self._tables: dict[Request, tuple[list[np.ndarray], int, int]] = {}
         self.states = RecurrentStateStore.for_geometry(self.geometry)
+        self._codec = StateCodec(self.geometry) if self.states is not None else None
 
     def kv_blocks_for(self, kv_blocks_needed: int | None) -> int:
         """Blocks of the pool (null block included) for work that can use at most
@@ -190,8 +204,8 @@ class ModelRunner:
         if self._tables:  # every request that ran a step has one, freed with the rest
             raise RuntimeError("allocate_kv_cache: requests still hold state in the runner")
         self.kv_cache = None  # the old pools go before the new ones take memory
-        self.kv_cache = PagedKVCache(self.kv_storage.specs, num_blocks, self.block_size,
-                                     self.dtype)
+        self.kv_cache = PagedKVCache(self.kv_storage.slot_specs, num_blocks, self.block_size,
+                                     self.dtype, self.block_bytes)
         self.num_blocks = num_blocks
 
     def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
@@ -200,23 +214,27 @@ class ModelRunner:
         waiting). Returns whether it had to wait."""
         return self.grammars is not None and self.grammars.prepare(on_wait)
 
-    def _block_table(self, req: Request) -> np.ndarray:
-        """Runner-side numpy copy of ``req.block_table``, synced incrementally: full blocks
-        before ``num_computed_tokens`` never change while the request holds them, so only
-        the tail is re-read (everything after a preemption)."""
-        arr, synced, npre = self._tables.get(req, (None, 0, -1))
-        table = req.block_table
-        if arr is None or npre != req.num_preemptions or len(table) > len(arr):
-            new = np.zeros(max(16, 2 * len(table)), np.int32)
-            if arr is not None and npre == req.num_preemptions:
-                new[:synced] = arr[:synced]
+    def _block_tables(self, req: Request) -> list[np.ndarray]:
+        """Runner-side numpy copies of ``req.block_tables``, synced incrementally: full
+        blocks before ``num_computed_tokens`` never change while the request holds them
+        (a sliding-window group drops them only once no query reads them), so only the tail
+        is re-read (everything after a preemption)."""
+        arrs, synced, npre = self._tables.get(req, (None, 0, -1))
+        tables = req.block_tables
+        n = len(tables[0]) if tables else 0
+        if arrs is None or npre != req.num_preemptions or (arrs and n > len(arrs[0])):
+            new = [np.zeros(max(16, 2 * n), np.int32) for _ in tables]
+            if arrs is not None and npre == req.num_preemptions:
+                for a, old in zip(new, arrs):
+                    a[:synced] = old[:synced]
             else:
                 synced = 0
-            arr = new
+            arrs = new
         start = min(synced, req.num_computed_tokens // self.block_size)
-        arr[start:len(table)] = table[start:]
-        self._tables[req] = (arr, len(table), req.num_preemptions)
-        return arr[:len(table)]
+        for a, table in zip(arrs, tables):
+            a[start:n] = table[start:]
+        self._tables[req] = (arrs, n, req.num_preemptions)
+        return [a[:n] for a in arrs]
 
     def _metadata(self, reqs: list[Request], counts: list[int],
                   cascade_groups: list[tuple[list[int], int]] | None = None,
@@ -225,9 +243,11 @@ class ModelRunner:
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
         for row, (req, n) in enumerate(zip(reqs, counts)):
             tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
-        tables = [self._block_table(r) for r in reqs]
-        return build_metadata(tokens, counts, starts, tables, self.block_size, self.windows,
-                              self.config.attention_backend, cascade_groups or ())
+        per_row = [self._block_tables(r) for r in reqs]
+        tables = [[t[g] for t in per_row] for g in range(len(self.layers.group_windows))]
+        return build_metadata(tokens, counts, starts, tables, self.block_size,
+                              self.layers.group_windows, self.config.attention_backend,
+                              cascade_groups or ())
 
     def seed_for(self, req: Request) -> int:
         """The request's seed (sample 0) or one derived from it and the sample index, or,
@@ -268,9 +288,11 @@ class ModelRunner:
         """
         self._free(out.finished, out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
+        self._restore_states(out.state_restores)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
         reads = self._forward(out)
+        self._save_states(out.state_saves)
         scored = reads.take(ReadKind.SCORE)
         targets = self._targets(reads)
         # evaluated with the tokens: the written pools and states, the scored positions'
@@ -294,6 +316,26 @@ class ModelRunner:
             scored=self._scored(reads.owners[ReadKind.SCORE], scored),
             targets=_by_request(reads.owners[ReadKind.TARGET], targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
+
+    def _restore_states(self, restores: list[tuple[Request, list[int]]]) -> None:
+        """Give each request the recurrent state of its snapshot (a prefix hit's, a fork's)
+        at its ``num_computed_tokens``; read now, before this step's writes, so the writes
+        can take over the pools' buffers."""
+        if not restores:
+            return
+        states = [self._codec.unpack(self.kv_cache.read_bytes(blocks))
+                  for _, blocks in restores]
+        mx.eval([a for st in states for arrays in st.values() for a in arrays
+                 if a is not None])
+        for (req, _), state in zip(restores, states):
+            self.states.restore(req, req.num_computed_tokens, state)
+
+    def _save_states(self, saves: list[tuple[Request, list[int]]]) -> None:
+        """Write each request's recurrent state after this step's forward into its
+        snapshot blocks (evaluated with the step's pools)."""
+        for req, blocks in saves:
+            size = len(blocks) * self.kv_cache.block_nbytes
+            self.kv_cache.write_bytes(blocks, self._codec.pack(self.states.state(req), size))
 
     def _targets(self, reads: StepReads) -> LogprobGather | None:
         """The log-probabilities of the target requests' ``target_token_ids`` at their last
@@ -332,7 +374,7 @@ class ModelRunner:
                 counts = [out.num_scheduled_tokens[i] for i in group]
                 starts = [r.num_computed_tokens for r in reqs]
                 plan, owners = self._plan(out, group, reqs, counts, starts)
-                features = forward(self.model, self._split, self.kv_cache, self.geometry, plan)
+                features = forward(self.model, self._split, self.kv_cache, self.layers, plan)
                 if plan.states is not None:
                     self.states.save(reqs, starts, counts, plan.states)
                 for kind, value in features.items():

@@ -16,12 +16,50 @@ import numpy as np
 
 from mlxpa.kernels.device import on_cpu
 from mlxpa.utils import cdiv
-from mlxpa.worker.attention import AttentionMetadata, PagedLayerCache, WindowTables
+from mlxpa.worker.attention import (
+    AttentionMetadata,
+    GroupTables,
+    PagedLayerCache,
+    WindowTables,
+)
 from mlxpa.worker.cascade import cascade_tables
 from mlxpa.worker.forward_plan import ForwardPlan, ReadKind
 from mlxpa.worker.kv_cache import PagedKVCache
+from mlxpa.worker.kv_storage import KVStorage
 from mlxpa.worker.model_probe import ModelGeometry
 from mlxpa.worker.patches import fused_cpu_ops, paged_attention
+
+
+@dataclass(frozen=True, slots=True)
+class LayerMap:
+    """Where each of mlx-lm's cache entries keeps its K/V.
+
+    Attributes:
+        slots: Per entry, ``(group, slot)``: the KV cache group whose tables it reads and the
+            layer slot of the pool it writes; None for an entry without K/V (recurrent, or
+            never written).
+        windows: Per entry, its sliding window (None: full attention).
+        gathered: Per entry, whether it attends over gathered K/V (latent attention).
+        group_windows: Per group, the windows of its layers (None among them: full).
+        layout: mlx-lm's cache list in entry indices (``ModelGeometry.layout``).
+    """
+
+    slots: tuple[tuple[int, int] | None, ...]
+    windows: tuple[int | None, ...]
+    gathered: tuple[bool, ...]
+    group_windows: tuple[frozenset, ...]
+    layout: list | None = None
+
+
+def layer_map(geometry: ModelGeometry, storage: KVStorage) -> LayerMap:
+    """The :class:`LayerMap` of a probed model stored as ``storage`` (its KV cache groups)."""
+    where = storage.entry_slots()
+    slots = tuple(where.get(e) for e in range(len(geometry.caches)))
+    groups = len(storage.layout.groups) if storage.layout is not None else 0
+    group_windows = tuple(frozenset(geometry.caches[e].window for e, s in enumerate(slots)
+                                    if s is not None and s[0] == g) for g in range(groups))
+    return LayerMap(slots, tuple(geometry.windows), tuple(geometry.gathered), group_windows,
+                    geometry.layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +113,15 @@ def paged_context(model: nn.Module, fused: bool, attention: bool = True) -> Iter
 
 
 def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
-            geometry: ModelGeometry, plan: ForwardPlan) -> dict[ReadKind, mx.array]:
+            layers: LayerMap, plan: ForwardPlan) -> dict[ReadKind, mx.array]:
     """Run one padded group (inside :func:`paged_context`), lazily.
 
     Args:
         model: The mlx-lm model.
         split: Its body/head split (None: the model's output is read, logits).
         kv_cache: The K/V pools the group writes and attends over.
-        geometry: The model's cache entries (windows, which attend over gathered K/V, the
-            layout of mlx-lm's cache list).
+        layers: Where each cache entry keeps its K/V (windows, which attend over gathered
+            K/V, the layout of mlx-lm's cache list).
         plan: The group's tokens, metadata, recurrent states and reads.
 
     Returns:
@@ -92,15 +130,28 @@ def forward(model: nn.Module, split: HeadSplit | None, kv_cache: PagedKVCache,
         split, the ``[N, vocab]`` logits. The K/V writes are evaluated with the pools.
     """
     states = plan.states or {}
-    leaves = [states[i] if i in states else
-              PagedLayerCache(kv_cache, i, plan.meta, w, g)
-              for i, (w, g) in enumerate(zip(geometry.windows, geometry.gathered))]
-    layout = geometry.layout
+    leaves = [states[i] if i in states else _NoKV() if at is None else
+              PagedLayerCache(kv_cache, at[1], plan.meta, w, g, at[0])
+              for i, (at, w, g) in enumerate(zip(layers.slots, layers.windows,
+                                                 layers.gathered))]
+    layout = layers.layout
     caches = leaves if layout is None else [
         leaves[e] if isinstance(e, int) else _cache_list(leaves[j] for j in e) for e in layout]
     out = (model if split is None else split.body)(plan.tokens, cache=caches)
     return {kind: out[mx.array(p.rows), mx.array(p.cols)]
             for kind, p in plan.reads.items() if p.rows}
+
+
+class _NoKV:
+    """The cache of an entry the probe saw write nothing (its layer keeps no K/V)."""
+
+    offset = 0
+
+    def update_and_fetch(self, keys, values):
+        raise RuntimeError("a layer the load probe saw write no K/V wrote K/V")
+
+    def make_mask(self, *args, **kwargs) -> None:
+        return None
 
 
 def _cache_list(caches):
@@ -110,21 +161,22 @@ def _cache_list(caches):
 
 
 def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
-                   block_tables: list[np.ndarray], block_size: int,
-                   windows: list[int | None], kernel: str,
+                   block_tables: Sequence[Sequence[np.ndarray]], block_size: int,
+                   group_windows: Sequence[frozenset], kernel: str,
                    cascade_groups: Sequence[tuple[Sequence[int], int]] = (),
                    ) -> tuple[mx.array, AttentionMetadata]:
-    """Step inputs for ``B`` rows: slot mapping, block tables, context lengths,
-    per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``) and,
-    for rows sharing leading blocks, each layer kind's cascade tables.
+    """Step inputs for ``B`` rows: per KV cache group the slot mapping, block tables,
+    per-window trimmed tables (vLLM's slot mapping: ``block * block_size + offset``) and, for
+    rows sharing leading blocks, each layer kind's cascade tables; the context lengths.
 
     Args:
         tokens: ``[B, L]`` int32 token ids, right-padded.
         counts: Scheduled tokens per row.
         starts: ``[B]`` int32 ``num_computed_tokens`` per row.
-        block_tables: Per row, int32 pool block ids covering the context after this step.
+        block_tables: Per group, per row, int32 pool block ids covering the context after
+            this step (``0`` where a sliding-window group no longer holds a block).
         block_size: Tokens per block.
-        windows: Per cache entry, its sliding window or None.
+        group_windows: Per group, the sliding windows of its layers (None: full attention).
         kernel: Paged-attention back end name.
         cascade_groups: Groups of rows sharing leading full blocks: their rows
             and the number of blocks (``SchedulerOutput.cascade_groups``, in this batch's
@@ -134,10 +186,23 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
     Returns:
         ``(tokens as mx.array, AttentionMetadata)``.
     """
-    bs, b, width = block_size, len(counts), tokens.shape[1]
-    slots = np.zeros((b, width), np.int64)
     ctx = starts + np.array(counts, np.int32)
-    nblocks = cdiv(ctx, bs)
+    nblocks = cdiv(ctx, block_size)
+    groups = tuple(_group_tables(tables, counts, starts, nblocks, block_size, windows,
+                                 cascade_groups, tokens.shape[1])
+                   for tables, windows in zip(block_tables, group_windows))
+    meta = AttentionMetadata(context_lens=mx.array(ctx), offsets=mx.array(starts),
+                             groups=groups, kernel=kernel)
+    return mx.array(tokens), meta
+
+
+def _group_tables(block_tables: Sequence[np.ndarray], counts: list[int], starts: np.ndarray,
+                  nblocks: np.ndarray, bs: int, windows: frozenset,
+                  cascade_groups: Sequence[tuple[Sequence[int], int]],
+                  width: int) -> GroupTables:
+    """One group's :class:`GroupTables` (see :func:`build_metadata`)."""
+    b = len(counts)
+    slots = np.zeros((b, width), np.int64)
     tables = np.zeros((b, int(nblocks.max())), np.int32)
     for row, (bt, n) in enumerate(zip(block_tables, counts)):
         pos = np.arange(int(starts[row]), int(starts[row]) + n)
@@ -151,15 +216,12 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
             wt[row, :nblocks[row] - first[row]] = tables[row, first[row]:nblocks[row]]
         window_tables[w] = WindowTables(mx.array(wt), mx.array(first * bs))
     cascade = {}
-    for w in set(windows) if cascade_groups else ():
+    for w in windows if cascade_groups else ():
         layer_kind = cascade_tables(cascade_groups, starts, tables, nblocks, bs, w)
         if layer_kind is not None:
             cascade[w] = layer_kind
     slots = slots.reshape(-1)
-    meta = AttentionMetadata(
-        slot_blocks=mx.array((slots // bs).astype(np.int32)),
-        slot_offsets=mx.array((slots % bs).astype(np.int32)),
-        block_tables=mx.array(tables), context_lens=mx.array(ctx),
-        offsets=mx.array(starts), window_tables=window_tables, kernel=kernel,
-        cascade=cascade)
-    return mx.array(tokens), meta
+    return GroupTables(slot_blocks=mx.array((slots // bs).astype(np.int32)),
+                       slot_offsets=mx.array((slots % bs).astype(np.int32)),
+                       block_tables=mx.array(tables), window_tables=window_tables,
+                       cascade=cascade)

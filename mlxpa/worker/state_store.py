@@ -4,11 +4,10 @@ Layers that keep a fixed-size state instead of K/V (SSM, short convolution, gate
 linear attention: mlx-lm's ``ArraysCache`` entries, e.g. a conv state plus an SSM state) cannot
 be paged: their state after token ``t`` summarizes every token before it. Following vLLM's
 hybrid KV cache manager, each request owns one fixed-size state per such cache entry, created
-when its prefill starts (position 0), carried from step to step (chunked prefill, decode),
+when its prefill starts (position 0) or restored from a snapshot (a prefix hit, a fork:
+:meth:`RecurrentStateStore.restore`), carried from step to step (chunked prefill, decode),
 and dropped when the request finishes or is preempted (a preempted request restarts from
-position 0 and recomputes it). A state exists only at the position its request has reached,
-so prefix caching and forked samples (which start mid-prompt) are off for these models
-(the engine runs every sample as its own request).
+position 0 or a hit and recomputes it).
 
 Per step the runner asks for one ``ArraysCache`` per recurrent entry holding the group's rows
 (rows without a state yet: zeros, mlx-lm's own initial state; all rows new: empty, mlx-lm's
@@ -95,6 +94,14 @@ class RecurrentStateStore:
         """Every stored array (to evaluate with the step)."""
         return [a for _, st in self._states.values() for slots in st.values()
                 for a in slots if a is not None]
+
+    def state(self, key: Hashable) -> dict:
+        """``key``'s state (per entry, its ``[1, ...]`` arrays)."""
+        return self._states[key][1]
+
+    def restore(self, key: Hashable, position: int, state: dict) -> None:
+        """Give ``key`` the state ``state`` (per entry, ``[1, ...]`` arrays) at ``position``."""
+        self._states[key] = (position, state)
 
     def drop(self, keys: list[Hashable]) -> None:
         """Forget the states of ``keys`` (finished requests)."""

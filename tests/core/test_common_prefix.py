@@ -178,8 +178,8 @@ def test_scheduler_groups_requests_sharing_a_cached_prompt_prefix():
     third = _run(sched, 1)[0]
     assert [r.request_id for r in third.requests] == [0, 9, 1, 2]
     assert third.num_scheduled_tokens == [1, 1, 1, 1]
-    shared = reqs[0].block_table[:2]
-    assert all(r.block_table[:2] == shared for r in reqs)
+    shared = reqs[0].block_tables[0][:2]
+    assert all(r.block_tables[0][:2] == shared for r in reqs)
     assert third.cascade_groups == [CascadeGroup((0, 2, 3), 2)]
 
 

@@ -32,7 +32,7 @@ def contents(cache: RadixCache) -> dict[tuple[int, ...], int]:
     out, stack = {}, [(c, ()) for c in cache.root.children.values()]
     while stack:
         node, prefix = stack.pop()
-        for j, b in enumerate(node.value):
+        for j, b in enumerate(node.value[0]):
             out[prefix + node.key[:(j + 1) * BS]] = b
         stack.extend((c, prefix + node.key) for c in node.children.values())
     return out
@@ -50,24 +50,24 @@ def test_match_insert_split():
     pool, cache = make_cache()
     table = pool.allocate(3)
     assert table == [1, 2, 3]
-    assert cache.insert(blk(1, 2, 3), table) == 0
+    assert cache.insert(blk(1, 2, 3), [table]) == 0
     assert [pool.ref_cnt(b) for b in table] == [2, 2, 2]
     assert (cache.total_blocks, cache.evictable_blocks, cache.protected_blocks) == (3, 3, 0)
     check(pool, cache, table)
 
     m = cache.match_prefix(blk(1, 2, 3) + [9])
-    assert (m.block_ids, m.num_tokens, m.last_node.key) == ([1, 2, 3], 12, tuple(blk(1, 2, 3)))
-    assert cache.match_prefix(blk(1)[:3]) == ([], 0, cache.root)  # partial block ignored
+    assert (m.block_ids[0], m.num_tokens, m.last_node.key) == ([1, 2, 3], 12, tuple(blk(1, 2, 3)))
+    assert cache.match_prefix(blk(1)[:3])[:3] == ([[]], 0, cache.root)  # partial block ignored
     assert cache.match_prefix(blk(7, 1)).last_node is cache.root
 
     m = cache.match_prefix(blk(1, 2, 9))  # ends inside the node: split after 2 blocks
-    assert (m.block_ids, m.num_tokens, m.last_node.key) == ([1, 2], 8, tuple(blk(1, 2)))
+    assert (m.block_ids[0], m.num_tokens, m.last_node.key) == ([1, 2], 8, tuple(blk(1, 2)))
     (child,) = m.last_node.children.values()
-    assert (child.key, child.value, child.parent) == (tuple(blk(3)), [3], m.last_node)
+    assert (child.key, child.value, child.parent) == (tuple(blk(3)), [[3]], m.last_node)
     check(pool, cache, table)
 
     m = cache.match_prefix(blk(1, 5))  # split again, after 1 block
-    assert (m.block_ids, m.num_tokens) == ([1], 4)
+    assert (m.block_ids[0], m.num_tokens) == ([1], 4)
     assert cache.pretty_print().splitlines() == [
         "root evictable=3 protected=0",
         "  [1, 1, 1, 1] blocks=[1] lock=0 t=4",
@@ -81,24 +81,24 @@ def test_match_insert_split():
 def test_insert_returns_present_tokens_caller_frees_duplicates():
     pool, cache = make_cache()
     a = pool.allocate(2)
-    assert cache.insert(blk(1, 2), a) == 0
+    assert cache.insert(blk(1, 2), [a]) == 0
     b = pool.allocate(4)  # a second request that computed the shared prefix itself
     assert b == [3, 4, 5, 6]
-    assert cache.insert(blk(1, 2, 3, 4) + [9, 9], b) == 8
+    assert cache.insert(blk(1, 2, 3, 4) + [9, 9], [b]) == 8
     assert [pool.ref_cnt(x) for x in b] == [1, 1, 2, 2]  # tree took refs of new blocks only
     check(pool, cache, a, b)
     # The caller swaps its duplicate blocks for the tree's.
     pool.free(reversed(b[:2]))
-    b[:2] = pool.fork(cache.match_prefix(blk(1, 2)).block_ids)
+    b[:2] = pool.fork(cache.match_prefix(blk(1, 2)).block_ids[0])
     assert b == [1, 2, 5, 6] and pool.ref_cnt(1) == 3
     check(pool, cache, a, b)
-    assert cache.insert(blk(1, 2, 3), b) == 12  # fully present: nothing taken
-    assert cache.insert(blk(1, 2, 3, 4), [4, 4, 4, 4]) == 16
-    assert cache.insert(blk(1)[:3], []) == 0  # no full block
+    assert cache.insert(blk(1, 2, 3), [b]) == 12  # fully present: nothing taken
+    assert cache.insert(blk(1, 2, 3, 4), [[4, 4, 4, 4]]) == 16
+    assert cache.insert(blk(1)[:3], [[]]) == 0  # no full block
     assert cache.total_blocks == 4
     check(pool, cache, a, b)
     with pytest.raises(ValueError, match="need 2 blocks"):
-        cache.insert(blk(7, 7), [1])
+        cache.insert(blk(7, 7), [[1]])
     with pytest.raises(ValueError, match="required"):
         cache.insert(blk(7), None)
 
@@ -108,9 +108,9 @@ def test_insert_returns_present_tokens_caller_frees_duplicates():
 
 def test_lock_protects_from_eviction():
     pool, cache = make_cache()
-    cache.insert(blk(1, 2), pool.allocate(2))
-    cache.insert(blk(1, 3), pool.allocate(2))  # dup block 3 stays with the caller
-    cache.insert(blk(5), pool.allocate(1))
+    cache.insert(blk(1, 2), [pool.allocate(2)])
+    cache.insert(blk(1, 3), [pool.allocate(2)])  # dup block 3 stays with the caller
+    cache.insert(blk(5), [pool.allocate(1)])
     m = cache.match_prefix(blk(1, 2))
     cache.lock(m.last_node)
     cache.lock(m.last_node)
@@ -131,7 +131,7 @@ def test_lru_eviction_order_exact():
     pool, cache = make_cache()
     for f in (1, 2, 3):
         table = pool.allocate(1)
-        cache.insert(blk(f), table)
+        cache.insert(blk(f), [table])
         pool.free(table)  # the request finished: only the tree holds the block
     cache.match_prefix(blk(1))  # 1 is now the most recently used
     order = []
@@ -149,13 +149,13 @@ def test_lru_eviction_order_exact():
 def test_evict_trims_leaf_tail_and_cascades_to_parent():
     pool, cache = make_cache()
     a = pool.allocate(3)
-    cache.insert(blk(1, 2, 3), a)
+    cache.insert(blk(1, 2, 3), [a])
     assert cache.evict(1) == 1  # the leaf loses its last block only
     assert contents(cache) == {tuple(blk(1)): 1, tuple(blk(1, 2)): 2}
     b = pool.allocate(2)
-    assert b == [4, 5] and cache.insert(blk(1, 4), b) == 4  # splits [1, 2] after [1]
+    assert b == [4, 5] and cache.insert(blk(1, 4), [b]) == 4  # splits [1, 2] after [1]
     c = pool.allocate(1)
-    cache.insert(blk(5), c)  # newest leaf
+    cache.insert(blk(5), [c])  # newest leaf
     # Leaves by age: [2] (oldest), [4], [5]. The parent [1], touched by the second insert
     # before [5] existed, becomes a leaf once its children are gone and goes before [5].
     assert cache.evict(3) == 3
@@ -167,7 +167,7 @@ def test_evict_trims_leaf_tail_and_cascades_to_parent():
 def test_evicted_block_is_free_only_when_no_request_holds_it():
     pool, cache = make_cache()
     table = pool.allocate(3)
-    cache.insert(blk(1, 2) + [3], table)  # the partial block 3 is never cached
+    cache.insert(blk(1, 2) + [3], [table])  # the partial block 3 is never cached
     assert cache.evict(5) == 2
     assert [pool.ref_cnt(b) for b in table] == [1, 1, 1] and pool.num_free_blocks == 7
     check(pool, cache, table)
@@ -175,7 +175,7 @@ def test_evicted_block_is_free_only_when_no_request_holds_it():
     assert pool.num_free_blocks == 10
 
     table = pool.allocate(2)
-    cache.insert(blk(1, 2), table)
+    cache.insert(blk(1, 2), [table])
     pool.free(reversed(table))  # request done first: the tree's reference keeps them
     assert pool.num_free_blocks == 8
     assert cache.evict(2) == 2 and pool.num_free_blocks == 10
@@ -185,7 +185,7 @@ def test_evicted_block_is_free_only_when_no_request_holds_it():
 def test_reset_drops_tree_references():
     pool, cache = make_cache()
     table = pool.allocate(2)
-    cache.insert(blk(1, 2), table)
+    cache.insert(blk(1, 2), [table])
     cache.reset()
     assert cache.total_blocks == 0 and [pool.ref_cnt(b) for b in table] == [1, 1]
     check(pool, cache, table)
@@ -196,9 +196,9 @@ def test_simulated_tree():
     cache = RadixCache(None, BS)
     assert cache.insert(blk(1, 2, 3)) == 0
     assert cache.insert(blk(1, 2, 4)) == 8
-    assert cache.insert(blk(6), [42]) == 0
-    assert cache.match_prefix(blk(1, 2, 4)) [:2] == ([1, 2, 4], 12)
-    assert cache.match_prefix(blk(6, 6)).block_ids == [42]
+    assert cache.insert(blk(6), [[42]]) == 0
+    assert cache.match_prefix(blk(1, 2, 4)) [:2] == ([[1, 2, 4]], 12)
+    assert cache.match_prefix(blk(6, 6)).block_ids[0] == [42]
     assert cache.total_blocks == 5
     m = cache.match_prefix(blk(1, 2, 3))
     cache.lock(m.last_node)
@@ -254,9 +254,10 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(tokens=tokens)
     def admit(self, tokens):
         m = self.cache.match_prefix(tokens)
-        assert m.block_ids == self.model_match(tokens) and m.num_tokens == len(m.block_ids) * BS
+        assert m.block_ids[0] == self.model_match(tokens)
+        assert m.num_tokens == len(m.block_ids[0]) * BS
         self.cache.lock(m.last_node)
-        need = cdiv(len(tokens), BS) - len(m.block_ids)
+        need = cdiv(len(tokens), BS) - len(m.block_ids[0])
         if need > self.pool.num_free_blocks:
             short, before = need - self.pool.num_free_blocks, self.cache.evictable_blocks
             evicted = self.cache.evict(short)
@@ -265,8 +266,8 @@ class RadixMachine(RuleBasedStateMachine):
         if need > self.pool.num_free_blocks:
             self.cache.unlock(m.last_node)
             return
-        table = self.pool.fork(m.block_ids) + self.pool.allocate(need)
-        self.holders.append(Holder(list(tokens), table, m.last_node, len(m.block_ids)))
+        table = self.pool.fork(m.block_ids[0]) + self.pool.allocate(need)
+        self.holders.append(Holder(list(tokens), table, m.last_node, len(m.block_ids[0])))
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())
@@ -274,17 +275,17 @@ class RadixMachine(RuleBasedStateMachine):
         h = data.draw(st.sampled_from(self.holders))
         assert h.table[:h.num_cached] == self.model_match(h.tokens)[:h.num_cached]
         present_blocks = len(self.model_match(h.tokens))
-        assert self.cache.insert(h.tokens, h.table) == present_blocks * BS
+        assert self.cache.insert(h.tokens, [h.table]) == present_blocks * BS
         for j in range(present_blocks, len(h.tokens) // BS):
             self.model[tuple(h.tokens[:(j + 1) * BS])] = h.table[j]
         m = self.cache.match_prefix(h.tokens)
         for j in range(h.num_cached, present_blocks):  # swap own duplicates for the tree's
             self.pool.free([h.table[j]])
-            h.table[j] = self.pool.fork([m.block_ids[j]])[0]
-        assert h.table[:len(h.tokens) // BS] == m.block_ids
+            h.table[j] = self.pool.fork([m.block_ids[0][j]])[0]
+        assert h.table[:len(h.tokens) // BS] == m.block_ids[0]
         self.cache.lock(m.last_node)
         self.cache.unlock(h.node)
-        h.node, h.num_cached = m.last_node, len(m.block_ids)
+        h.node, h.num_cached = m.last_node, len(m.block_ids[0])
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())
@@ -304,7 +305,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(tokens=tokens)
     def match(self, tokens):
         m = self.cache.match_prefix(tokens)
-        assert m.block_ids == self.model_match(tokens)
+        assert m.block_ids[0] == self.model_match(tokens)
 
     @precondition(lambda self: not self.holders)
     @rule()

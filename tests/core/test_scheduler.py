@@ -58,11 +58,11 @@ def check(sched: Scheduler) -> None:
     for r in sched.running:
         assert r.status == RequestStatus.RUNNING
         assert 0 < r.num_computed_tokens < r.num_tokens
-        assert len(r.block_table) == cdiv(r.num_computed_tokens, BS)
+        assert len(r.block_tables[0]) == cdiv(r.num_computed_tokens, BS)
     for r in sched.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        assert r.num_computed_tokens == 0 and r.block_table == []
-    held = sum(len(r.block_table) for r in live)
+        assert r.num_computed_tokens == 0 and r.block_tables == []
+    held = sum(len(t) for r in live for t in r.block_tables)
     assert sched.kv_cache_manager.num_used_blocks == held
 
 
@@ -79,7 +79,7 @@ def step(sched: Scheduler, tokens: dict[object, int] | None = None,
     for r, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
         assert r.status == RequestStatus.RUNNING
         assert 1 <= n <= r.num_tokens - r.num_computed_tokens
-        assert len(r.block_table) == cdiv(r.num_computed_tokens + n, BS)
+        assert len(r.block_tables[0]) == cdiv(r.num_computed_tokens + n, BS)
     assert out.total_num_scheduled_tokens <= sched.max_num_batched_tokens
     assert len(out.requests) <= sched.max_num_seqs
     sampling = out.sampling
@@ -121,7 +121,7 @@ def test_single_request_prefill_then_decode():
     out, s = step(sched)
     assert s == [("a", 6, True)]
     assert out.blocks_to_copy == [] and out.preempted == []
-    assert a.block_table == [1, 2] and a.num_computed_tokens == 6
+    assert a.block_tables[0] == [1, 2] and a.num_computed_tokens == 6
     assert a.output_token_ids == [TOK] and a.num_cached_tokens == 0
     assert step(sched)[1] == [("a", 1, True)]
     assert a.num_computed_tokens == 7 and a.num_output_tokens == 2
@@ -129,7 +129,7 @@ def test_single_request_prefill_then_decode():
     assert a.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert a.finish_reason == "length" and a.stop_reason is None
     assert a.output_token_ids == [TOK] * 3
-    assert a.block_table == [] and sched.running == []
+    assert a.block_tables == [] and sched.running == []
     assert not sched.has_unfinished_requests()
     assert len(a.token_times) == 3
     # Freed tail first: block 2 comes back before block 1.
@@ -148,17 +148,17 @@ def test_continuous_batching_admits_while_others_decode():
     a = make_request("a", 4, max_tokens=4)
     add(sched, a)
     assert step(sched)[1] == [("a", 4, True)]
-    assert a.block_table == [1]
+    assert a.block_tables[0] == [1]
     b = make_request("b", 3, max_tokens=2)
     add(sched, b)
     # The decode of a and the whole prefill of b run in one step.
     assert step(sched)[1] == [("a", 1, True), ("b", 3, True)]
-    assert a.block_table == [1, 2] and b.block_table == [3]
+    assert a.block_tables[0] == [1, 2] and b.block_tables[0] == [3]
     c = make_request("c", 9, max_tokens=1)
     add(sched, c)
     assert step(sched)[1] == [("a", 1, True), ("b", 1, True), ("c", 9, True)]
     assert b.is_finished and c.is_finished
-    assert c.block_table == [] and b.block_table == []
+    assert c.block_tables == [] and b.block_tables == []
     assert sched.running == [a]
     assert step(sched)[1] == [("a", 1, True)]
     assert a.is_finished and a.num_output_tokens == 4
@@ -171,15 +171,15 @@ def test_chunked_prefill_samples_only_on_last_chunk():
     add(sched, a)
     out, s = step(sched)
     assert s == [("a", 4, False)]
-    assert a.num_computed_tokens == 4 and a.output_token_ids == [] and a.block_table == [1]
+    assert a.num_computed_tokens == 4 and a.output_token_ids == [] and a.block_tables[0] == [1]
     out, s = step(sched)
     assert s == [("a", 4, False)]
-    assert a.num_computed_tokens == 8 and a.block_table == [1, 2]
+    assert a.num_computed_tokens == 8 and a.block_tables[0] == [1, 2]
     out, s = step(sched)
     assert s == [("a", 2, True)]
     assert out.total_num_scheduled_tokens == 2
     assert a.num_computed_tokens == 10 and a.output_token_ids == [TOK]
-    assert a.block_table == [1, 2, 3]
+    assert a.block_tables[0] == [1, 2, 3]
     assert step(sched)[1] == [("a", 1, True)]
     assert a.is_finished and a.output_token_ids == [TOK, TOK]
     assert run_to_completion(sched) == []
@@ -233,7 +233,7 @@ def test_max_num_seqs_caps_running_requests():
                make_request("c", 2, max_tokens=2))
     add(sched, a, b, c)
     assert step(sched)[1] == [("a", 2, True), ("b", 2, True)]
-    assert list(sched.waiting) == [c] and c.block_table == []
+    assert list(sched.waiting) == [c] and c.block_tables == []
     assert a.is_finished  # one token asked for: done after its prefill
     # a's slot is free: c is admitted next to b's decode.
     assert step(sched)[1] == [("b", 1, True), ("c", 2, True)]
@@ -256,7 +256,7 @@ def test_head_of_line_request_waits_for_blocks():
     c = make_request("c", 1, max_tokens=1)
     add(sched, a, b, c)
     assert step(sched)[1] == [("a", 30, True)]
-    assert a.block_table == list(range(1, 9))
+    assert a.block_tables[0] == list(range(1, 9))
     assert list(sched.waiting) == [b, c]  # c is not admitted past b
     assert step(sched)[1] == [("a", 1, True)]
     assert a.is_finished
@@ -277,7 +277,7 @@ def test_preemption_is_lifo_and_recomputes_prompt_and_output():
     c = make_request("c", 8, max_tokens=3)
     add(sched, a, b, c)
     assert step(sched)[1] == [("a", 16, True), ("b", 16, True), ("c", 8, True)]
-    assert (a.block_table, b.block_table, c.block_table) == (
+    assert (a.block_tables[0], b.block_tables[0], c.block_tables[0]) == (
         [1, 2, 3, 4], [5, 6, 7, 8], [9, 10])
     assert sched.kv_cache_manager.pool.num_free_blocks == 0
     c.output_token_ids[-1] = 42  # remember c's generated token
@@ -287,11 +287,11 @@ def test_preemption_is_lifo_and_recomputes_prompt_and_output():
     assert s == [("a", 1, True), ("b", 1, True)]
     assert out.preempted == [c]
     assert c.status == RequestStatus.PREEMPTED and c.num_preemptions == 1
-    assert c.num_computed_tokens == 0 and c.block_table == []
+    assert c.num_computed_tokens == 0 and c.block_tables == []
     assert c.output_token_ids == [42]
     assert list(sched.waiting) == [c] and sched.running == [a, b]
     assert sched.num_preemptions == 1
-    assert a.block_table == [1, 2, 3, 4, 10] and b.block_table == [5, 6, 7, 8, 9]
+    assert a.block_tables[0] == [1, 2, 3, 4, 10] and b.block_tables[0] == [5, 6, 7, 8, 9]
     # No free block for c's 9 tokens until a finishes.
     assert step(sched)[1] == [("a", 1, True), ("b", 1, True)]
     assert step(sched)[1] == [("a", 1, True), ("b", 1, True)]
@@ -300,7 +300,7 @@ def test_preemption_is_lifo_and_recomputes_prompt_and_output():
     out, s = step(sched)
     assert s == [("b", 1, True), ("c", 9, True)]
     assert out.preempted == []
-    assert c.block_table == [10, 4, 3]
+    assert c.block_tables[0] == [10, 4, 3]
     assert c.output_token_ids == [42, TOK]
     assert c.num_cached_tokens == 0  # set at first admission only
     steps = run_to_completion(sched)
@@ -346,7 +346,7 @@ def test_preempted_requests_keep_admission_order_at_head_of_waiting():
     assert s == [("a", 1, True), ("b", 1, True)]
     assert out.preempted == [d, c]
     assert list(sched.waiting) == [c, d, e]
-    assert a.block_table[-1] == 10 and b.block_table[-1] == 9
+    assert a.block_tables[0][-1] == 10 and b.block_tables[0][-1] == 9
     assert sched.num_preemptions == 2
 
 
@@ -366,7 +366,7 @@ def test_preemption_skips_admission_in_that_step():
     assert list(sched.waiting) == [b, c]
     out, s = step(sched)
     assert s == [("b", 21, True), ("c", 1, True)]
-    assert b.block_table == [9, 8, 7, 6, 10, 5]
+    assert b.block_tables[0] == [9, 8, 7, 6, 10, 5]
 
 
 def test_preempted_mid_prefill_is_readmitted_next_step_in_chunks():
@@ -377,16 +377,16 @@ def test_preempted_mid_prefill_is_readmitted_next_step_in_chunks():
     assert step(sched)[1] == [("a", 8, True)]
     for _ in range(4):
         assert step(sched)[1] == [("a", 1, True), ("b", 7, False)]
-    assert a.block_table == [1, 2, 3] and b.block_table == [4, 5, 6, 7, 8, 9, 10]
+    assert a.block_tables[0] == [1, 2, 3] and b.block_tables[0] == [4, 5, 6, 7, 8, 9, 10]
     # a's 13th token needs a fourth block: b (mid-prefill) is preempted. A 7-token chunk of b
     # would fit in the freed blocks, but a step that preempted admits nothing.
     out, s = step(sched)
     assert s == [("a", 1, True)] and out.preempted == [b]
-    assert a.block_table == [1, 2, 3, 10]
+    assert a.block_tables[0] == [1, 2, 3, 10]
     assert b.num_computed_tokens == 0 and b.output_token_ids == []
     out, s = step(sched)
     assert s == [("a", 1, True), ("b", 7, False)]
-    assert b.block_table == [9, 8]
+    assert b.block_tables[0] == [9, 8]
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -402,7 +402,7 @@ def test_eos_finishes_request():
     assert a.status == RequestStatus.FINISHED_STOPPED and a.finish_reason == "stop"
     assert a.stop_reason == EOS
     assert a.output_token_ids == [TOK, EOS]
-    assert a.block_table == [] and sched.running == [b]
+    assert a.block_tables == [] and sched.running == [b]
     assert b.status == RequestStatus.RUNNING
 
 
@@ -452,7 +452,7 @@ def test_finish_request_aborts_waiting_running_and_preempted():
     assert c.finish_reason == "abort" and list(sched.waiting) == []
     check(sched)
     sched.finish_request(a, RequestStatus.FINISHED_ABORTED)
-    assert a.block_table == [] and sched.running == [b]
+    assert a.block_tables == [] and sched.running == [b]
     check(sched)
     sched.finish_request(a, RequestStatus.FINISHED_STOPPED)  # already finished: no-op
     assert a.status == RequestStatus.FINISHED_ABORTED
@@ -623,7 +623,7 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
         assert r.max_tokens == min(r.sampling_params.max_tokens, capacity - r.num_prompt_tokens)
         p = r.num_prompt_tokens
         assert r.output_token_ids == [1000 + p + k for k in range(r.max_tokens)]
-        assert r.block_table == []
+        assert r.block_tables == []
     assert sched.kv_cache_manager.num_used_blocks == 0
     sched.kv_cache_manager.pool.check_invariants([])
     assert sorted(sched.kv_cache_manager.pool._free) == list(range(1, num_blocks))
@@ -680,5 +680,5 @@ def test_fork_request_refuses_a_full_batch():
     step(sched)
     with pytest.raises(RuntimeError, match="max_num_seqs=1"):
         sched.fork_request(parent, make_request("c", 6))
-    sched.add_samples(parent, [make_request("c", 6)], fork=False)
+    sched.add_samples(parent, [make_request("c", 6)])
     assert [r.request_id for r in sched.waiting] == ["c"]

@@ -3,6 +3,8 @@ random-weight llama and gemma3_text models, with chunked prefill and preemption 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
@@ -37,6 +39,14 @@ def model_and_refs(request):
     return model, tok, ids, refs
 
 
+def tiny_pool(model, num_blocks: int, gemma3_blocks: int) -> int:
+    """A tiny pool's blocks: ``num_blocks`` for the llama, whose blocks hold both layers;
+    ``gemma3_blocks`` for the gemma3_text, whose 3 KV cache groups (one full-attention, two
+    sliding-window) take a block of one layer each per position, the window groups at most
+    2 blocks of 8 a request (the pool that holds as many tokens, or still preempts)."""
+    return gemma3_blocks if model.model_type == "gemma3_text" else num_blocks
+
+
 def run_engine(model, tok, ids, config, params=None):
     eng = LLMEngine(config, model, tok)
     params = params or SamplingParams(max_tokens=MAX_TOKENS)
@@ -55,12 +65,14 @@ def run_engine(model, tok, ids, config, params=None):
 ], ids=["plain", "chunked", "max-seqs", "preempt"])
 def test_greedy_matches_mlx_lm(model_and_refs, config):
     model, tok, ids, refs = model_and_refs
+    if config.num_blocks == 20:
+        config = replace(config, num_blocks=tiny_pool(model, 20, 30))
     eng, outs = run_engine(model, tok, ids, config)
     for i, ref in enumerate(refs):
         assert outs[i].token_ids == ref, f"prompt {i}"
         assert outs[i].finish_reason == "length"
         assert outs[i].text == tok.decode(ref)
-    if config.num_blocks == 20:
+    if config.max_num_batched_tokens == 32:
         assert eng.counters.num_preemptions > 0
     assert eng.counters.generation_tokens == MAX_TOKENS * len(ids)
 
@@ -115,7 +127,8 @@ def test_eos_and_stop_strings(model_and_refs):
 
 def test_max_tokens_zero_and_errors(model_and_refs):
     model, tok, ids, _ = model_and_refs
-    eng = LLMEngine(EngineConfig(block_size=8, num_blocks=5), model, tok)  # 32 tokens of pool
+    # a pool of 32 tokens
+    eng = LLMEngine(EngineConfig(block_size=8, num_blocks=tiny_pool(model, 5, 9)), model, tok)
     items = [EngineRequest("0", ids[0], SamplingParams(max_tokens=0)),
              EngineRequest("1", [], SamplingParams()),
              EngineRequest("2", tok.encode("y" * 40), SamplingParams()),

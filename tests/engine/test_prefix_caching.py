@@ -103,6 +103,7 @@ def test_fork_copies_the_shared_partial_block(model, tok):
     """The children share the prompt blocks; the last, partial one is copied before each
     holder's first write while it is still shared (parent and first child copy; the last
     holder keeps the original), the full ones stay shared."""
+    from mlxpa.core.block_pool import NULL_BLOCK
     from mlxpa.request import Request
 
     eng = LLMEngine(EngineConfig(block_size=BS, num_blocks=64), model, tok)
@@ -112,15 +113,23 @@ def test_fork_copies_the_shared_partial_block(model, tok):
     running = eng.scheduler.running
     assert len(running) == 3
     parent, children = running[0], running[1:]
-    assert all(isinstance(c, Request) and c.block_table == parent.block_table[:7]
-               for c in children)
-    shared = parent.block_table[6]
-    assert eng.kv_cache_manager.pool.ref_cnt(shared) == 3
+    pool = eng.kv_cache_manager.pool
+    groups = range(len(parent.block_tables))  # every KV cache group alike
+    # a window group's child holds its window's blocks only; where both hold one, the same
+    assert all(isinstance(c, Request) and all(
+        NULL_BLOCK in (a, b) or a == b for a, b in zip(c.block_tables[g],
+                                                      parent.block_tables[g][:7]))
+               and c.block_tables[g][6] == parent.block_tables[g][6]
+               for c in children for g in groups)
+    shared = [parent.block_tables[g][6] for g in groups]
+    assert all(pool.ref_cnt(b) == 3 for b in shared)
     out = eng.scheduler.schedule()
     pairs = out.blocks_to_copy
-    assert [src for src, _ in pairs] == [shared, shared]
-    assert [dst for _, dst in pairs] == [parent.block_table[6], children[0].block_table[6]]
-    assert children[1].block_table[6] == shared
-    assert eng.kv_cache_manager.pool.ref_cnt(shared) == 1
-    assert len({r.block_table[6] for r in running}) == 3
-    assert all(c.block_table[:6] == parent.block_table[:6] for c in children)
+    assert sorted(src for src, _ in pairs) == sorted(shared * 2)
+    for g, b in zip(groups, shared):
+        assert [dst for src, dst in pairs if src == b] == [parent.block_tables[g][6],
+                                                          children[0].block_tables[g][6]]
+        assert children[1].block_tables[g][6] == b and pool.ref_cnt(b) == 1
+        assert len({r.block_tables[g][6] for r in running}) == 3
+        assert all(NULL_BLOCK in (a, b) or a == b for c in children
+                   for a, b in zip(c.block_tables[g][:6], parent.block_tables[g][:6]))

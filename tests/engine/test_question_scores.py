@@ -6,6 +6,8 @@ separate choice rows; and the tokens the scheduler computes, counted by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mlxpa.config import EngineConfig
@@ -13,6 +15,7 @@ from mlxpa.engine import LLMEngine
 from mlxpa.engine.choice_scores import label_probs
 from mlxpa.request import EngineRequest, QuestionPrompt, common_prefix
 from mlxpa.sampling_params import SamplingParams, StructuredOutput
+from tests.engine.test_llm_engine import tiny_pool
 from tests.tiny_models import (
     byte_tokenizer,
     teacher_forced,
@@ -74,7 +77,10 @@ def test_question_scores_match_mlx_lm_teacher_forcing(model, name):
     group, questions in order), chunked, with few sequence slots (questions wait and read
     the document from the prefix cache), through a pool that preempts, without the cache."""
     tok = byte_tokenizer()
-    eng, outs, _ = run(model, [group(tok, str(i), d) for i, d in enumerate(DOCS)], CONFIGS[name])
+    config = CONFIGS[name]
+    if name == "tiny-pool":
+        config = replace(config, num_blocks=tiny_pool(model, 28, 64))
+    eng, outs, _ = run(model, [group(tok, str(i), d) for i, d in enumerate(DOCS)], config)
     if name == "tiny-pool":
         assert eng.counters.num_preemptions > 0
     assert sorted(outs) == ["0", "1", "2"]

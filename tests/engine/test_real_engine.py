@@ -49,7 +49,7 @@ def test_cli_on_examples_subset(default_model, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
+    engine = LLMEngine(EngineConfig(num_blocks=768), model, tok)  # blocks of 3 layers
     run_file(str(src), str(out), EngineConfig(), SamplingParams(),
              RunOptions(show_progress=False), engine=engine)
     got = [json.loads(line) for line in out.read_text().splitlines()]
@@ -100,7 +100,7 @@ def test_long_prompts_tiled_and_row_split_match_mlx_lm(default_model):
     prompts = [story * 22 + "On the last page he wrote", story * 21 + "The next morning"]
     assert all(len(tok.encode(p)) > 600 for p in prompts)
     refs = [generate(model, tok, p, max_tokens=8) for p in prompts]
-    engine = LLMEngine(EngineConfig(num_blocks=128), model, tok)
+    engine = LLMEngine(EngineConfig(num_blocks=768), model, tok)  # blocks of 3 layers
     outs = {int(o.request_id): o for o in engine.generate(
         EngineRequest(str(i), tok.encode(p), SamplingParams(max_tokens=8))
         for i, p in enumerate(prompts))}

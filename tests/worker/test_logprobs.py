@@ -39,7 +39,8 @@ def run(model, config: EngineConfig, *batches: list[Request]) -> dict[Request, d
     of every step, each reported once."""
     runner = ModelRunner(model, config)
     runner.allocate_kv_cache(runner.budget_blocks)
-    kv = KVCacheManager(BlockPool(runner.num_blocks, config.block_size))
+    kv = KVCacheManager(BlockPool(runner.num_blocks, config.block_size), True,
+                        runner.kv_cache_layout)
     sched = Scheduler(config, kv, runner.max_model_len)
     scored: dict[Request, dict[int, TokenLogprob]] = {}
     for batch in batches:

@@ -50,24 +50,24 @@ def runner():
 
 def test_block_table_sync_rereads_the_tail_and_restarts_after_preemption(runner):
     req = Request("r", list(range(3, 23)), SamplingParams(max_tokens=8))  # 20 prompt tokens
-    req.block_table = [5, 6, 7]
-    assert runner._block_table(req).tolist() == [5, 6, 7]
+    req.block_tables = [[5, 6, 7]]
+    assert runner._block_tables(req)[0].tolist() == [5, 6, 7]
     # 12 tokens computed: block 0 is full, block 1 partial. Copy-on-write replaces the partial
     # block; the runner re-reads from the first block that is not full.
     req.num_computed_tokens = 12
-    req.block_table[1] = 9
-    req.block_table.append(10)
-    assert runner._block_table(req).tolist() == [5, 9, 7, 10]
+    req.block_tables[0][1] = 9
+    req.block_tables[0].append(10)
+    assert runner._block_tables(req)[0].tolist() == [5, 9, 7, 10]
     # The table grows past the runner's array: still every entry.
     req.num_computed_tokens = 32
-    req.block_table.extend(range(11, 31))
-    assert runner._block_table(req).tolist() == req.block_table
+    req.block_tables[0].extend(range(11, 31))
+    assert runner._block_tables(req)[0].tolist() == req.block_tables[0]
     # Preempted (blocks freed) and readmitted with other blocks: nothing of the old table
     # survives, even entries before num_computed_tokens.
     req.num_preemptions += 1
     req.num_computed_tokens = 0
-    req.block_table = [4, 3]
-    got = runner._block_table(req)
+    req.block_tables = [[4, 3]]
+    (got,) = runner._block_tables(req)
     assert got.tolist() == [4, 3] and got.dtype == np.int32
 
 
@@ -101,7 +101,7 @@ def test_runner_frees_exactly_what_it_is_told(constrained_runner):
                             structured_outputs=StructuredOutput.make("regex", "[0-9]+"))
     a, b, d = (Request(name, tok.encode(p), digits)
                for name, p in (("a", "ten tokens"), ("b", "twelve token"), ("d", "nine toks")))
-    a.block_table, b.block_table, d.block_table = [1, 2], [3, 4], [5, 6]
+    a.block_tables, b.block_tables, d.block_tables = [[1, 2]], [[3, 4]], [[5, 6]]
     first = runner.execute(_step([a, b, d], [10, 12, 9]))
     assert len(first.sampled) == 3
     for req, n, t in zip((a, b, d), (10, 12, 9), first.sampled):
@@ -128,7 +128,7 @@ def test_runner_reports_grammar_endings(constrained_runner):
         so = StructuredOutput.make("regex", pattern)
         r = Request(name, tok.encode("Digits: "),
                     SamplingParams(max_tokens=4, structured_outputs=so))
-        r.block_table = blocks
+        r.block_tables = [blocks]
         return r
 
     one, more, gone = (req(n, p, [2 * i + 7, 2 * i + 8]) for i, (n, p) in enumerate(

@@ -62,8 +62,8 @@ def _three_group_step(num_blocks: int) -> float:
         for k, n in enumerate(counts):
             req = Request(k, [3 + k] * 48, SamplingParams(max_tokens=1))
             req.num_computed_tokens = 0 if n == 40 else 48 - n
-            req.block_table = list(range(1 + 6 * k, 1 + 6 * k + -(-(req.num_computed_tokens
-                                                                   + n) // 8)))
+            req.block_tables = [list(range(1 + 6 * k, 1 + 6 * k + -(-(req.num_computed_tokens
+                                                                    + n) // 8)))]
             reqs.append(req)
         sampling = [r.num_computed_tokens + n == 48 for r, n in zip(reqs, counts)]
         runner.execute(SchedulerOutput(reqs, counts, sum(counts), sampling))

@@ -36,7 +36,7 @@ def engine_parts(model, **kw):
     config = EngineConfig(block_size=BS, num_blocks=32, **kw)
     runner = ModelRunner(model, config)
     runner.allocate_kv_cache(runner.budget_blocks)
-    kv = KVCacheManager(BlockPool(runner.num_blocks, BS))
+    kv = KVCacheManager(BlockPool(runner.num_blocks, BS), True, runner.kv_cache_layout)
     return runner, kv, Scheduler(config, kv, runner.max_model_len)
 
 
@@ -87,12 +87,12 @@ def test_forks_extending_the_prompt_compute_only_their_own_tokens(model):
     sched.add_samples(parent, children)
     for child in children:
         assert child.num_computed_tokens == len(PROMPT)
-        assert child.block_table == parent.block_table  # every prompt block shared
+        assert child.block_tables[0] == parent.block_tables[0]  # every prompt block shared
     sched.update_from_output(out, result.sampled)
     assert parent.is_finished and not any(c.is_finished for c in children)
     out = sched.schedule()
     assert out.requests == children and out.num_scheduled_tokens == [4, 3]
-    assert len(out.blocks_to_copy) == 1
+    assert len(out.blocks_to_copy) == len(runner.kv_cache_layout.groups)  # once per group
     result = runner.execute(out)
     sched.update_from_output(out, result.sampled)
     assert all(c.is_finished for c in children) and result.sampled == []
