@@ -12,7 +12,7 @@ read, so a folder without weights plans too (its compute dtype is then float32).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -20,6 +20,7 @@ from rich.table import Table
 from mlxpa.batch.requests import rows_to_requests
 from mlxpa.batch.source import Source
 from mlxpa.config import KV_CACHE_DTYPES, EngineConfig
+from mlxpa.core.kv_cache_groups import KVCacheLayout
 from mlxpa.core.prefix_order import prefix_order, shared_prefix_stats
 from mlxpa.core.radix_cache import RadixCache
 from mlxpa.data.validate import Validation
@@ -64,6 +65,8 @@ class Plan:
         shared_prefixes: Longest shared prefixes, longest first.
         over_context: The first :data:`MAX_LISTED` rows over the context, named like
             ``run``'s problems (``file line N: prompt has T tokens; ...``).
+        request_blocks: Per row, ``(blocks of prompt + output, n)`` (what a sliding-window
+            group's share is counted from; not in :meth:`to_dict`).
     """
 
     rows: int
@@ -77,9 +80,12 @@ class Plan:
     block_size: int
     shared_prefixes: list[SharedPrefixReport]
     over_context: list[str]
+    request_blocks: list[tuple[int, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["request_blocks"]
+        return out
 
 
 def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
@@ -152,7 +158,8 @@ def _plan(rows, ids, caps, ns, bad: int, over: list[str], tokenizer, block_size:
               for s in stats.top_prefixes]
     return Plan(len(rows), bad, len(over), prompt, computed,
                 1 - computed / prompt if prompt else 0.0, without, with_sharing, block_size,
-                shared, over[:MAX_LISTED])
+                shared, over[:MAX_LISTED],
+                [(cdiv(len(t) + m, block_size), k) for t, m, k in zip(ids, caps, ns)])
 
 
 def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
@@ -183,10 +190,12 @@ class KVPlan:
     Attributes:
         kv_cache_dtype: The chosen storage.
         block_size: Tokens per block.
-        block_bytes: Bytes of one block (all layers, K and V) per ``--kv-cache-dtype``.
+        block_bytes: Bytes of one block (its layer slots, K and V) per ``--kv-cache-dtype``.
         storage: The chosen storage in words (as the KV pool line of ``mlxpa run``).
         budget_blocks: Blocks the memory budget (``--kv-memory``, or the default) holds in the
             chosen storage, null block excluded.
+        layout: The model's KV cache groups.
+        chunk: The most tokens a step computes for one request (``max_num_batched_tokens``).
     """
 
     kv_cache_dtype: str
@@ -194,26 +203,49 @@ class KVPlan:
     block_bytes: dict[str, int]
     storage: str
     budget_blocks: int
+    layout: KVCacheLayout | None = None
+    chunk: int = 2048
 
-    def lines(self, blocks_without: int, blocks_with: int) -> list[str]:
-        """The plan's KV lines for ``blocks_without`` / ``blocks_with`` sharing."""
+    def pool_blocks(self, plan: Plan) -> tuple[int, int]:
+        """``(without, with)`` sharing: pool blocks over every KV cache group, each
+        full-attention group a block per block of tokens (shared prompt blocks once, with
+        sharing), each sliding-window group at most its window's per sample (never shared
+        in this count)."""
+        layout = self.layout
+        if layout is None:
+            return plan.kv_blocks_without_sharing, plan.kv_blocks_with_sharing
+        full = sum(w is None for w in layout.windows)
+        chunk = min(self.chunk, layout.max_chunk_tokens or self.chunk)
+        windows = [layout.window_blocks(w, chunk) for w in layout.windows if w is not None]
+        sliding = sum(k * min(n, wb) for n, k in plan.request_blocks for wb in windows)
+        return (full * plan.kv_blocks_without_sharing + sliding,
+                full * plan.kv_blocks_with_sharing + sliding)
+
+    def lines(self, plan: Plan) -> list[str]:
+        """The plan's KV lines."""
+        without, with_sharing = self.pool_blocks(plan)
         chosen, auto = self.block_bytes[self.kv_cache_dtype], self.block_bytes["auto"]
-        others = ", ".join(f"{d} {b / self.block_size:,.0f}" for d, b in self.block_bytes.items()
+        others = ", ".join(f"{d} {b:,}" for d, b in self.block_bytes.items()
                            if d != self.kv_cache_dtype)
-        return [f"KV cache {self.storage}; bytes per token in the others: {others}",
-                f"KV memory of the blocks: {_mib(blocks_with * chosen)} with sharing, "
-                f"{_mib(blocks_without * chosen)} without"
-                + (f" ({_mib(blocks_with * auto)} and {_mib(blocks_without * auto)} in auto)"
+        return [f"KV cache {self.storage}; {chosen:,} bytes per block ({self.block_size} "
+                f"tokens), in the others: {others}",
+                f"KV memory of the blocks: {_mib(with_sharing * chosen)} with sharing, "
+                f"{_mib(without * chosen)} without"
+                + (f" ({_mib(with_sharing * auto)} and {_mib(without * auto)} in auto)"
                    if self.kv_cache_dtype != "auto" else ""),
                 f"the KV budget holds {self.budget_blocks:,} blocks "
-                f"({self.budget_blocks * self.block_size:,} tokens) in {self.kv_cache_dtype}"]
+                f"({self.budget_blocks * self.block_size:,} token slots) in "
+                f"{self.kv_cache_dtype}"]
 
-    def to_dict(self, blocks_without: int, blocks_with: int) -> dict:
+    def to_dict(self, plan: Plan) -> dict:
+        without, with_sharing = self.pool_blocks(plan)
         chosen = self.block_bytes[self.kv_cache_dtype]
         return {"kv_cache_dtype": self.kv_cache_dtype, "storage": self.storage,
                 "block_bytes": dict(self.block_bytes),
-                "bytes_with_sharing": blocks_with * chosen,
-                "bytes_without_sharing": blocks_without * chosen,
+                "pool_blocks_with_sharing": with_sharing,
+                "pool_blocks_without_sharing": without,
+                "bytes_with_sharing": with_sharing * chosen,
+                "bytes_without_sharing": without * chosen,
                 "budget_blocks": self.budget_blocks}
 
 
@@ -248,8 +280,10 @@ def plan_kv(config: EngineConfig) -> KVPlan:
     if dtype != "auto":
         model.set_dtype(getattr(mx, dtype))
     geometry = probe_model(model, evaluate=False)
-    storages = {d: kv_storage(geometry, d, config.kv_group_size) for d in KV_CACHE_DTYPES}
+    storages = {d: kv_storage(geometry, d, config.kv_group_size, config.block_size)
+                for d in KV_CACHE_DTYPES}
     sizes = {d: s.block_bytes(config.block_size) for d, s in storages.items()}
     chosen = config.kv_cache_dtype
     return KVPlan(chosen, config.block_size, sizes, storages[chosen].describe(),
-                  num_kv_blocks(kv_budget_bytes(config), sizes[chosen]) - 1)
+                  num_kv_blocks(kv_budget_bytes(config), sizes[chosen]) - 1,
+                  storages[chosen].layout, config.max_num_batched_tokens)

@@ -122,14 +122,15 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
     c, s = engine.counters, summarize(engine.counters)
     return SystemResult(
         elapsed, c.prompt_tokens, c.generation_tokens, c.requests, mx.get_peak_memory(),
-        kv_bytes=c.peak_kv_blocks * engine.runner.block_bytes, ttft_s=list(c.ttft_s),
+        kv_bytes=c.peak_kv_bytes, ttft_s=list(c.ttft_s),
         itl_s=list(c.itl_s), kv_blocks_over_time=series,
         extra={"prefix_cache_hit_rate": s.prefix_cache_hit_rate,
                "cached_prompt_tokens": c.cached_prompt_tokens,
                "kv_utilization": s.kv_utilization, "peak_kv_blocks": c.peak_kv_blocks,
                "num_preemptions": c.num_preemptions, "mask_ms_per_step": s.mask_ms_per_step,
                "scored_tokens": c.scored_tokens, "kv_cache_dtype": config.kv_cache_dtype,
-               "kv_bytes_per_token": engine.runner.block_bytes / config.block_size,
+               "kv_bytes_per_token": engine.runner.kv_storage.token_bytes,
+               "peak_kv_bytes_by_group": dict(c.peak_kv_bytes_by_group),
                "decode_steps": decode_steps, "decode_s": decode_s,
                "decode_output_tokens_per_s": decode_tokens / decode_s if decode_s else None})
 

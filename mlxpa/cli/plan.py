@@ -84,18 +84,17 @@ def plan(
         console.print(f"warning: {p.over_context_rows} row(s) over the context (run writes an "
                       f"error row for each; not planned):{shown}", style="yellow",
                       markup=False, highlight=False, soft_wrap=True)
-    blocks = p.kv_blocks_without_sharing, p.kv_blocks_with_sharing
     if why:
         console.print(f"warning: no KV memory figures: {why}", style="yellow", markup=False,
                       highlight=False, soft_wrap=True)
     if json_out:
-        kv_dict = {"kv_cache": kv.to_dict(*blocks)} if kv else {}
+        kv_dict = {"kv_cache": kv.to_dict(p)} if kv else {}
         print(json.dumps({**p.to_dict(), **kv_dict}, indent=2, ensure_ascii=False))
         return
     out = Console()
     for table in plan_tables(p, f"mlxpa plan: {input}"):
         out.print(table)
-    for line in kv.lines(*blocks) if kv else ():
+    for line in kv.lines(p) if kv else ():
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

@@ -107,8 +107,6 @@ class KVStorage:
             head = (f"{self.kv_cache_dtype} ({how}, group {group}, scales {name})" if group
                     else f"{name} ({self.kv_cache_dtype} applies to no cache)")
         text = f"{head}, {self.token_bytes:,} bytes per token"
-        if self.layout is not None:
-            text += _describe_groups(self)
         for reason in sorted({r for _, r in self.kept}):
             which = [i for i, r in self.kept if r == reason]
             caches = f"cache {which[0]}" if len(which) == 1 else f"{len(which)} caches"
@@ -119,6 +117,8 @@ class KVStorage:
             blocks = self.layout.snapshot_blocks if self.layout is not None else 0
             text += (f"a snapshot {self.snapshot_bytes / 2**20:,.2f} MiB in {blocks} block"
                      f"{'s' if blocks > 1 else ''})" if blocks else "no pool)")
+        if self.layout is not None:
+            text += _describe_groups(self)
         return text
 
 

@@ -75,10 +75,15 @@ def test_plan_reports_the_blocks_memory_in_the_chosen_dtype(folder, tmp_path):
     assert r.exit_code == 0, r.output
     p = json.loads(r.stdout)
     kv = p["kv_cache"]
-    assert kv["block_bytes"] == {d: 16 * b for d, b in PER_TOKEN.items()}
-    assert kv["bytes_with_sharing"] == p["kv_blocks_with_sharing"] * 16 * 144
-    assert kv["bytes_without_sharing"] == p["kv_blocks_without_sharing"] * 16 * 144
-    assert kv["budget_blocks"] == int(0.001 * 2**30) // (16 * 144)
+    # The tiny gemma3's 3 layers are 3 KV cache groups (a full-attention one, two with an
+    # 8-token window): a block holds one layer, a third of a token's bytes.
+    assert kv["block_bytes"] == {d: 16 * b // 3 for d, b in PER_TOKEN.items()}
+    # Each window group: a request's 3 blocks (34 + 8 tokens), below its window's 18.
+    assert kv["pool_blocks_with_sharing"] == p["kv_blocks_with_sharing"] + 2 * 2 * 3
+    assert kv["pool_blocks_without_sharing"] == p["kv_blocks_without_sharing"] + 2 * 2 * 3
+    assert kv["bytes_with_sharing"] == kv["pool_blocks_with_sharing"] * 16 * 48
+    assert kv["bytes_without_sharing"] == kv["pool_blocks_without_sharing"] * 16 * 48
+    assert kv["budget_blocks"] == int(0.001 * 2**30) // (16 * 48)
     r = cli("plan", src, "--model", folder, "--kv-cache-dtype", "int4", "--kv-group-size", 32)
     assert r.exit_code == 0, r.output
     assert "KV cache int4 (4-bit, group 32, scales float32), 144 bytes per token" in r.stdout
@@ -92,5 +97,5 @@ def test_bench_reports_the_pool_bytes_per_token(folder, tmp_path):
     assert r.exit_code == 0, r.output
     f = json.loads(out.read_text())["systems"]["mlxpa"]
     assert (f["kv_cache_dtype"], f["kv_bytes_per_token"]) == ("k8v4", 192)
-    assert f["kv_bytes"] == f["peak_kv_blocks"] * 16 * 192
+    assert f["kv_bytes"] == f["peak_kv_blocks"] * 16 * 192 // 3  # blocks of one layer
     assert "192 k8v4" in r.stderr

@@ -275,7 +275,11 @@ class RadixMachine(RuleBasedStateMachine):
         h = data.draw(st.sampled_from(self.holders))
         assert h.table[:h.num_cached] == self.model_match(h.tokens)[:h.num_cached]
         present_blocks = len(self.model_match(h.tokens))
-        assert self.cache.insert(h.tokens, [h.table]) == present_blocks * BS
+        for j in range(h.num_cached, present_blocks):  # the tree takes the caller's block
+            prefix = tuple(h.tokens[:(j + 1) * BS])     # where no request holds its own
+            if self.pool.ref_cnt(self.model[prefix]) == 1:
+                self.model[prefix] = h.table[j]
+        assert self.cache.insert(h.tokens, [h.table], h.num_cached) == present_blocks * BS
         for j in range(present_blocks, len(h.tokens) // BS):
             self.model[tuple(h.tokens[:(j + 1) * BS])] = h.table[j]
         m = self.cache.match_prefix(h.tokens)
