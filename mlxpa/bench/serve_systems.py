@@ -2,14 +2,14 @@
 
 A server system is one entry of :data:`SERVERS` (or a spec the caller adds, such as
 :mod:`~mlxpa.bench.llama_server`'s): the command that starts it on a model folder and a port
-(run by :class:`~mlxpa.bench.server_process.ServerProcess` on 127.0.0.1 and a free port, with
-the BLAS this process runs, :func:`~mlxpa.blas.child_blas_env`; ready when its health route
-answers 200, stopped after its loads), whether it takes vLLM's ``ignore_eos``, and the
-``model`` field its requests name (None: the first id of its ``GET /v1/models``). Each server
-is warmed up until it has generated tokens (:mod:`~mlxpa.bench.serve_warmup`); then what its
-process maps and its thread settings are read from ``/proc``
-(:mod:`~mlxpa.bench.process_env`), and it is driven at every load level in turn while its
-process tree's resident memory is sampled. ``mlxpa-offline``
+(run by :class:`~mlxpa.bench.server_process.ServerProcess` on 127.0.0.1 and a free port, an
+MLX server with the BLAS this process runs, :func:`~mlxpa.blas.child_blas_env`; ready when
+its health route answers 200, stopped after its loads), whether it takes vLLM's
+``ignore_eos``, and the ``model`` field its requests name (None: the first id of its
+``GET /v1/models``). Each server is warmed up until it has generated tokens
+(:mod:`~mlxpa.bench.serve_warmup`); then what its process maps and its thread settings are
+read from ``/proc`` (:mod:`~mlxpa.bench.process_env`), and it is driven at every load level
+in turn while its process tree's resident memory is sampled. ``mlxpa-offline``
 (:mod:`~mlxpa.bench.serve_offline`) runs each endpoint's first level through the Python API;
 ``--url`` drives a server that is already running. A system that cannot start is reported,
 and the others still run.
@@ -32,7 +32,7 @@ from mlxpa.bench.serve_offline import LOAD_LABEL, OFFLINE, run_offline
 from mlxpa.bench.serve_warmup import WarmupError, warm_up
 from mlxpa.bench.serve_workloads import ServeRequest
 from mlxpa.bench.server_process import HOST, PeakRSS, ServerProcess, ServerStartError, free_port
-from mlxpa.blas import child_blas_env
+from mlxpa.blas import child_blas_env, is_fast_blas
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ class ServerSpec:
         model_name: The ``model`` field of its requests; None: the first id of
             ``GET /v1/models``.
         health_path: The route that answers 200 once the server is ready.
+        mlx: The server runs on MLX, and gets this process's BLAS
+            (:func:`~mlxpa.blas.child_blas_env`); else no fast BLAS is preloaded into it.
     """
 
     name: str
@@ -54,6 +56,17 @@ class ServerSpec:
     ignore_eos: bool
     model_name: str | None = None
     health_path: str = "/health"
+    mlx: bool = True
+
+
+def server_env(spec: ServerSpec) -> dict[str, str]:
+    """The environment a started server gets on top of this one: an MLX server this
+    process's BLAS; any other no OpenBLAS/MKL in ``LD_PRELOAD`` (mapped but unused, it would
+    read as the server's BLAS)."""
+    if spec.mlx:
+        return child_blas_env()
+    kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and not is_fast_blas(p)]
+    return {"LD_PRELOAD": ":".join(kept)}
 
 
 def mlxpa_serve_argv(model: str, port: int) -> list[str]:
@@ -152,7 +165,7 @@ class ServeBench:
         argv = [*spec.argv(model, port), *self.server_args.get(spec.name, [])]
         try:
             with ServerProcess(argv, base, spec.health_path, start_timeout_s,
-                               env=child_blas_env()) as server:
+                               env=server_env(spec)) as server:
                 self.drive(spec.name, base, spec.model_name or served_model(base),
                            self.ignore_eos and spec.ignore_eos, server.pid, start_timeout_s)
         except ServerStartError as e:

@@ -111,7 +111,8 @@ def serve(
         tokenizer = load_tokenizer_of(folder)
         make = _workload_maker(workload.value, tokenizer, input, shape or {})
         levels, warmup, info = plan_levels(make, specs, endpoints, seed)
-        extra = ({LLAMA_SERVER: _llama_spec(llama_server, gguf, config.model, specs, levels)}
+        extra = ({LLAMA_SERVER: _llama_spec(llama_server, gguf, config.model, specs, levels,
+                                            getattr(tokenizer, "chat_template", None))}
                  if LLAMA_SERVER in systems else {})
     except InputError as e:
         opt.fail(console, e, 2)
@@ -166,9 +167,11 @@ def _engine_kwargs(config) -> dict:
             and getattr(config, f.name) != getattr(defaults, f.name)}
 
 
-def _llama_spec(binary: str | None, gguf: str | None, model: str | None, specs, levels):
+def _llama_spec(binary: str | None, gguf: str | None, model: str | None, specs, levels,
+                chat_template: str | None):
     """llama.cpp's server on the GGUF (``--gguf``, ``--model``'s ``.gguf``, or the default
-    model's), with a slot per client of the largest concurrency (16 without a cap).
+    model's), with a slot per client of the largest concurrency (16 without a cap) and the
+    tokenizer's chat template.
 
     Raises:
         FileNotFoundError: No ``llama-server``, or no GGUF file.
@@ -191,7 +194,7 @@ def _llama_spec(binary: str | None, gguf: str | None, model: str | None, specs, 
         raise FileNotFoundError(f"--gguf {gguf!r} is not a file")
     slots = max((s.concurrency or 16 for s in specs), default=16)
     longest = max(r.prompt_len + r.max_tokens for lv in levels for r in lv.requests)
-    return llama_server_spec(binary, gguf, slots, longest)
+    return llama_server_spec(binary, gguf, slots, longest, chat_template=chat_template)
 
 
 def _check_outputs(workload: str, input: str | None, json_path: str | None,

@@ -188,3 +188,10 @@ def test_the_llama_server_command(tmp_path):
     assert argv[argv.index("-c") + 1] == str(32 * 700)
     assert argv[argv.index("-t") + 1] == str(len(os.sched_getaffinity(0)))
     assert find_llama_server("/bin/true") == "/bin/true"
+    assert spec.mlx is False  # no MLX BLAS preloaded into it
+    templated = llama_server_spec("/opt/llama-server", str(gguf), 2, 100, 2,
+                                  chat_template="{{ messages[0]['content'] }}")
+    argv = templated.argv("/m", 1)
+    assert argv[-3:-1] == ["--jinja", "--chat-template-file"]
+    with open(argv[-1]) as f:
+        assert f.read() == "{{ messages[0]['content'] }}"
