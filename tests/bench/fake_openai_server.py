@@ -106,6 +106,7 @@ def _handler(server: FakeServer):
             server.timings.append((time.perf_counter(), self.writes))
             server.bodies.append(body)
             server.enter()
+            self.left = False
             try:
                 if time.perf_counter() < server.loaded_at:
                     self._json(503, {"error": {"message": "Loading model", "code": 503,
@@ -113,7 +114,8 @@ def _handler(server: FakeServer):
                     return
                 self._stream(body, _script(body, server.default))
             finally:
-                server.leave()
+                if not self.left:
+                    server.leave()
 
         def _stream(self, body: dict, script: dict) -> None:
             time.sleep(script.get("hang", 0))
@@ -144,6 +146,10 @@ def _handler(server: FakeServer):
             if script.get("usage") is not None:
                 self._event({"choices": [], "usage": {"prompt_tokens": 7,
                                                       "completion_tokens": script["usage"]}})
+            # NOTE: out of flight before [DONE]: the client may send its next request as soon
+            # as it reads it, before this handler returns
+            self.left = True
+            server.leave()
             self._event("[DONE]")
 
         def _reset(self) -> None:
