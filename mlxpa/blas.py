@@ -32,8 +32,8 @@ from mlxpa._blas import (
 )
 
 __all__ = ["BLAS_MODES", "argv_blas_mode", "available_memory_bytes", "blas_env",
-           "coretype_override", "cpuinfo_field", "fast_blas_mapped", "find_fast_blas",
-           "host_memory_bytes", "loaded_blas", "maybe_reexec"]
+           "child_blas_env", "coretype_override", "cpuinfo_field", "fast_blas_mapped",
+           "find_fast_blas", "host_memory_bytes", "loaded_blas", "maybe_reexec"]
 
 _GUARD = "MLXPA_BLAS_REEXEC"
 
@@ -81,6 +81,30 @@ def loaded_blas() -> str:
         return "mkl"
     core = os.environ.get("OPENBLAS_CORETYPE")
     return f"openblas ({core})" if core else "openblas"
+
+
+def child_blas_env() -> dict[str, str]:
+    """The environment variables that give a child process the BLAS this process runs (what
+    ``python -m mlxpa.blas`` prints, for a process that starts MLX servers or scripts).
+
+    ``import mlxpa`` maps OpenBLAS by ``dlopen`` inside this process, which a child started
+    with ``os.environ`` does not inherit: the child gets it in ``LD_PRELOAD`` (with this
+    process's ``OPENBLAS_CORETYPE``, else :func:`coretype_override`'s). A process on MLX's
+    bundled BLAS (``--blas bundled``, or none installed) passes that on: ``MLXPA_BLAS=bundled``
+    and no fast BLAS in ``LD_PRELOAD``. Elsewhere than Linux: {}.
+    """
+    if not sys.platform.startswith("linux"):
+        return {}
+    path = fast_blas_mapped()
+    if path is None:
+        kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and not is_fast_blas(p)]
+        return {"LD_PRELOAD": ":".join(kept), ENV_MODE: "bundled"}
+    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    env = {"LD_PRELOAD": ":".join([path, *(p for p in preloaded if p != path)])}
+    core = os.environ.get("OPENBLAS_CORETYPE") or coretype_override(path)
+    if core:
+        env["OPENBLAS_CORETYPE"] = core
+    return env
 
 
 BLAS_MODES = ("auto", "system", "bundled")

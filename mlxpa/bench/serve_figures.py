@@ -4,7 +4,9 @@ Throughput counts the successful requests over the load's duration (the first re
 to the last one ended), as vLLM's serving benchmark does: requests/s, output tokens/s, and
 total (prompt + output) tokens/s. A request's output tokens are the server's
 ``usage.completion_tokens`` when it sends one, else its streamed text tokenized again; its
-prompt tokens are ``usage.prompt_tokens``, else the workload's count. Latencies
+prompt tokens are ``usage.prompt_tokens`` (what that server counted), else the workload's
+count; the workload's count of the same requests stands beside it, so a server that read the
+prompts as other tokens shows. Latencies
 (seconds) are over successful requests: TTFT and end-to-end latency one per request, ITL one
 per gap between streamed events carrying text, TPOT (time per output token after the first)
 one per request with more than one token. Percentiles are
@@ -57,7 +59,10 @@ def load_figures(load: LoadResult, requests: list[ServeRequest],
 
     Returns:
         A JSON-able dict: ``completed``, ``failed``, ``not_sent``, ``failures`` (count by
-        kind), ``first_error``, ``duration_s``, ``prompt_tokens``, ``output_tokens``,
+        kind), ``first_error``, ``duration_s``, ``prompt_tokens`` (the server's count),
+        ``prompt_tokens_counted`` (``usage``, ``workload`` or ``usage+workload``),
+        ``workload_prompt_tokens`` (the bench's count of the same requests),
+        ``prompt_tokens_per_request``, ``output_tokens``,
         ``output_tokens_counted`` (``usage``, ``tokenizer`` or ``usage+tokenizer``),
         ``requests_per_s``, ``output_tokens_per_s``, ``total_tokens_per_s``, and for TTFT,
         ITL, E2E and TPOT the mean, p50, p90 and p99 in seconds.
@@ -65,15 +70,17 @@ def load_figures(load: LoadResult, requests: list[ServeRequest],
     by_index = {r.index: r for r in requests}
     ok = [r for r in load.results if r.success]
     failed = [r for r in load.results if not r.success]
-    prompt = out = 0
+    prompt = out = ours = 0
     tpot: list[float] = []
-    sources = set()
+    sources, prompt_sources = set(), set()
     for r in ok:
         n, from_usage = output_tokens(r, count_tokens)
         sources.add("usage" if from_usage else "tokenizer")
         out += n
-        prompt += r.prompt_tokens if isinstance(r.prompt_tokens, int) else (
-            by_index[r.index].prompt_len)
+        ours += by_index[r.index].prompt_len
+        counted = isinstance(r.prompt_tokens, int)
+        prompt_sources.add("usage" if counted else "workload")
+        prompt += r.prompt_tokens if counted else by_index[r.index].prompt_len
         if n > 1 and r.ttft_s is not None:
             tpot.append((r.e2e_s - r.ttft_s) / (n - 1))
     d = max(load.duration_s, 1e-9)
@@ -81,7 +88,10 @@ def load_figures(load: LoadResult, requests: list[ServeRequest],
         "completed": len(ok), "failed": len(failed), "not_sent": load.not_sent,
         "failures": dict(Counter(r.failure for r in failed)),
         "first_error": failed[0].error if failed else None,
-        "duration_s": load.duration_s, "prompt_tokens": prompt, "output_tokens": out,
+        "duration_s": load.duration_s, "prompt_tokens": prompt,
+        "prompt_tokens_counted": "+".join(sorted(prompt_sources, reverse=True)) or None,
+        "workload_prompt_tokens": ours,
+        "prompt_tokens_per_request": prompt / len(ok) if ok else None, "output_tokens": out,
         "output_tokens_counted": "+".join(sorted(sources, reverse=True)) or None,
         "requests_per_s": len(ok) / d, "output_tokens_per_s": out / d,
         "total_tokens_per_s": (prompt + out) / d,

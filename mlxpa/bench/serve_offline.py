@@ -72,7 +72,11 @@ def run_offline(model: str | None, requests: list[ServeRequest], warmup: list[Se
     figures = {"completed": ok, "failed": failed, "not_sent": 0,
                "failures": {"engine": failed} if failed else {},
                "first_error": errors[0] if errors else None, "duration_s": elapsed,
-               "prompt_tokens": prompt, "output_tokens": out, "output_tokens_counted": "engine",
+               "prompt_tokens": prompt, "prompt_tokens_counted": "engine",
+               "workload_prompt_tokens": (sum(r.prompt_len for r in requests) if not failed
+                                          else None),
+               "prompt_tokens_per_request": prompt / ok if ok else None,
+               "output_tokens": out, "output_tokens_counted": "engine",
                "requests_per_s": ok / elapsed, "output_tokens_per_s": out / elapsed,
                "total_tokens_per_s": (prompt + out) / elapsed}
     for name in ("ttft", "itl", "e2e", "tpot"):

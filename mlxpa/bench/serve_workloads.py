@@ -3,7 +3,10 @@
 ``shared-prefix`` and ``random`` are :mod:`mlxpa.bench.workloads`' token-id prompts decoded
 to text (as vLLM's random dataset sends its ids), then sent as chat messages (a shared-prefix
 prompt: its shared part as the system message, its own question as the user message) or as
-a completions prompt. ``file`` sends every valid row of an input ``mlxpa run`` reads (its
+a completions prompt. Their ids are drawn so that the text encodes back to them
+(:mod:`~mlxpa.bench.token_draw`); each request's prompt, as the model's tokenizer and chat
+template read it, is checked to hold them (``params["not_round_trip"]`` counts those that
+do not). ``file`` sends every valid row of an input ``mlxpa run`` reads (its
 ``messages`` to the chat endpoint, its ``prompt`` or ``prompt_token_ids`` to the
 completions endpoint; an OpenAI Batch line to its ``url``), with the row's sampling fields.
 Every request is greedy unless its row says otherwise.
@@ -67,9 +70,9 @@ def _text(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids[1:] if ids and bos is not None and ids[0] == bos else ids)
 
 
-def _request(index: int, endpoint: str, fields: dict, tokenizer) -> ServeRequest:
-    """A request of ``fields`` (``messages`` or ``prompt`` and sampling fields), its prompt
-    counted as ``mlxpa run`` counts a row's (the input processor's tokenization).
+def _prompt_ids(fields: dict, tokenizer) -> list[int]:
+    """The prompt ids of ``fields`` (``messages`` or ``prompt``) as ``mlxpa run`` reads a row's
+    (the input processor's tokenization, the chat template applied).
 
     Raises:
         ValueError: A chat request to a model without a chat template, or one its template
@@ -80,8 +83,22 @@ def _request(index: int, endpoint: str, fields: dict, tokenizer) -> ServeRequest
     prompt = fields.get("prompt")
     if fields.get("messages") is not None:
         prompt = ChatPrompt(fields["messages"], fields.get("chat_template_kwargs"))
-    ids = InputProcessor(tokenizer).prompt_token_ids(prompt)
-    return ServeRequest(index, endpoint, fields, len(ids))
+    return InputProcessor(tokenizer).prompt_token_ids(prompt)
+
+
+def _request(index: int, endpoint: str, fields: dict, tokenizer) -> ServeRequest:
+    """A request of ``fields``, its prompt counted as ``mlxpa run`` counts a row's.
+
+    Raises:
+        ValueError: As :func:`_prompt_ids`.
+    """
+    return ServeRequest(index, endpoint, fields, len(_prompt_ids(fields, tokenizer)))
+
+
+def _holds(ids: list[int], piece: list[int]) -> bool:
+    """``piece`` is a run of ``ids`` (an empty piece always is)."""
+    n = len(piece)
+    return n == 0 or any(ids[i:i + n] == piece for i in range(len(ids) - n + 1))
 
 
 def synthetic_requests(name: str, tokenizer, endpoint: str = "chat", *, num_prompts: int = 64,
@@ -107,7 +124,8 @@ def synthetic_requests(name: str, tokenizer, endpoint: str = "chat", *, num_prom
         split = 0
     else:
         raise ValueError(f"workload must be shared-prefix or random, got {name!r}")
-    requests = []
+    requests, mismatched = [], 0
+    bos = getattr(tokenizer, "bos_token_id", None)
     for i, (ids, n) in enumerate(zip(wl.prompts, wl.output_lens)):
         shared, own = _text(tokenizer, ids[:split]), _text(tokenizer, ids[split:])
         if endpoint == "completions":
@@ -116,8 +134,14 @@ def synthetic_requests(name: str, tokenizer, endpoint: str = "chat", *, num_prom
             fields = {"messages": ([{"role": "system", "content": shared}] if split else [])
                       + [{"role": "user", "content": own}]}
         fields.update(max_tokens=n, temperature=0.0)
-        requests.append(_request(i, endpoint, fields, tokenizer))
-    return ServeWorkload(name, requests, {**wl.params, "endpoint": endpoint})
+        read = _prompt_ids(fields, tokenizer)
+        body = ids[1:] if bos is not None and ids[:1] == [bos] else ids
+        cut = max(0, split - (len(ids) - len(body)))
+        mismatched += not (_holds(read, body) if endpoint == "completions" else
+                           _holds(read, body[:cut]) and _holds(read, body[cut:]))
+        requests.append(ServeRequest(i, endpoint, fields, len(read)))
+    return ServeWorkload(name, requests, {**wl.params, "endpoint": endpoint,
+                                          "not_round_trip": mismatched})
 
 
 def file_requests(tokenizer, path: str, output_len: int = 32) -> ServeWorkload:

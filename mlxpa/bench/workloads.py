@@ -1,7 +1,8 @@
 """Benchmark workloads: token-id prompts with a fixed output length each.
 
 ``random`` follows vLLM's random dataset (lengths uniform in ``[len * (1 - r), len * (1 + r)]``,
-ids drawn from the vocabulary), ``shared-prefix`` follows SGLang's generated-shared-prefix
+ids drawn from the vocabulary, kept only where they encode back to themselves:
+:mod:`~mlxpa.bench.token_draw`), ``shared-prefix`` follows SGLang's generated-shared-prefix
 dataset (groups sharing a system prompt, each prompt adding its own question), ``annotation``
 labels synthetic product reviews with a ``choice`` constraint (a shared few-shot chat prefix,
 as in ``examples/annotation.jsonl``), and ``file`` takes any input ``mlxpa run`` accepts.
@@ -13,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mlxpa.bench.token_draw import TokenDraw, token_draw
 from mlxpa.sampling_params import StructuredOutput
 
 LABELS = ("positive", "negative", "neutral")
@@ -47,17 +49,16 @@ class Workload(NamedTuple):
         return sum(self.output_lens)
 
 
-def _token_pool(tokenizer) -> np.ndarray:
-    """Ordinary token ids (special tokens excluded) to draw prompts from."""
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    vocab = len(tokenizer.vocab) if hasattr(tokenizer, "vocab") else tokenizer.vocab_size
-    ids = np.arange(vocab)
-    return ids[~np.isin(ids, list(special))] if special else ids
-
-
-def _draw(rng: np.random.Generator, pool: np.ndarray, n: int, bos: int | None) -> list[int]:
-    ids = rng.choice(pool, size=n).tolist()
-    return ([bos] + ids[:-1]) if bos is not None and n > 0 else ids
+def _draw(rng: np.random.Generator, draw: TokenDraw, n: int, bos: int | None,
+          prefix: list[int] | None = None) -> list[int]:
+    """``n`` ids that round-trip (:class:`~mlxpa.bench.token_draw.TokenDraw`): a prompt's
+    start (the BOS first, when the tokenizer has one), or with ``prefix`` the ids that follow
+    it (``prefix``: its ids without the BOS)."""
+    if n <= 0:
+        return []
+    if prefix is None and bos is not None:
+        return [bos] + (draw.draw(rng, n - 1) if n > 1 else [])
+    return draw.draw(rng, n, prefix or [])
 
 
 def random_workload(tokenizer, num_prompts: int = 128, input_len: int = 320,
@@ -70,11 +71,11 @@ def random_workload(tokenizer, num_prompts: int = 128, input_len: int = 320,
     if not 0 <= range_ratio < 1 or num_prompts < 1 or input_len < 1 or output_len < 1:
         raise ValueError("need num_prompts, input_len, output_len >= 1 and 0 <= range_ratio < 1")
     rng = np.random.default_rng(seed)
-    pool = _token_pool(tokenizer)
+    draw = token_draw(tokenizer)
     lo, hi = max(1, int(input_len * (1 - range_ratio))), int(input_len * (1 + range_ratio))
     lens = rng.integers(lo, hi + 1, size=num_prompts)
     bos = getattr(tokenizer, "bos_token_id", None)
-    prompts = [_draw(rng, pool, int(n), bos) for n in lens]
+    prompts = [_draw(rng, draw, int(n), bos) for n in lens]
     return Workload("random", prompts, [output_len] * num_prompts,
                     dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                          range_ratio=range_ratio, seed=seed))
@@ -86,13 +87,18 @@ def shared_prefix_workload(tokenizer, num_groups: int = 8, prompts_per_group: in
     """``num_groups`` system prompts, each shared by ``prompts_per_group`` questions.
 
     Prompts are listed group by group interleaved (row ``i`` belongs to group
-    ``i % num_groups``), so sharing must be found, not read off the input order."""
+    ``i % num_groups``), so sharing must be found, not read off the input order. Each system
+    prompt, each question, and each system prompt followed by its question, encodes back to
+    the same ids (:class:`~mlxpa.bench.token_draw.TokenDraw`)."""
     rng = np.random.default_rng(seed)
-    pool = _token_pool(tokenizer)
+    draw = token_draw(tokenizer)
     bos = getattr(tokenizer, "bos_token_id", None)
-    systems = [_draw(rng, pool, system_prompt_len, bos) for _ in range(num_groups)]
-    prompts = [systems[i % num_groups] + _draw(rng, pool, question_len, None)
-               for i in range(num_groups * prompts_per_group)]
+    systems = [_draw(rng, draw, system_prompt_len, bos) for _ in range(num_groups)]
+    prompts = []
+    for i in range(num_groups * prompts_per_group):
+        system = systems[i % num_groups]
+        body = system[1:] if bos is not None and system[:1] == [bos] else system
+        prompts.append(system + _draw(rng, draw, question_len, None, body))
     return Workload("shared-prefix", prompts, [output_len] * len(prompts),
                     dict(num_groups=num_groups, prompts_per_group=prompts_per_group,
                          system_prompt_len=system_prompt_len, question_len=question_len,

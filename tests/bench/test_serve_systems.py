@@ -1,9 +1,11 @@
-"""``mlxpa bench serve``'s systems: mlx_lm.server on a tiny model (started, driven, stopped;
-its greedy texts equal to mlx-lm's own ``generate``), the offline system, a server that cannot
-start (reported, not raised), readiness and stopping of a server subprocess."""
+"""``mlxpa bench serve``'s systems: mlx_lm.server on a tiny model (started with the bench
+process's BLAS, driven, stopped; its greedy texts equal to mlx-lm's own ``generate``), the
+offline system, a server that cannot start (reported, not raised), readiness and stopping of a
+server subprocess."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -11,6 +13,7 @@ import psutil
 import pytest
 from mlx_lm import generate, load
 
+from mlxpa.bench import serve_systems
 from mlxpa.bench.serve_figures import token_counter
 from mlxpa.bench.serve_load import LoadSpec, drive
 from mlxpa.bench.serve_offline import run_offline
@@ -71,11 +74,51 @@ def test_mlx_lm_server_system_reports_figures_and_stops(tiny):
         f = run.figures
         assert f["completed"] == 4 and f["failed"] == 0 and f["failures"] == {}
         # mlx_lm.server's usage counts the prompt as mlxpa's chat template rendering does
-        assert f["prompt_tokens"] == wl.num_prompt_tokens
+        assert f["prompt_tokens"] == wl.num_prompt_tokens == f["workload_prompt_tokens"]
+        assert f["prompt_tokens_counted"] == "usage"
+        assert f["prompt_tokens_per_request"] == wl.num_prompt_tokens / 4
         assert f["output_tokens_counted"] == "usage" and 4 <= f["output_tokens"] <= 24
         assert f["peak_rss_bytes"] > 20 * 2**20
         assert 0 < f["ttft_p50_s"] <= f["e2e_p50_s"] <= f["duration_s"]
     assert _children() == []
+
+
+def _fast_blas(pid) -> list[str]:
+    """OpenBLAS/MKL paths in ``/proc/PID/maps``, read here (not with mlxpa's reader)."""
+    with open(f"/proc/{pid}/maps") as f:
+        paths = {line.split()[5] for line in f if len(line.split()) >= 6}
+    return sorted(p for p in paths
+                  if os.path.basename(p).startswith(("libopenblas", "libmkl_rt")))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_started_server_maps_the_bench_process_blas(tiny, monkeypatch):
+    """As from a plain shell: no LD_PRELOAD, the bench process's OpenBLAS loaded by ``import
+    mlxpa``. mlx_lm.server, which never imports mlxpa, must still map the same library."""
+    ours = _fast_blas("self")
+    if not ours:
+        pytest.skip("no OpenBLAS/MKL mapped in this process")
+    folder, _, tokenizer = tiny
+    for name in ("LD_PRELOAD", "MLXPA_BLAS"):
+        monkeypatch.delenv(name, raising=False)
+    seen: dict[int, list[str]] = {}
+    real = serve_systems.process_record
+
+    def spy(pid):
+        seen[pid] = _fast_blas(pid)  # the server's own maps, while it runs
+        return real(pid)
+
+    monkeypatch.setattr(serve_systems, "process_record", spy)
+    wl = synthetic_requests("random", tokenizer, num_prompts=2, input_len=12, output_len=3)
+    bench = ServeBench([Level(LoadSpec(concurrency=2), wl.requests, "chat")], wl.requests[:1],
+                       token_counter(tokenizer))
+    bench.run(("mlx-lm-server",), folder, start_timeout_s=120)
+    assert bench.failed == {} and list(seen.values()) == [ours]
+    record = bench.systems["mlx-lm-server"]
+    assert record["blas"] == "fast" and record["blas_library"] == ours[0]
+    assert record["pid"] in seen and record["command"][1:3] == ["-m", "mlx_lm"]
+    assert record["warmup"]["generated_tokens"] >= 2
+    assert bench.runs[0].figures["completed"] == 2 and bench.runs[0].endpoint == "chat"
 
 
 def test_offline_system_runs_the_same_requests(tiny):
