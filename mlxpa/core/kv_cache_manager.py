@@ -24,13 +24,9 @@ request finishes until LRU eviction needs it. When several requests computed the
 concurrently, the tree keeps the first and the others keep their duplicates until they finish
 (swapping them would rewrite block-table entries the model runner treats as immutable).
 
-Recurrent layers (hybrid and state-space models) keep a live state per request in the worker.
-At a *snapshot point* of a request (a position where another request will resume: the end of
-a prefix it shares, the position its forks start from) the scheduler ends a chunk, the
-manager gives the step a snapshot of ``layout.snapshot_blocks`` blocks to save the state into
-(``SchedulerOutput.state_saves``), and after the step a block-aligned snapshot joins the tree
-at that position (a hit resumes from it: ``state_restores``) while a fork's stays with the
-request until its children have taken it.
+Recurrent layers (hybrid and state-space models) keep a live state per request in the worker;
+snapshots of it at the positions other requests resume from (a shared prefix's end, a fork's
+start) take blocks of the same pool (:mod:`mlxpa.core.snapshots`).
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from __future__ import annotations
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
+from mlxpa.core.snapshots import Snapshots, StateOp
 from mlxpa.request import Request
 from mlxpa.utils import cdiv
 
@@ -70,18 +67,8 @@ class KVCacheManager:
         self._num_cached_blocks: dict[Request, int] = {}
         self._first_held: dict[Request, list[int]] = {}  # per sliding group: first live entry
         self.evicted_blocks = 0
-        # Recurrent snapshots: positions where a request's state is due (and the one its
-        # forks start from), the saves and restores of the step being built, the blocks a
-        # request saves into this step, the snapshot it resumes from (before its next step;
-        # during it), a fork's snapshot held for the request's children.
-        self._points: dict[Request, list[int]] = {}
-        self._fork_points: dict[Request, int] = {}
-        self._saves: list[tuple[Request, list[int]]] = []
-        self._restores: list[tuple[Request, list[int]]] = []
-        self._saving: dict[Request, tuple[int, list[int]]] = {}
-        self._restore_due: dict[Request, list[int]] = {}
-        self._restoring: dict[Request, list[int]] = {}
-        self._fork_snapshot: dict[Request, tuple[int, list[int]]] = {}
+        self.snapshots = Snapshots(pool, self.tree, self.layout.snapshot_blocks,
+                                   self.num_groups)
         # Each eviction scans the tree's leaves (O(nodes)); evicting at least 1/128 of the
         # pool per call keeps decode steps, which need one block at a time, from scanning a
         # large tree once per request.
@@ -122,6 +109,19 @@ class KVCacheManager:
                 slots += (len(table) - skipped) * self.block_size
         return tokens, slots
 
+    def held_bytes(self, block_bytes: int, live_state_bytes: int) -> dict[str, int]:
+        """Bytes of KV held now per kind of group (:meth:`KVCacheLayout.group_kinds`): the
+        blocks requests hold and the tree must keep, at ``block_bytes`` each; ``recurrent``
+        adds the requests' live states (``live_state_bytes``), when the model has any."""
+        held: dict[str, int] = {}
+        for kind, blocks in zip(self.layout.group_kinds(), self.active_blocks_by_group()):
+            held[kind] = held.get(kind, 0) + blocks * block_bytes
+        if self.recurrent:
+            held["recurrent"] += live_state_bytes
+        else:
+            del held["recurrent"]
+        return held
+
     @property
     def capacity_tokens(self) -> int:
         """Most tokens one request can ever hold: ``n`` blocks of tokens, the largest whose
@@ -158,10 +158,7 @@ class KVCacheManager:
     def cached_prefix_blocks(self, tokens: list[int]) -> int:
         """Full blocks of ``tokens`` whose K/V the tree holds in every full-attention group,
         usable or not (where a recurrent model's next snapshot would pay)."""
-        if self.tree is None:
-            return 0
-        path = self.tree._walk(tokens)
-        return path[-1][0].start + path[-1][1] if path else 0
+        return 0 if self.tree is None else self.tree.num_cached_blocks(tokens)
 
     # ------------------------------------------------------------------ allocation
 
@@ -189,15 +186,14 @@ class KVCacheManager:
         have = [len(t) + (len(hit.block_ids[g]) if hit else 0) for g, t in enumerate(tables)]
         need = [max(cdiv(end, self.block_size) - h, 0) for h in have]
         cow = [] if hit else [g for g in range(self.num_groups) if self._needs_cow(req, g)]
-        saving = self._due_point(req, end)
-        snap = self.layout.snapshot_blocks if saving is not None else 0
+        snap = self.layout.snapshot_blocks if self.snapshots.due(req, end) else 0
         total = sum(need) + len(cow)
         held = self._hold(hit) if hit else []  # protect the hit from the eviction below
         short = total + snap - self.pool.num_free_blocks
         if short > 0 and self.tree is not None:
             self.evicted_blocks += self.tree.evict(max(short, self.evict_batch))
         if total + snap > self.pool.num_free_blocks:  # a snapshot never preempts anyone
-            saving, snap = None, 0
+            snap = 0
         if total > self.pool.num_free_blocks:
             if hit:
                 self._free_blocks(held)
@@ -216,14 +212,9 @@ class KVCacheManager:
         new = [self.pool.allocate(n, g) for g, n in enumerate(need)]
         for table, ids in zip(req.block_tables, new):
             table.extend(ids)
-        if saving is not None:
-            blocks = self.pool.allocate(snap, self.num_groups)
-            self._saving[req] = (saving, blocks)
-            self._saves.append((req, blocks))
-        restore = self._restore_due.pop(req, None)
-        if restore is not None:  # read before this step's forward, released after it
-            self._restores.append((req, restore))
-            self._restoring[req] = restore
+        if snap:
+            self.snapshots.save(req, end)
+        self.snapshots.start(req)
         return new
 
     def _hold(self, hit: PrefixMatch) -> list[int]:
@@ -248,7 +239,7 @@ class KVCacheManager:
         for table, ids in zip(req.block_tables, hit.block_ids):
             table.extend(ids)
         if self.recurrent and hit.snapshot:
-            self._restore_due[req] = list(hit.snapshot)
+            self.snapshots.resume_from(req, hit.snapshot)
 
     def _needs_cow(self, req: Request, group: int) -> bool:
         if req.num_computed_tokens % self.block_size == 0 or not req.block_tables:
@@ -303,9 +294,6 @@ class KVCacheManager:
         left and the snapshot it resumed from.
 
         Cost is paid only when a block boundary was crossed (amortized O(1) per step)."""
-        restored = self._restoring.pop(req, None)
-        if restored is not None:
-            self._free_blocks(restored)
         full = req.num_computed_tokens // self.block_size
         if self.tree is not None and full > self._num_cached_blocks.get(req, 0):
             n = full * self.block_size
@@ -315,37 +303,9 @@ class KVCacheManager:
                              self._num_cached_blocks.get(req, 0))
             self._lock_for(req, self._shared_node(req, self.tree.node_for(tokens)))
             self._num_cached_blocks[req] = full
-        saved = self._saving.pop(req, None)
-        if saved is not None:
-            self._file_snapshot(req, *saved)
-        if req.num_computed_tokens >= req.num_prompt_tokens:
-            held = self._fork_snapshot.pop(req, None)  # its forks took theirs by now
-            if held is not None:
-                self._free_blocks(held[1])
+        if self.recurrent:
+            self._free_blocks(self.snapshots.after_step(req))
         self._remove_skipped_blocks(req)
-
-    def _file_snapshot(self, req: Request, position: int, blocks: list[int]) -> None:
-        """A snapshot of ``req``'s state at ``position`` was saved in ``blocks``: a fork's is
-        held for its children; a block-aligned one joins the tree (the tree takes a
-        reference); whatever is not kept is freed."""
-        points = self._points.get(req, [])
-        if position in points:
-            points.remove(position)
-        fork = self._fork_points.get(req) == position
-        kept = False
-        if fork:
-            self._fork_snapshot[req] = (position, blocks)
-            kept = True
-        if (self.tree is not None and position % self.block_size == 0
-                and position <= req.num_prompt_tokens):
-            if kept:
-                self.pool.incref(blocks)
-            if self.tree.attach_snapshot(req.prompt_token_ids[:position], blocks):
-                kept = True
-            elif kept:
-                self.pool.free(blocks)
-        if not kept:
-            self.pool.free(blocks)
 
     def _remove_skipped_blocks(self, req: Request) -> None:
         """Free ``req``'s sliding-window blocks no query reads again (vLLM's
@@ -377,58 +337,34 @@ class KVCacheManager:
         pairs, self._blocks_to_copy = self._blocks_to_copy, []
         return pairs
 
-    def take_state_ops(self) -> tuple[list[tuple[Request, list[int]]],
-                                      list[tuple[Request, list[int]]]]:
+    def take_state_ops(self) -> tuple[list[StateOp], list[StateOp]]:
         """The recurrent snapshots queued since the last call: ``(request, blocks)`` to save
         each request's state into after the step, and to restore its state from before."""
-        saves, restores = self._saves, self._restores
-        self._saves, self._restores = [], []
-        return saves, restores
+        return self.snapshots.take()
 
     # ------------------------------------------------------------------ snapshot points
 
     def add_snapshot_point(self, req: Request, position: int, fork: bool = False) -> None:
-        """Save ``req``'s recurrent state at ``position`` (after that many tokens) when its
-        computation reaches it: for a hit of later requests (block-aligned) or, ``fork``,
-        for the requests forked from it there. A point ``req`` has passed is ignored."""
-        if not self.recurrent or position <= req.num_computed_tokens:
-            return
-        if not fork and (self.tree is None or position % self.block_size):
-            return
-        points = self._points.setdefault(req, [])
-        if position not in points:
-            points.append(position)
-            points.sort()
-        if fork:
-            self._fork_points[req] = position
+        """Save ``req``'s recurrent state at ``position`` when its computation reaches it
+        (:meth:`Snapshots.add_point`); nothing without recurrent layers."""
+        if self.recurrent:
+            self.snapshots.add_point(req, position, fork)
 
     def snapshot_points(self, req: Request) -> list[int]:
-        return list(self._points.get(req, ()))
+        return self.snapshots.points(req)
 
     def chunk_limit(self, req: Request, start: int) -> int | None:
         """Most tokens ``req``'s next chunk, from position ``start``, may compute: up to its
         next snapshot point, at most the layout's chunk cap (None: no limit)."""
-        limit = self.layout.max_chunk_tokens
-        for p in self._points.get(req, ()):
-            if p > start:
-                return p - start if limit is None else min(p - start, limit)
-        return limit
-
-    def _due_point(self, req: Request, end: int) -> int | None:
-        return end if end in self._points.get(req, ()) else None
+        limit, point = self.layout.max_chunk_tokens, self.snapshots.next_point(req, start)
+        if point is None:
+            return limit
+        return point - start if limit is None else min(point - start, limit)
 
     def can_fork(self, parent: Request, position: int) -> bool:
         """Whether a request forked from ``parent`` can start at ``position`` (a recurrent
         model needs the parent's snapshot there)."""
-        return not self.recurrent or self._fork_blocks(parent, position) is not None
-
-    def _fork_blocks(self, parent: Request, position: int) -> list[int] | None:
-        """The blocks of ``parent``'s snapshot at ``position``: its fork snapshot, or the
-        one the step that just ran saved (filed after the forks)."""
-        for held in (self._fork_snapshot.get(parent), self._saving.get(parent)):
-            if held is not None and held[0] == position:
-                return held[1]
-        return None
+        return not self.recurrent or self.snapshots.fork_blocks(parent, position) is not None
 
     # ------------------------------------------------------------------ free and fork
 
@@ -443,18 +379,8 @@ class KVCacheManager:
         for table in req.block_tables:
             self._free_blocks([b for b in table if b != NULL_BLOCK])
         req.block_tables = []
-        self._points.pop(req, None)
-        self._fork_points.pop(req, None)
-        for holdings in (self._restore_due, self._restoring):
-            blocks = holdings.pop(req, None)
-            if blocks is not None:
-                self._free_blocks(blocks)
-        for holdings in (self._fork_snapshot, self._saving):
-            held = holdings.pop(req, None)
-            if held is not None:
-                self._free_blocks(held[1])
-        self._saves = [(r, b) for r, b in self._saves if r is not req]
-        self._restores = [(r, b) for r, b in self._restores if r is not req]
+        if self.recurrent:
+            self._free_blocks(self.snapshots.drop(req))
 
     def fork(self, parent: Request, child: Request) -> None:
         """Let ``child`` share ``parent``'s prompt blocks (n > 1 samples of one prompt, a
@@ -475,16 +401,14 @@ class KVCacheManager:
             self._lock_for(child, node)
             self._num_cached_blocks[child] = self._num_cached_blocks[parent]
         if self.recurrent:
-            blocks = self._fork_blocks(parent, child.num_computed_tokens)
+            blocks = self.snapshots.fork_blocks(parent, child.num_computed_tokens)
             self.pool.incref(blocks)
-            self._restore_due[child] = list(blocks)
+            self.snapshots.resume_from(child, blocks)
 
     def check_invariants(self, requests: list[Request]) -> None:
         """Assert every block's ``ref_cnt`` equals its holders (requests and the tree)."""
         holders = [[b for b in t if b != NULL_BLOCK] for r in requests for t in r.block_tables]
-        holders += [*self._restore_due.values(), *self._restoring.values()]
-        holders += [held[1] for held in (*self._fork_snapshot.values(),
-                                         *self._saving.values())]
+        holders += self.snapshots.holders()
         if self.tree is not None:
             self.tree.check_invariants()
             holders.append(self.tree.blocks())

@@ -285,6 +285,12 @@ class RadixCache:
         return PrefixMatch(blocks, m * self.block_size, last,
                            last.snapshot if self.recurrent and walk else None)
 
+    def num_cached_blocks(self, token_ids: Sequence[int]) -> int:
+        """Leading full blocks of ``token_ids`` the tree holds a path for, usable or not
+        (nothing changes)."""
+        path = self._walk(token_ids)
+        return path[-1][0].start + path[-1][1] if path else 0
+
     def node_for(self, token_ids: Sequence[int]) -> RadixNode:
         """The node ending after the cached full blocks of ``token_ids`` (split there when
         inside a node; refreshed): what a request that holds them locks."""

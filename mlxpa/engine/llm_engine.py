@@ -352,7 +352,8 @@ class LLMEngine:
         released = self.choice_scores.on_step(out, result)
         self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
         self._released.extend(released)
-        self._count(out, result, len(updated))
+        self.counters.record_step(len(updated), len(out.preempted),
+                                  self.kv_cache_manager.evicted_blocks, result.mask_time_s)
         return updated
 
     def _check_stops(self, updated: list[Request],
@@ -374,35 +375,13 @@ class LLMEngine:
     def _count_kv(self, out: SchedulerOutput) -> None:
         """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
         in it: a choice row's requests hold their blocks for one step or a few)."""
-        c, kv = self.counters, self.kv_cache_manager
-        running = self.scheduler.running
-        c.peak_kv_blocks = max(c.peak_kv_blocks, kv.num_active_blocks)
+        kv, running = self.kv_cache_manager, self.scheduler.running
         scheduled = dict(zip(out.requests, out.num_scheduled_tokens))
         tokens, slots = kv.held_tokens_and_slots(
             running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
-        c.kv_tokens_held += tokens
-        c.kv_slots_in_use += slots
-        block_bytes, per_group = self.runner.block_bytes, kv.active_blocks_by_group()
-        held = {}
-        for kind, blocks in zip(kv.layout.group_kinds(), per_group):
-            held[kind] = held.get(kind, 0) + blocks * block_bytes
-        if kv.recurrent:  # the live states beside the snapshots
-            held["recurrent"] += len(running) * self.runner.kv_storage.snapshot_bytes
-        else:
-            del held["recurrent"]
-        c.peak_kv_bytes = max(c.peak_kv_bytes, sum(held.values()))
-        for kind, nbytes in held.items():
-            c.peak_kv_bytes_by_group[kind] = max(c.peak_kv_bytes_by_group.get(kind, 0), nbytes)
-
-    def _count(self, out: SchedulerOutput, result: StepResult, num_sampled: int) -> None:
-        c = self.counters
-        c.num_steps += 1
-        c.generation_tokens += num_sampled
-        c.num_preemptions += len(out.preempted)
-        c.evicted_blocks = self.kv_cache_manager.evicted_blocks
-        if result.mask_time_s is not None:
-            c.mask_time_s += result.mask_time_s
-            c.mask_steps += 1
+        held = kv.held_bytes(self.runner.block_bytes,
+                             len(running) * self.runner.kv_storage.snapshot_bytes)
+        self.counters.record_kv(kv.num_active_blocks, tokens, slots, held)
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         out = sample_output(req, text, self.scheduler.eos_token_ids, sample_index)

@@ -65,6 +65,30 @@ class Counters:
     mask_steps: int = 0
     scored_tokens: int = 0
 
+    def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
+                    mask_time_s: float | None) -> None:
+        """One engine step: tokens it sampled, requests it preempted, the prefix cache's
+        evictions so far, its grammar mask time (None: no constrained row)."""
+        self.num_steps += 1
+        self.generation_tokens += num_sampled
+        self.num_preemptions += num_preempted
+        self.evicted_blocks = evicted_blocks
+        if mask_time_s is not None:
+            self.mask_time_s += mask_time_s
+            self.mask_steps += 1
+
+    def record_kv(self, active_blocks: int, tokens: int, slots: int,
+                  held: dict[str, int]) -> None:
+        """KV use during one step: blocks held by requests, tokens with K/V and the token
+        slots of their blocks, bytes held per kind of KV cache group."""
+        self.peak_kv_blocks = max(self.peak_kv_blocks, active_blocks)
+        self.kv_tokens_held += tokens
+        self.kv_slots_in_use += slots
+        self.peak_kv_bytes = max(self.peak_kv_bytes, sum(held.values()))
+        for kind, nbytes in held.items():
+            self.peak_kv_bytes_by_group[kind] = max(self.peak_kv_bytes_by_group.get(kind, 0),
+                                                    nbytes)
+
 
 @dataclass(frozen=True, slots=True)
 class Stats:

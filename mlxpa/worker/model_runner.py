@@ -44,6 +44,7 @@ from mlxpa.core.kv_sizing import num_kv_blocks
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.structured.matchers import Grammars
+from mlxpa.worker.block_tables import BlockTableCopies
 from mlxpa.worker.forward_plan import ForwardPlan, ReadKind, StepReads, group_reads
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import kv_storage
@@ -60,7 +61,7 @@ from mlxpa.worker.paged_forward import (
 )
 from mlxpa.worker.penalties import PenaltyState
 from mlxpa.worker.sampler import NOTHING_SAMPLED, Sampler, sampling_metadata
-from mlxpa.worker.state_snapshots import StateCodec
+from mlxpa.worker.state_snapshots import StateCodec, restore_states, save_states
 from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
@@ -176,7 +177,7 @@ class ModelRunner:
         self.penalties = PenaltyState()
         self.sampler = Sampler(self.eos_token_ids, self.grammars, self.penalties)
         self._head = lm_head(self._split)
-        self._tables: dict[Request, tuple[list[np.ndarray], int, int]] = {}
+        self._tables = BlockTableCopies(self.block_size)
         self.states = RecurrentStateStore.for_geometry(self.geometry)
         self._codec = StateCodec(self.geometry) if self.states is not None else None
 
@@ -214,28 +215,6 @@ class ModelRunner:
         waiting). Returns whether it had to wait."""
         return self.grammars is not None and self.grammars.prepare(on_wait)
 
-    def _block_tables(self, req: Request) -> list[np.ndarray]:
-        """Runner-side numpy copies of ``req.block_tables``, synced incrementally: full
-        blocks before ``num_computed_tokens`` never change while the request holds them
-        (a sliding-window group drops them only once no query reads them), so only the tail
-        is re-read (everything after a preemption)."""
-        arrs, synced, npre = self._tables.get(req, (None, 0, -1))
-        tables = req.block_tables
-        n = len(tables[0]) if tables else 0
-        if arrs is None or npre != req.num_preemptions or (arrs and n > len(arrs[0])):
-            new = [np.zeros(max(16, 2 * n), np.int32) for _ in tables]
-            if arrs is not None and npre == req.num_preemptions:
-                for a, old in zip(new, arrs):
-                    a[:synced] = old[:synced]
-            else:
-                synced = 0
-            arrs = new
-        start = min(synced, req.num_computed_tokens // self.block_size)
-        for a, table in zip(arrs, tables):
-            a[start:n] = table[start:]
-        self._tables[req] = (arrs, n, req.num_preemptions)
-        return [a[:n] for a in arrs]
-
     def _metadata(self, reqs: list[Request], counts: list[int],
                   cascade_groups: list[tuple[list[int], int]] | None = None,
                   ) -> tuple[mx.array, object]:
@@ -243,7 +222,7 @@ class ModelRunner:
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
         for row, (req, n) in enumerate(zip(reqs, counts)):
             tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
-        per_row = [self._block_tables(r) for r in reqs]
+        per_row = [self._tables.get(r) for r in reqs]
         tables = [[t[g] for t in per_row] for g in range(len(self.layers.group_windows))]
         return build_metadata(tokens, counts, starts, tables, self.block_size,
                               self.layers.group_windows, self.config.attention_backend,
@@ -268,8 +247,7 @@ class ModelRunner:
         tokens stay), the penalty entries of both (a preempted one's are rebuilt from its
         prompt and output tokens when it samples again) and the recurrent states of both (a
         preempted request recomputes from position 0)."""
-        for req in (*finished, *preempted):
-            self._tables.pop(req, None)
+        self._tables.drop([*finished, *preempted])
         self.penalties.drop([*finished, *preempted])
         if self.grammars is not None:
             for req in finished:
@@ -288,11 +266,12 @@ class ModelRunner:
         """
         self._free(out.finished, out.preempted)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
-        self._restore_states(out.state_restores)
+        if out.state_restores:
+            restore_states(self.states, self.kv_cache, self._codec, out.state_restores)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
         reads = self._forward(out)
-        self._save_states(out.state_saves)
+        save_states(self.states, self.kv_cache, self._codec, out.state_saves)
         scored = reads.take(ReadKind.SCORE)
         targets = self._targets(reads)
         # evaluated with the tokens: the written pools and states, the scored positions'
@@ -316,26 +295,6 @@ class ModelRunner:
             scored=self._scored(reads.owners[ReadKind.SCORE], scored),
             targets=_by_request(reads.owners[ReadKind.TARGET], targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
-
-    def _restore_states(self, restores: list[tuple[Request, list[int]]]) -> None:
-        """Give each request the recurrent state of its snapshot (a prefix hit's, a fork's)
-        at its ``num_computed_tokens``; read now, before this step's writes, so the writes
-        can take over the pools' buffers."""
-        if not restores:
-            return
-        states = [self._codec.unpack(self.kv_cache.read_bytes(blocks))
-                  for _, blocks in restores]
-        mx.eval([a for st in states for arrays in st.values() for a in arrays
-                 if a is not None])
-        for (req, _), state in zip(restores, states):
-            self.states.restore(req, req.num_computed_tokens, state)
-
-    def _save_states(self, saves: list[tuple[Request, list[int]]]) -> None:
-        """Write each request's recurrent state after this step's forward into its
-        snapshot blocks (evaluated with the step's pools)."""
-        for req, blocks in saves:
-            size = len(blocks) * self.kv_cache.block_nbytes
-            self.kv_cache.write_bytes(blocks, self._codec.pack(self.states.state(req), size))
 
     def _targets(self, reads: StepReads) -> LogprobGather | None:
         """The log-probabilities of the target requests' ``target_token_ids`` at their last

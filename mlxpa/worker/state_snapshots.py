@@ -9,9 +9,16 @@ bit-identical to the saved one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
 
 from mlxpa.worker.model_probe import ModelGeometry
+
+if TYPE_CHECKING:
+    from mlxpa.request import Request
+    from mlxpa.worker.kv_cache import PagedKVCache
+    from mlxpa.worker.state_store import RecurrentStateStore
 
 StateArrays = dict[int, list[mx.array | None]]
 
@@ -58,6 +65,26 @@ class StateCodec:
                 off += n
             out[e] = arrays
         return out
+
+
+def restore_states(store: RecurrentStateStore, kv_cache: PagedKVCache, codec: StateCodec,
+                   restores: list[tuple[Request, list[int]]]) -> None:
+    """Give each request the recurrent state of its snapshot (a prefix hit's, a fork's) at
+    its ``num_computed_tokens``; read and evaluated now, before the step writes the pools, so
+    the writes can take over the pools' buffers."""
+    states = [codec.unpack(kv_cache.read_bytes(blocks)) for _, blocks in restores]
+    mx.eval([a for st in states for arrays in st.values() for a in arrays if a is not None])
+    for (req, _), state in zip(restores, states):
+        store.restore(req, req.num_computed_tokens, state)
+
+
+def save_states(store: RecurrentStateStore, kv_cache: PagedKVCache, codec: StateCodec,
+                saves: list[tuple[Request, list[int]]]) -> None:
+    """Write each request's recurrent state after the step's forward into its snapshot
+    blocks (lazily: evaluated with the step's pools)."""
+    for req, blocks in saves:
+        kv_cache.write_bytes(blocks, codec.pack(store.state(req), len(blocks)
+                                                * kv_cache.block_nbytes))
 
 
 def _nbytes(shape: tuple[int, ...], dtype: mx.Dtype) -> int:

@@ -51,23 +51,23 @@ def runner():
 def test_block_table_sync_rereads_the_tail_and_restarts_after_preemption(runner):
     req = Request("r", list(range(3, 23)), SamplingParams(max_tokens=8))  # 20 prompt tokens
     req.block_tables = [[5, 6, 7]]
-    assert runner._block_tables(req)[0].tolist() == [5, 6, 7]
+    assert runner._tables.get(req)[0].tolist() == [5, 6, 7]
     # 12 tokens computed: block 0 is full, block 1 partial. Copy-on-write replaces the partial
     # block; the runner re-reads from the first block that is not full.
     req.num_computed_tokens = 12
     req.block_tables[0][1] = 9
     req.block_tables[0].append(10)
-    assert runner._block_tables(req)[0].tolist() == [5, 9, 7, 10]
+    assert runner._tables.get(req)[0].tolist() == [5, 9, 7, 10]
     # The table grows past the runner's array: still every entry.
     req.num_computed_tokens = 32
     req.block_tables[0].extend(range(11, 31))
-    assert runner._block_tables(req)[0].tolist() == req.block_tables[0]
+    assert runner._tables.get(req)[0].tolist() == req.block_tables[0]
     # Preempted (blocks freed) and readmitted with other blocks: nothing of the old table
     # survives, even entries before num_computed_tokens.
     req.num_preemptions += 1
     req.num_computed_tokens = 0
     req.block_tables = [[4, 3]]
-    (got,) = runner._block_tables(req)
+    (got,) = runner._tables.get(req)
     assert got.tolist() == [4, 3] and got.dtype == np.int32
 
 
