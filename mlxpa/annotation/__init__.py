@@ -34,7 +34,7 @@ Modules, one concern each, pure Python with numpy (scipy to fit, matplotlib to d
 * :mod:`~mlxpa.annotation.tally`: a run's answers counted: gold figures, the label order check.
 
 The engine scores the questions (:mod:`mlxpa.engine.question_scores`: the document prefilled
-once, each question forking it); the file run, ``mlxpa calibrate`` and ``LLM.classify`` use
+once, each question forking it); the file run, ``mlxpa calibrate`` and ``LLM.annotate`` use
 these modules around it.
 
 ``docs/annotation.md`` describes the formats in full. This file imports nothing.

@@ -29,7 +29,6 @@ from mlxpa.annotation.tally import AnswerTally
 from mlxpa.annotation.temperature import CONTENT_FREE
 from mlxpa.batch.model_meta import ModelMeta
 from mlxpa.batch.options import OptionError, RunOptions
-from mlxpa.batch.prompts import question_prompts
 from mlxpa.batch.report import model_name
 from mlxpa.batch.run import run_file
 from mlxpa.batch.setup import build_engine
@@ -39,6 +38,7 @@ from mlxpa.config import EngineConfig
 from mlxpa.data import STDIN, InputOptions, Row
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.stream import RequestStream
+from mlxpa.inputs.processor import question_prompts
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
@@ -140,5 +140,5 @@ def content_free_scores(engine: LLMEngine, questions: QuestionSet, chat: bool,
             raise ValueError(f"content-free document {item.request.request_id}: {out.error}")
         i = int(item.request.request_id.split("/")[1])
         for q, s in zip(questions.questions, out.question_scores):
-            scores[q.name][i] = list(s.logprobs.values())
+            scores[q.name][i] = [s.logprobs[label] for label in q.labels]
     return {name: np.asarray(v, dtype=np.float64) for name, v in scores.items()}

@@ -17,7 +17,7 @@ from mlxpa.annotation.tally import AnswerTally
 from mlxpa.batch.report import model_name
 from mlxpa.batch.requests import RowRequest
 from mlxpa.data import STDIN, ResultWriter, Row
-from mlxpa.data.records import error_records, result_records
+from mlxpa.data.records import error_records, result_records, row_answers_of
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
 from mlxpa.engine.progress import RunProgress
@@ -47,12 +47,12 @@ class Job:
         for rr, outs in stream.run(self._runnable(windows), should_stop):
             if any(o.error for o in outs):
                 self.engine.counters.failed_rows += 1
+            answers = row_answers_of(rr.row, outs, self.calibration, self.permute)
             records = result_records(rr.row, outs, self.out_fmt, model, self.place(rr.row),
-                                     self.engine.tokenizer, calibration=self.calibration,
-                                     permute=self.permute)
-            if self.tally is not None and "answers" in records[0]:
-                self.tally.add(rr.row.questions, records[0]["answers"], rr.row.gold,
-                               records[0].get("label_order_changed"), rr.row.index)
+                                     self.engine.tokenizer, answers=answers)
+            if self.tally is not None and answers is not None and not isinstance(answers, str):
+                self.tally.add(rr.row.questions, answers.answers, rr.row.gold, answers.changed,
+                               rr.row.index)
             self.writer.add(rr.row.index, records)
             self.progress.advance()
 

@@ -27,7 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from mlxpa.config import DTYPES, KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
-from mlxpa.data.inputs import FORMATS, InputOptions
+from mlxpa.data.reader_options import FORMATS, InputOptions
 from mlxpa.data.records import OUTPUT_FORMATS
 from mlxpa.messages import FieldError
 

@@ -37,7 +37,7 @@ from mlxpa.cli.options import (
     text_option,
 )
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import InputOptions
+from mlxpa.data.reader_options import InputOptions
 from mlxpa.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

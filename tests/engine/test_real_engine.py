@@ -153,9 +153,9 @@ def test_chat_questions_share_the_conversation_on_gemmas_template(default_model)
     turn change (oracle: the template rendered by the tokenizer itself)."""
     from mlxpa.annotation.questions import load_questions
     from mlxpa.annotation.render import question_messages
-    from mlxpa.batch.prompts import question_prompts
     from mlxpa.data import Row
     from mlxpa.inputs import InputProcessor
+    from mlxpa.inputs.processor import question_prompts
 
     _, tok, _ = default_model
     qs = load_questions("examples/questions.json")

@@ -21,7 +21,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from pydantic.json_schema import models_json_schema
 
-from mlxpa.data.jsonl import json_line
 from mlxpa.engine.async_llm import AsyncLLM
 from mlxpa.entrypoints.openai import protocol
 from mlxpa.entrypoints.openai.asgi import (
@@ -37,6 +36,7 @@ from mlxpa.entrypoints.openai.requests import RequestError, engine_request, pars
 from mlxpa.entrypoints.openai.serving import Serving
 from mlxpa.inputs import InputProcessor
 from mlxpa.sampling_params import SamplingParams
+from mlxpa.utils import json_line
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
@@ -107,19 +107,19 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
                                f"{name!r} (GET /v1/models)", "model", 404, "not_found_error",
                                "model_not_found")
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        parsed = engine_request(kind, body, request_id, processor, defaults)
+        served = engine_request(kind, body, request_id, processor, defaults)
         try:
-            if not parsed.stream:
-                outs = await until_disconnect(request, serving.collect(parsed))
-                return _json(serving.response(parsed, outs, request_id))
-            outputs = llm.generate(parsed.request)
+            if not served.parsed.stream:
+                outs = await until_disconnect(request, serving.collect(served))
+                return _json(serving.response(served, outs, request_id))
+            outputs = llm.generate(served.request)
             first = await until_disconnect(request, anext(outputs))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if first.error is not None:
             await outputs.aclose()
             raise RequestError(first.error)
-        return EventStream(serving.events(parsed, request_id, first, outputs))
+        return EventStream(serving.events(served, request_id, first, outputs))
 
     @app.post("/v1/chat/completions", responses=_responses("ChatCompletionResponse"),
               openapi_extra=_body("ChatCompletionRequest"))
