@@ -121,6 +121,7 @@ class LLM:
 
     def chat(self, messages: Any, sampling_params: SamplingParams | list[SamplingParams]
              | None = None, *, use_tqdm: bool = True,
+             chat_template: str | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Generate a reply to every conversation, rendered by the model's chat template
@@ -131,6 +132,8 @@ class LLM:
                 of conversations.
             sampling_params: As :meth:`generate` (one, or one per conversation).
             use_tqdm: Draw a progress bar on stderr.
+            chat_template: A Jinja chat template to use instead of the model's (vLLM's
+                argument; needed for a model folder without one).
             chat_template_kwargs: More variables for the template (``enable_thinking``, ...).
             add_generation_prompt: End the prompt with the template's assistant turn opener.
 
@@ -142,10 +145,14 @@ class LLM:
                 the model has no chat template or the template rejects a conversation.
         """
         check_chat_options(chat_template_kwargs, add_generation_prompt)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError("chat_template must be a template's text or None, got "
+                            f"{type(chat_template).__name__}")
         chats = [ChatPrompt(c, chat_template_kwargs, add_generation_prompt)
                  for c in conversation_list(messages)]
-        params = params_list(sampling_params, len(chats), self._processor())
-        return self._run_all(chats, params, use_tqdm, "messages")
+        processor = self._processor(chat_template)
+        params = params_list(sampling_params, len(chats), processor)
+        return self._run_all(chats, params, use_tqdm, "messages", processor)
 
     def generate_iter(self, prompts: Iterable[Any], sampling_params: SamplingParams | None
                       = None, *, ordered: bool = True, window: int = PREFIX_WINDOW,
@@ -189,11 +196,11 @@ class LLM:
 
     # ---------------------------------------------------------------------------- internals
 
-    def _processor(self) -> InputProcessor:
+    def _processor(self, chat_template: str | None = None) -> InputProcessor:
         """The input processor of the engine's model (its vocabulary and context)."""
         engine = self.llm_engine
         return InputProcessor(engine.tokenizer, engine.runner.vocab_size,
-                              engine.runner.max_model_len)
+                              engine.runner.max_model_len, chat_template=chat_template)
 
     @staticmethod
     def _request(index: int, prompt: Any, params: SamplingParams, processor: InputProcessor,
@@ -220,9 +227,9 @@ class LLM:
             return PromptRequest(index, str(index), None, error=str(e))
 
     def _run_all(self, items: list[Any], params: list[SamplingParams], use_tqdm: bool,
-                 arg: str) -> list[RequestOutput]:
+                 arg: str, processor: InputProcessor | None = None) -> list[RequestOutput]:
         """Every item checked first (raising on the first bad one), then run."""
-        processor, ids, requests = self._processor(), CallIds(arg), []
+        processor, ids, requests = processor or self._processor(), CallIds(arg), []
         for i, (item, p) in enumerate(zip(items, params)):
             request = self._request(i, item, p, processor, ids, arg)
             if request.error is not None:

@@ -55,7 +55,9 @@ class RequestSpec(NamedTuple):
         gold_field: The field of a row's gold labels (``--gold-column``).
         keep: Fields the source carries to its output (``--keep-columns``): never refused.
         body: An OpenAI body: every field must be known (a row lets others pass through).
-        api: With ``body``, the route: ``chat`` or ``completions`` (None: told by the prompt).
+        api: With ``body``, the route: ``chat`` or ``completions`` (None: told by the prompt),
+            or ``annotations`` (a document, ``prompt`` or ``messages``, and its
+            ``questions``).
         route: How the route is named when a body lacks its prompt field.
         prefix: Put before field names in problems (``"body."`` in an OpenAI Batch line).
         served: An HTTP body: ``stream``, ``stream_options``, a completions ``prompt`` of token
@@ -162,7 +164,8 @@ def parse_request(fields: Mapping[str, Any], spec: RequestSpec = ROW, *,
             ids = read_token_ids(fields, spec.prompt_field, spec.messages_field, problems)
     api = spec.api or (("chat" if messages is not None else "completions") if spec.body
                        else None)
-    if spec.api is not None and (messages is None) != (api == "completions") and not problems:
+    if spec.api in ("chat", "completions") and (messages is None) != (api == "completions") \
+            and not problems:
         want = spec.messages_field if api == "chat" else spec.prompt_field
         problems.append(f'{spec.route} needs field "{spec.prefix}{want}"')
     if spec.system is not None and ids is not None:
@@ -173,11 +176,13 @@ def parse_request(fields: Mapping[str, Any], spec: RequestSpec = ROW, *,
     params = parse_params(fields, spec.prefix, problems)
     params.update(parse_structured(fields, spec.prefix, problems))
     questions = gold = None
-    if not spec.body:
+    if not spec.body or api == "annotations":
         questions, gold = parse_questions(
             fields, spec.questions, spec.gold_field, problems,
             prompt_fields=f'"{spec.prompt_field}" or "{spec.messages_field}"',
             token_ids=ids is not None, constrained="structured_outputs" in params)
+        if questions is None and api == "annotations" and fields.get("questions") is None:
+            problems.append('missing field "questions"')
     if served is not None and served.stream:
         params["output_kind"] = RequestOutputKind.DELTA
     return ParsedRequest(row_id, prompt, messages, ids, template_kwargs, params, questions,
@@ -226,7 +231,8 @@ def _check_fields(fields: Mapping[str, Any], spec: RequestSpec, problems: list[s
     near misses of sampling fields (anything else passes through)."""
     known = known_fields(spec) if not spec.body else frozenset(
         (spec.prompt_field, spec.messages_field, "max_completion_tokens", *SAMPLING_FIELDS,
-         *PROMPT_FIELDS[1:], *ENCODING_FIELDS))
+         *PROMPT_FIELDS[1:], *ENCODING_FIELDS, *(("questions",) if spec.api == "annotations"
+                                                 else ())))
     for key, value in fields.items():
         if value is None or key in known or key in spec.keep:
             continue

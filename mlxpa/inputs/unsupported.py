@@ -83,6 +83,12 @@ FIELD_SUPPORT: dict[str, FieldRule] = {
     "audio": _unsupported("only text output is produced"),
     "prediction": _unsupported("predicted outputs are not implemented"),
     "web_search_options": _unsupported("a batch run has no web search"),
+    # vLLM's detokenizer fields: mlxpa's text keeps the special tokens the model writes
+    # (mlx-lm's streaming detokenizers), with nothing put between them
+    "skip_special_tokens": _unsupported(
+        "the text keeps the special tokens the model writes (give false)"),
+    "spaces_between_special_tokens": _unsupported(
+        "nothing is put between special tokens in the text (give false)"),
 }
 
 

@@ -1,10 +1,9 @@
-"""A request body to an engine request: the body read by the request schema every entry point
-shares (:func:`mlxpa.inputs.schema.parse_request`, as an HTTP body of its route: ``stream``,
-a completions ``prompt`` of token ids, chat's ``logprobs`` true or false), then the input
-processor (:meth:`~mlxpa.inputs.InputProcessor.process_inputs`: the server's defaults merged
-once, token ids against the vocabulary, the chat template, the context), and the room
-``max_tokens`` asks after the prompt. Every problem is a :class:`RequestError` (HTTP 400)
-naming the field as the body spells it.
+"""A request body to an engine request: its bytes decoded and its ``model`` checked, then read
+by the request schema every entry point shares (:func:`mlxpa.inputs.schema.parse_request`, as
+the HTTP body of its route), the input processor (the server's defaults merged once, token ids
+against the vocabulary, the chat template, the context), and the room ``max_tokens`` asks
+after the prompt. Every problem is a :class:`RequestError` (HTTP 400) naming the field as the
+body spells it.
 """
 
 from __future__ import annotations
@@ -64,27 +63,34 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 
 def body_spec(kind: str) -> RequestSpec:
-    """How a body of route ``kind`` (``chat``, ``completions``; ``annotations``: a document
-    and its ``questions``, :mod:`mlxpa.entrypoints.openai.annotations`) spells a request."""
-    if kind == "annotations":
-        return RequestSpec()
-    return RequestSpec(body=True, api=kind, served=True)
+    """How a body of route ``kind`` spells a request: ``chat``, ``completions``, or
+    ``annotations`` (a document, ``prompt`` or ``messages``, and its ``questions``: scored,
+    answered whole)."""
+    return RequestSpec(body=True, api=kind, served=kind != "annotations")
 
 
-def engine_request(kind: str, body: dict[str, Any], request_id: str,
-                   processor: InputProcessor, defaults: SamplingParams) -> ServerRequest:
+def engine_request(kind: str, raw: bytes, request_id: str, processor: InputProcessor,
+                   defaults: SamplingParams, served_model_name: str) -> ServerRequest:
     """The request of a ``chat`` or ``completions`` body (or an ``annotations`` one).
 
     Args:
         kind: The route: ``chat``, ``completions`` or ``annotations``.
-        body: The decoded body (not changed).
+        raw: The body's bytes.
         request_id: The engine's id for it.
         processor: The model's input processor (vocabulary, context, chat template).
         defaults: Sampling parameters for the fields the body does not set.
+        served_model_name: The ``model`` a body may name.
 
     Raises:
-        RequestError: Naming the first bad field (every problem in the message).
+        RequestError: Not a JSON object; another model (404); naming the first bad field
+            (every problem in the message).
     """
+    body = parse_json(raw)
+    model = body.get("model")
+    if model is not None and model != served_model_name:
+        raise RequestError(f"the model {model!r} does not exist; this server serves "
+                           f"{served_model_name!r} (GET /v1/models)", "model", 404,
+                           "not_found_error", "model_not_found")
     parsed = parse_request(body, body_spec(kind))
     if parsed.problems:
         raise _error("; ".join(parsed.problems), kind)

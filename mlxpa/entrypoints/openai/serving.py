@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from mlxpa.annotation.answers import answers_of
 from mlxpa.engine.async_llm import AsyncLLM, EngineDeadError
 from mlxpa.entrypoints.openai.requests import RequestError, ServerRequest
 from mlxpa.openai_api import (
@@ -68,6 +69,23 @@ class Serving:
             raise RequestError(failed.error)
         return completion_body(outs, served.parsed.api == "chat", self.model_name, request_id,
                                self.tokens)
+
+    def annotation(self, served: ServerRequest, outs: list[SampleOutput],
+                   request_id: str) -> dict[str, Any]:
+        """The body of an annotated document: ``{"id", "object": "annotation", "created",
+        "model", "answers", "usage"}``, its ``answers`` those ``mlxpa run --questions`` writes
+        (:func:`mlxpa.annotation.answers.answers_of`; raw, not calibrated).
+
+        Raises:
+            RequestError: The document failed (the engine's message).
+        """
+        (out,) = outs
+        if out.error is not None:
+            raise RequestError(out.error)
+        answers = answers_of(served.parsed.questions, out.question_scores).answers
+        return {"id": request_id, "object": "annotation", "created": int(time.time()),
+                "model": self.model_name, "answers": answers,
+                "usage": usage(out.num_prompt_tokens, 0, out.num_cached_tokens)}
 
     async def events(self, served: ServerRequest, request_id: str, first: SampleOutput,
                      rest: AsyncIterator[SampleOutput]) -> AsyncIterator[bytes]:
