@@ -15,8 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mlxpa.annotation.calibration import Calibration
-from mlxpa.annotation.temperature import TEMPERATURE_BOUNDS
+from mlxpa.annotation.calibration import FEW_ROWS, Calibration, doubt
 
 # (key of the figures, row title, format)
 ROWS = (("n", "rows", "{:,}"), ("accuracy", "accuracy", "{:.3f}"),
@@ -49,11 +48,6 @@ def figures_table(title: str, columns: Mapping[str, Mapping[str, Any] | None]) -
     return table
 
 
-# Fewer fitting rows than this get a warning in the report: a temperature fitted on a few rows
-# (all answered right, the loss falls as T falls) makes every answer nearly certain.
-FEW_ROWS = 30
-
-
 def calibration_tables(cal: Calibration) -> list[Table]:
     """A table per calibrated question: the held-out figures before and after, titled with
     the question, its temperature and the split's sizes."""
@@ -62,8 +56,7 @@ def calibration_tables(cal: Calibration) -> list[Table]:
         bias = ", bias" if q.bias is not None else ""
         title = (f"{name}: T = {q.temperature:.3f}{bias}; fitted on {q.num_fit:,} "
                  f"row{'s' * (q.num_fit != 1)}, figures on {q.num_heldout:,} held out")
-        lo, hi = TEMPERATURE_BOUNDS
-        if q.num_fit < FEW_ROWS or not lo * 1.05 < q.temperature < hi / 1.05:
+        if doubt(q) is not None:
             why = "few rows" if q.num_fit < FEW_ROWS else "T at the end of its range"
             title += (f" (warning: {why}; fit on {FEW_ROWS}+ labelled rows, some of them "
                       "answered wrong)")

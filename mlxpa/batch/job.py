@@ -94,10 +94,11 @@ def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, st
 
 def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
                    verbose: bool, console: Console,
-                   pending: Iterable[list[SampleOutput]] = ()) -> None:
-    """Say where the rows went; after an interrupt, take the requests in flight and the
-    finished samples of rows not written (``pending``; a resume runs both) out of the
-    counters, so the report counts what was written, and say what was dropped."""
+                   pending: Iterable[list[SampleOutput]] = (), named: bool = True) -> None:
+    """Say where the rows went (unless not ``named``: a temporary output); after an
+    interrupt, take the requests in flight and the finished samples of rows not written
+    (``pending``; a resume runs both) out of the counters, so the report counts what was
+    written, and say what was dropped."""
     if interrupted:
         done = [o for group in pending for o in group]
         dropped = [*engine.scheduler.running, *engine.scheduler.waiting, *done]
@@ -112,5 +113,5 @@ def report_written(engine: LLMEngine, written: int, output: str, interrupted: bo
             console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
                           "prompt tokens; --resume runs them); the report counts the "
                           "finished rows", markup=False, highlight=False)
-    if verbose and output != STDIN:
+    if verbose and named and output != STDIN:
         console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)
