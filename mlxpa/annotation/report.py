@@ -101,8 +101,9 @@ def reliability_diagram(path: str | os.PathLike,
             line, = ax.plot(conf, acc, linewidth=1, label=f"{label} (ECE {figures['ece']:.3f})")
             ax.scatter(conf, acc, s=[12 + 200 * n / sum(count) for n in count],  # area ~ rows
                        marker=marker, color=line.get_color(), alpha=0.8)
+        # a margin past 0 and 1: a bin at confidence or accuracy 1.0 shows whole, not clipped
         ax.set(title=name, xlabel="confidence (top label)", ylabel="accuracy",
-               xlim=(0, 1), ylim=(0, 1), aspect="equal")
+               xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), aspect="equal")
         ax.legend(loc="upper left", fontsize="small")
     if title:
         fig.suptitle(title)
