@@ -26,6 +26,19 @@ def default_model(default_model_dir):
     return load_model(EngineConfig())
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory_after_each_module():
+    """After each test module, the memory it freed goes back: MLX keeps freed buffers in its
+    cache for reuse, so without this a later module's peak stands on every earlier one's."""
+    yield
+    import gc
+    import sys
+
+    gc.collect()
+    if "mlx.core" in sys.modules:
+        sys.modules["mlx.core"].clear_cache()
+
+
 def pytest_collection_modifyitems(items) -> None:
     """A test of the default model is a slow one (``pytest -m "not slow"`` leaves it out)."""
     for item in items:

@@ -1,26 +1,9 @@
-"""One output row's ``answers`` object: per question its label and probabilities.
-
-For each question (in the question set's order)::
-
-    "answers": {NAME: {"label": str, "probs": {label: float}, "logprobs": {label: float},
-                       "outside_prob": float, "calibrated": bool,
-                       "expected": float}}          # "expected": scale questions only
-
-* ``logprobs``: each label's raw log-probability after the question (a choice row's
-  ``choice_logprobs``), kept so that a later calibration can be fitted on outputs;
-* ``probs``: over the labels, summing to 1: calibrated (``softmax((logprobs - bias) / T)``)
-  when the run has a calibration for the question (``calibrated`` true), else the raw
-  ``softmax(logprobs)`` (a choice row's ``choice_probs``);
-* ``label``: the label of highest ``probs`` (the first on a tie): an annotation never samples;
-* ``outside_prob``: the model's probability of a continuation that is none of the labels
-  (raw, not calibrated; a choice row's ``choice_outside_prob``);
-* ``expected``: a ``scale`` question's ``sum(probs[c] * value(c))``;
-* ``permuted_label`` (the label order check, for a question whose template lists its
-  labels): the label it gets when its labels are listed in the second order
-  (:meth:`~mlxpa.annotation.questions.Question.relisted`), probabilities mapped the same way.
-
-A row's questions are scored in the order of :func:`scored_questions`; :func:`row_answers`
-reads the scores back in that order, each question's by its labels.
+"""One row's ``answers`` object (its fields: ``docs/annotation.md``): per question its
+``label`` (the highest ``probs``: an annotation never samples), ``probs`` (calibrated, else
+``softmax(logprobs)``), the raw ``logprobs`` (kept so a calibration can be fitted on outputs),
+``outside_prob``, ``calibrated``, a scale's ``expected`` and, with the label order check,
+``permuted_label``. A row's questions are scored in the order of :func:`scored_questions`;
+their scores are read back in that order, each question's by its labels.
 """
 
 from __future__ import annotations

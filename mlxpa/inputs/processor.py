@@ -67,7 +67,7 @@ class InputProcessor:
         Args:
             request_id: The caller's id (a server's request id, ``LLM``'s prompt index, a
                 file row's id as text); the engine refuses one it is still running.
-            prompt: A parsed request (a row, a body, a dict prompt; without problems): its
+            prompt: A parsed request (a row, a body, a dict prompt; its problems are raised): its
                 fields merged with ``params`` (:meth:`sampling_params`), or its questions'
                 group (:meth:`question_request`; ``permute``: the label order check too); or
                 a text prompt, a list of token ids, or a :class:`ChatPrompt`, sampled with
@@ -82,6 +82,8 @@ class InputProcessor:
         if not isinstance(prompt, ParsedRequest):
             self.check_params(params)
             return self.prompt_request(request_id, prompt, params)
+        if prompt.problems:
+            raise ValueError("; ".join(prompt.problems))
         merged = self.sampling_params(prompt, params)
         if prompt.questions is not None:  # scored: its sampling fields do not apply
             return self.question_request(request_id, *question_prompts(prompt, permute))

@@ -99,3 +99,9 @@ def test_add_special_tokens_is_honoured(bos_tokenizer):
     assert chat.prompt_token_ids(messages, add_special_tokens=False) == text
     assert parse_request({"prompt": "x", "add_special_tokens": 1}).problems == (
         'field "add_special_tokens" must be true or false, got 1',)
+
+
+def test_a_request_with_problems_is_refused_by_the_processor():
+    parsed = parse_request({"prompt": "", "temperature": -1})
+    with pytest.raises(ValueError, match=r'field "prompt" must be .*; field "temperature"'):
+        InputProcessor(byte_tokenizer(), 256, 64).process_inputs("r", parsed, DEFAULTS)
