@@ -17,9 +17,11 @@ def default_model_dir():
     return resolve_model(None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def default_model(default_model_dir):
-    """``(model, tokenizer, folder)`` of the default model, float32, loaded once per session."""
+    """``(model, tokenizer, folder)`` of the default model, float32, loaded once per module
+    (a few seconds each; held for the session, its 1.1 GiB would stand under every later
+    module's peak)."""
     from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
