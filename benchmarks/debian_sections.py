@@ -19,7 +19,7 @@ its section. :data:`MAX_SHOTS` packages of each section, kept out of the rows, a
 examples the prompt variants draw on.
 
 ``measure`` scores every row under each prompt variant of :data:`VARIANTS` with
-``LLM.classify`` (the pipeline of ``mlxpa run --questions``), with contextual calibration's
+``LLM.annotate`` (the pipeline of ``mlxpa run --questions``), with contextual calibration's
 content-free documents, then for each of ``--seeds`` splits (``--holdout`` held out) fits a
 temperature, and a bias then a temperature, on the fitting rows and reports the held-out
 figures before and after: mean and standard deviation over the splits. A variant whose
@@ -150,9 +150,9 @@ def variant_questions(name: str, examples: dict[str, list[str]], seed: int = 0) 
 
 def score(llm, rows: list[dict], questions: dict, permute: bool) -> dict:
     """Every row's and content-free document's label log-probabilities, through
-    ``LLM.classify``; the seconds it took."""
+    ``LLM.annotate``; the seconds it took."""
     start = time.perf_counter()
-    outs = llm.classify(rows, questions, permute_labels=permute)
+    outs = llm.annotate(rows, questions, permute_labels=permute)
     seconds = time.perf_counter() - start
     bad = [o.error for o in outs if o.error]
     if bad:
@@ -174,7 +174,7 @@ def content_free(llm, questions: dict) -> list[list[float]]:
     document is one of them)."""
     from mlxpa.batch.calibrate import content_free_scores
     from mlxpa.data import InputOptions
-    from mlxpa.entrypoints.classify import question_set
+    from mlxpa.entrypoints.annotate import question_set
 
     qs = question_set(questions)
     return content_free_scores(llm.llm_engine, qs, False, InputOptions())["section"].tolist()

@@ -10,8 +10,8 @@ default templates. Each configuration runs on a fresh ``LLM`` (nothing cached fr
 after a warm-up on a document of its own, ``--repeats`` times on fresh documents' slices of
 the same length; the figure is seconds per document (the median over repeats):
 
-* ``one_question``: the first question only (``LLM.classify``, a question group of one);
-* ``five_questions``: the five as one question group (``LLM.classify``), prefix cache on;
+* ``one_question``: the first question only (``LLM.annotate``, a question group of one);
+* ``five_questions``: the five as one question group (``LLM.annotate``), prefix cache on;
 * ``five_questions_no_cache``: the same with the prefix cache off (the document is prefilled
   once by the group itself);
 * ``five_rows_no_cache``: five separate choice rows per document (``LLM.generate`` with a
@@ -53,12 +53,12 @@ def documents(tokenizer, count: int, tokens: int) -> list[str]:
 def run(name: str, llm, docs: list[str]) -> None:
     """One configuration over ``docs`` (the work, not timed here)."""
     from mlxpa import SamplingParams, StructuredOutputsParams
-    from mlxpa.entrypoints.classify import question_set
+    from mlxpa.entrypoints.annotate import question_set
 
     if name == "one_question":
-        outs = llm.classify(docs, QUESTIONS[:1], use_tqdm=False)
+        outs = llm.annotate(docs, QUESTIONS[:1], use_tqdm=False)
     elif name.startswith("five_questions"):
-        outs = llm.classify(docs, QUESTIONS, use_tqdm=False)
+        outs = llm.annotate(docs, QUESTIONS, use_tqdm=False)
     else:
         qs = question_set(QUESTIONS)
         from mlxpa.annotation.render import prompt_text

@@ -22,7 +22,7 @@ _preload_blas()
 
 from mlxpa.config import EngineConfig  # noqa: E402
 from mlxpa.entrypoints.outputs import (  # noqa: E402
-    ClassificationRequestOutput,
+    AnnotationOutput,
     CompletionOutput,
     Logprob,
     QuestionAnswer,
@@ -33,7 +33,7 @@ from mlxpa.sampling_params import SamplingParams, StructuredOutputsParams  # noq
 if TYPE_CHECKING:
     from mlxpa.entrypoints.llm import LLM
 
-__all__ = ["LLM", "ClassificationRequestOutput", "CompletionOutput", "EngineConfig", "Logprob",
+__all__ = ["LLM", "AnnotationOutput", "CompletionOutput", "EngineConfig", "Logprob",
            "QuestionAnswer", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 
 

@@ -1,5 +1,5 @@
 """How messages quote a user's value and name a field, stated once for rows, the API and the
-CLI: :class:`FieldError` (a field outside its range), :func:`quote_value`,
+CLI: :class:`FieldError` (a field outside its range), :func:`quote_value`, :func:`json_type`,
 :func:`field_error_text`, :func:`token_id_problem` and :func:`surrogate_problem`. No mlx."""
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ def _describe(value: Any) -> str:
     if isinstance(value, int):
         return f"an integer of {value.bit_length()} bits"
     return f"a nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a value"
+
+
+def json_type(value: Any) -> str:
+    """``a string``, ``an array``, ... for a decoded JSON value that is not an object."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
 
 
 def field_error_text(field: str, wanted: str, value: Any) -> str:

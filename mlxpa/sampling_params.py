@@ -2,18 +2,21 @@
 the structured-output parameters (:class:`StructuredOutputsParams` as vLLM spells a
 constraint, :class:`StructuredOutput` its canonical form).
 
-Every range rule is stated once, here: a row's sampling field is checked by building a
-:class:`SamplingParams` from it (:func:`sampling_field_problem`). Compiling a constraint with
-llguidance is :func:`mlxpa.structured.spec.check`'s job. No mlx.
+Each field is stated once, here: its type, default, rule (:data:`_RULES`) and, for a field a
+request may set, its ``mlxpa run`` option and OpenAPI range (its metadata), from which the
+request schema (:mod:`mlxpa.inputs.schema`), the command line and the server's OpenAPI
+models derive. No mlx.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mlxpa.messages import FieldError, check_field, surrogate_problem
 from mlxpa.utils import is_finite, is_int
@@ -62,16 +65,26 @@ class StructuredOutput:
         source: Where it was given, for messages: a row's field (``guided_choice``,
             ``body.structured_outputs``) or a CLI option (``--choice``); not part of the
             constraint's identity (equality, hash).
+        choices: A ``choice`` constraint's labels, in order (read from ``spec`` once); None
+            for the other kinds.
     """
 
     kind: str
     spec: str
     source: str | None = dataclasses.field(default=None, compare=False)
+    choices: tuple[str, ...] | None = dataclasses.field(default=None, compare=False,
+                                                       repr=False)
 
-    @property
-    def choices(self) -> tuple[str, ...] | None:
-        """The choices of a ``choice`` constraint, else None."""
-        return tuple(json.loads(self.spec)) if self.kind == "choice" else None
+    def __post_init__(self) -> None:
+        if self.kind == "choice" and self.choices is None:
+            object.__setattr__(self, "choices", tuple(json.loads(self.spec)))
+
+    @staticmethod
+    def of_labels(labels: tuple[str, ...], source: str | None = None) -> StructuredOutput:
+        """A ``choice`` constraint of labels already checked (a question's): the tuple kept
+        as it is, its canonical text written once."""
+        return StructuredOutput("choice", json.dumps(list(labels), ensure_ascii=False), source,
+                                tuple(labels))
 
     @property
     def decoded(self) -> bool:
@@ -171,6 +184,16 @@ class StructuredOutputsParams:
                              f"{value!r:.60}") from None
 
 
+def _request(default: Any, cli: str | None = None, *, decls: tuple[str, ...] = (),
+             show_default: bool = True, **bounds: float) -> Any:
+    """A field a request (a row, a body) may set by its name. ``cli``: the help of its
+    ``mlxpa run`` option (None: no option; ``decls`` its names, default ``--<name>``);
+    ``bounds``: its range as the OpenAPI schema states it (``ge``, ``gt``, ``le``)."""
+    return dataclasses.field(default=default, metadata={
+        "request": True, "cli": cli, "decls": decls, "show_default": show_default,
+        "bounds": bounds})
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling and stopping parameters (vLLM's ``SamplingParams``: its names and
@@ -188,16 +211,12 @@ class SamplingParams:
         seed: Per-request seed; the same seed gives the same text whatever else is batched.
         stop: Stop strings; the completion ends before the earliest match (not included).
         n: Number of samples of the prompt (1 to :data:`MAX_N`).
-        ignore_eos: Keep generating past the model's EOS ids (benchmarks).
         stop_token_ids: Token ids that end the completion like EOS (the token is kept in
             ``token_ids``, its text is not in ``text``); one id or a list of them.
+        ignore_eos: Keep generating past the model's EOS ids (benchmarks).
         include_stop_str_in_output: Keep the matched stop string at the end of ``text``.
         min_tokens: Tokens to generate before EOS, stop token ids or stop strings may end
             the completion (EOS and stop token ids are masked out until then, as in vLLM).
-        structured_outputs: Constraint on the completion: a :class:`StructuredOutputsParams`,
-            kept as its canonical :class:`StructuredOutput`; None for free text.
-        logprobs: None: no log-probabilities; ``k``: each generated token's log-probability
-            and its ``k`` most likely alternatives (0 to :data:`MAX_LOGPROBS`), as vLLM's.
         repetition_penalty: vLLM's (CTRL's, Keskar et al. 2019) multiplicative penalty, > 0
             (1: off): every token of the prompt or the output so far has its logit divided
             by it when positive, multiplied by it when not.
@@ -210,9 +229,16 @@ class SamplingParams:
         prompt_logprobs: vLLM's: None (off), or the log-probability of every prompt token
             after the first with this many most likely alternatives (0 to 20); needs
             ``max_tokens >= 1`` and no ``choice`` constraint (a choice is scored).
+        structured_outputs: Constraint on the completion: a :class:`StructuredOutputsParams`,
+            kept as its canonical :class:`StructuredOutput`; None for free text.
+        logprobs: None: no log-probabilities; ``k``: each generated token's log-probability
+            and its ``k`` most likely alternatives (0 to :data:`MAX_LOGPROBS`), as vLLM's.
         output_kind: :class:`RequestOutputKind`: outputs when a sample finishes
-            (``FINAL_ONLY``) or after every step (``DELTA``); not a row field.
+            (``FINAL_ONLY``) or after every step (``DELTA``).
 
+    The fields up to ``prompt_logprobs`` are request fields under their own names (their
+    order is the order a request's problems are listed in); ``structured_outputs`` and
+    ``logprobs`` are read from OpenAI's and vLLM's spellings (:mod:`mlxpa.structured.fields`).
     The order of the logit processing is vLLM v1's sampler's (``vllm/v1/sample/sampler.py``):
     raw log-probabilities (``logprobs``) first, then the grammar mask, ``min_tokens``,
     ``logit_bias``, the repetition, frequency and presence penalties, then temperature,
@@ -223,89 +249,66 @@ class SamplingParams:
         ValueError: A rule between two fields.
     """
 
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    min_tokens: int = 0
+    max_tokens: int = _request(256, "Default completion length cap (clamped to the context).",
+                               ge=0)
+    temperature: float = _request(0.0, "Default temperature; 0 = greedy.", ge=0)
+    top_p: float = _request(1.0, "Default nucleus mass.", gt=0, le=1)
+    top_k: int = _request(0, "Default top-k (0 or -1 = off).", ge=-1)
+    min_p: float = _request(0.0, "Default min-p (0 = off).", ge=0, le=1)
+    seed: int | None = _request(None, ge=0)  # --seed is the engine's (a row's derived seed)
+    stop: tuple[str, ...] = _request(
+        (), "Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")
+    n: int = _request(1, "Default samples per prompt.", ge=1, le=MAX_N)
+    stop_token_ids: tuple[int, ...] = _request((), "Default stop token id (repeatable).",
+                                               decls=("--stop-token-id",))
+    ignore_eos: bool = _request(False, "Default: generate past EOS up to max tokens.")
+    include_stop_str_in_output: bool = _request(
+        False, "Default: keep the matched stop string.", decls=("--include-stop-str",))
+    min_tokens: int = _request(0, "Default tokens before EOS or a stop may end the text.", ge=0)
+    repetition_penalty: float = _request(1.0, "Default repetition penalty (1 = off).",
+                                         show_default=False, gt=0)
+    presence_penalty: float = _request(0.0, "Default presence penalty, -2..2 (0 = off).",
+                                       show_default=False, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = _request(0.0, "Default frequency penalty, -2..2 (0 = off).",
+                                        show_default=False, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    logit_bias: dict[int, float] | None = _request(None, ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)
+    prompt_logprobs: int | None = _request(None, ge=0, le=MAX_LOGPROBS)
     structured_outputs: StructuredOutput | StructuredOutputsParams | None = None
     logprobs: int | None = None
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __post_init__(self) -> None:
-        self._normalize()
-        self._check_fields()
-        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        for name in _NORMALIZED:
+            object.__setattr__(self, name, _normal(name, getattr(self, name)))
+        for name, (ok, wanted) in _RULES.items():
+            check_field(ok(getattr(self, name)), name, getattr(self, name), wanted)
+        object.__setattr__(self, "logit_bias", _bias_floats(self.logit_bias))
         self._check_between_fields()
 
-    def _normalize(self) -> None:
-        """vLLM's spellings to the stored ones: top_k -1, one stop string or token id, a
-        list, a :class:`StructuredOutputsParams`."""
-        def put(name: str, value: object) -> None:
-            object.__setattr__(self, name, value)
-        if self.top_k == -1:
-            put("top_k", 0)
-        if isinstance(self.stop_token_ids, list) or is_int(self.stop_token_ids):
-            ids = self.stop_token_ids
-            put("stop_token_ids", tuple(ids) if isinstance(ids, list) else (ids,))
-        if isinstance(self.structured_outputs, StructuredOutputsParams):
-            put("structured_outputs", self.structured_outputs.to_structured_output())
-        if isinstance(self.stop, str):
-            put("stop", (self.stop,))
-        elif isinstance(self.stop, list):
-            put("stop", tuple(self.stop))
+    def merged(self, overrides: Mapping[str, Any]) -> SamplingParams:
+        """These parameters with a request's fields: the one merge of a request with its
+        defaults (:meth:`mlxpa.inputs.InputProcessor.process_inputs`).
 
-    def _check_fields(self) -> None:
-        """Each field's own range (:class:`FieldError`)."""
-        def check(name: str, ok: bool, wanted: str) -> None:
-            check_field(ok, name, getattr(self, name), wanted)
-        check("max_tokens", is_int(self.max_tokens) and self.max_tokens >= 0, "an integer >= 0")
-        check("temperature", is_finite(self.temperature) and self.temperature >= 0,
-              "a finite number >= 0")
-        check("top_p", is_finite(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]")
-        check("top_k", is_int(self.top_k) and self.top_k >= 0, "an integer >= 0 (or -1: off)")
-        check("min_p", is_finite(self.min_p) and 0 <= self.min_p <= 1, "a number in [0, 1]")
-        check("seed", self.seed is None or (is_int(self.seed) and self.seed >= 0),
-              "an integer >= 0")
-        check("stop", isinstance(self.stop, tuple)
-              and all(isinstance(s, str) and s for s in self.stop),
-              "a non-empty string or a list of them")
-        check("n", is_int(self.n) and 1 <= self.n <= MAX_N, f"an integer from 1 to {MAX_N}")
-        check("ignore_eos", isinstance(self.ignore_eos, bool), "true or false")
-        check("stop_token_ids", isinstance(self.stop_token_ids, tuple)
-              and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
-              "a token id (an integer >= 0) or a list of them")
-        check("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool),
-              "true or false")
-        check("min_tokens", is_int(self.min_tokens) and self.min_tokens >= 0, "an integer >= 0")
-        check("structured_outputs", self.structured_outputs is None
-              or isinstance(self.structured_outputs, StructuredOutput),
-              "a StructuredOutputsParams or None")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            check(name, value is None or (is_int(value) and 0 <= value <= MAX_LOGPROBS),
-                  f"an integer from 0 to {MAX_LOGPROBS}"
-                  + (" or null" if name == "prompt_logprobs" else ""))
-        check("output_kind", isinstance(self.output_kind, RequestOutputKind),
-              "a RequestOutputKind")
-        check("repetition_penalty", is_finite(self.repetition_penalty)
-              and self.repetition_penalty > 0, "a finite number > 0 (1: off)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            check(name, is_finite(value) and -MAX_PENALTY <= value <= MAX_PENALTY,
-                  f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g} (0: off)")
+        Args:
+            overrides: Field name to value. The fields of a :class:`CheckedFields` (what the
+                request schema read) were each checked by their rule there and are not
+                checked again; those of any other mapping are checked here.
+
+        Raises:
+            FieldError: A field of a plain mapping outside its range.
+            ValueError: A rule between two fields (``min_tokens`` above ``max_tokens``).
+        """
+        if not isinstance(overrides, CheckedFields):
+            for name, value in overrides.items():
+                wanted = sampling_field_problem(name, value)
+                if wanted is not None:
+                    raise FieldError(name, wanted, _normal(name, value))
+        new = copy.copy(self)
+        for name, value in overrides.items():
+            object.__setattr__(new, name, _normal(name, value))
+        object.__setattr__(new, "logit_bias", _bias_floats(new.logit_bias))
+        new._check_between_fields()
+        return new
 
     def _check_between_fields(self) -> None:
         """The rules between two fields (a plain ``ValueError``)."""
@@ -334,34 +337,102 @@ class SamplingParams:
             self.presence_penalty) or bool(self.frequency_penalty)
 
 
+class CheckedFields(dict):
+    """A request's sampling fields as the request schema read them: each value kept by its
+    field's rule (:func:`sampling_field_problem`), so :meth:`SamplingParams.merged` does not
+    check it again."""
+
+    __slots__ = ()
+
+
+# The request fields, in order (those a row, a body or an ``LLM`` dict prompt may set by name).
+REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams)
+                       if f.metadata.get("request"))
+
 _LOGIT_BIAS_WANTED = (f"an object of token id (an integer >= 0) -> bias from "
                       f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}")
+_BOOL = "true or false"
 
 
-def _logit_bias(value: object) -> dict[int, float] | None:
-    """``logit_bias`` as a new ``{int: float}`` dict (None when empty).
+def _penalty(v: object) -> bool:
+    return is_finite(v) and -MAX_PENALTY <= v <= MAX_PENALTY
 
-    Raises:
-        FieldError: Not a mapping of integer ids >= 0 to finite biases in [-100, 100].
-    """
-    if value is None:
-        return None
-    ok = isinstance(value, Mapping) and all(
+
+def _logprob_count(v: object) -> bool:
+    return v is None or (is_int(v) and 0 <= v <= MAX_LOGPROBS)
+
+
+def _bias_ok(v: object) -> bool:
+    return v is None or (isinstance(v, Mapping) and all(
         is_int(k) and k >= 0 and is_finite(b) and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS
-        for k, b in value.items())
-    check_field(ok, "logit_bias", value, _LOGIT_BIAS_WANTED)
-    return {k: float(b) for k, b in value.items()} or None
+        for k, b in v.items()))
+
+
+# Each field's own rule, stated once: (test of the stored value, what the field must be).
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "temperature": (lambda v: is_finite(v) and v >= 0, "a finite number >= 0"),
+    "top_p": (lambda v: is_finite(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (or -1: off)"),
+    "min_p": (lambda v: is_finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "seed": (lambda v: v is None or (is_int(v) and v >= 0), "an integer >= 0"),
+    "stop": (lambda v: isinstance(v, tuple) and all(isinstance(s, str) and s for s in v),
+             "a non-empty string or a list of them"),
+    "n": (lambda v: is_int(v) and 1 <= v <= MAX_N, f"an integer from 1 to {MAX_N}"),
+    "stop_token_ids": (lambda v: isinstance(v, tuple) and all(is_int(t) and t >= 0 for t in v),
+                       "a token id (an integer >= 0) or a list of them"),
+    "ignore_eos": (lambda v: isinstance(v, bool), _BOOL),
+    "include_stop_str_in_output": (lambda v: isinstance(v, bool), _BOOL),
+    "min_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "repetition_penalty": (lambda v: is_finite(v) and v > 0, "a finite number > 0 (1: off)"),
+    "presence_penalty": (_penalty, f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g} (0: off)"),
+    "frequency_penalty": (_penalty,
+                          f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g} (0: off)"),
+    "logit_bias": (_bias_ok, _LOGIT_BIAS_WANTED),
+    "prompt_logprobs": (_logprob_count, f"an integer from 0 to {MAX_LOGPROBS} or null"),
+    "structured_outputs": (lambda v: v is None or isinstance(v, StructuredOutput),
+                           "a StructuredOutputsParams or None"),
+    "logprobs": (_logprob_count, f"an integer from 0 to {MAX_LOGPROBS}"),
+    "output_kind": (lambda v: isinstance(v, RequestOutputKind), "a RequestOutputKind"),
+}
+_NORMALIZED = ("top_k", "stop", "stop_token_ids", "structured_outputs")
+
+
+def _normal(name: str, value: Any) -> Any:
+    """vLLM's spellings of a field to the stored ones: top_k -1, one stop string or token id,
+    a list, a :class:`StructuredOutputsParams`; any other value unchanged."""
+    if name == "top_k" and value == -1 and not isinstance(value, bool):
+        return 0
+    if name in ("stop", "stop_token_ids"):
+        if isinstance(value, list):
+            return tuple(value)
+        if (isinstance(value, str) and name == "stop") or (
+                is_int(value) and name == "stop_token_ids"):
+            return (value,)
+    if name == "structured_outputs" and isinstance(value, StructuredOutputsParams):
+        return value.to_structured_output()
+    return value
+
+
+def _bias_floats(value: Mapping | None) -> dict[int, float] | None:
+    """A checked ``logit_bias`` as a new ``{int: float}`` dict (None when empty)."""
+    return None if value is None else {k: float(b) for k, b in value.items()} or None
 
 
 def sampling_field_problem(name: str, value: object) -> str | None:
     """What :class:`SamplingParams` wants of field ``name`` when ``value`` breaks its rule
-    (the ``wanted`` of :class:`FieldError`), else None. Rules between two fields
-    (``min_tokens <= max_tokens``) are not checked: they hold once a row's fields are merged
-    with the run's defaults."""
+    (the ``wanted`` of :class:`FieldError`), else None: the field's rule applied to its
+    stored spelling, once. Rules between two fields (``min_tokens <= max_tokens``) hold once
+    a request's fields are merged with its defaults (:meth:`SamplingParams.merged`).
+
+    Raises:
+        TypeError: ``name`` is not a field of :class:`SamplingParams`.
+    """
+    rule = _RULES.get(name)
+    if rule is None:
+        raise TypeError(f"SamplingParams has no field {name!r}")
+    ok, wanted = rule
     try:
-        SamplingParams(**{name: value})
-    except FieldError as e:
-        return e.wanted
-    except ValueError:  # a rule between fields
-        pass
-    return None
+        return None if ok(_normal(name, value)) else wanted
+    except ValueError as e:  # a StructuredOutputsParams that does not convert
+        return str(e)

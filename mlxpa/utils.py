@@ -1,9 +1,11 @@
-"""Small helpers every floor may import (pure Python, no mlx, no other mlxpa module)."""
+"""Small helpers every floor may import (pure Python, no mlx, no other mlxpa module): integer
+and number tests, JSON in and out (strict JSON lines, a JSON file)."""
 
 from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 
 def cdiv(a, b):
@@ -40,3 +42,30 @@ def read_json(path: str):
         raise ValueError(f"{path}: {e.strerror or e}") from None
     except ValueError as e:
         raise ValueError(f"{path}: not valid JSON: {e}") from None
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps`` fallback that never fails (a result that cannot be written is lost):
+    numpy values become lists or numbers, anything else its ``str``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def json_line(record: dict) -> str:
+    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
+    hold, is written as null)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

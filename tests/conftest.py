@@ -17,13 +17,28 @@ def default_model_dir():
     return resolve_model(None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def default_model(default_model_dir):
-    """``(model, tokenizer, folder)`` of the default model, float32, loaded once per session."""
+    """``(model, tokenizer, folder)`` of the default model, float32, loaded once per module
+    (a few seconds each; held for the session, its 1.1 GiB would stand under every later
+    module's peak)."""
     from mlxpa.config import EngineConfig
     from mlxpa.loader.models import load_model
 
     return load_model(EngineConfig())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory_after_each_module():
+    """After each test module, the memory it freed goes back: MLX keeps freed buffers in its
+    cache for reuse, so without this a later module's peak stands on every earlier one's."""
+    yield
+    import gc
+    import sys
+
+    gc.collect()
+    if "mlx.core" in sys.modules:
+        sys.modules["mlx.core"].clear_cache()
 
 
 def pytest_collection_modifyitems(items) -> None:

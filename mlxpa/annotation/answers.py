@@ -1,38 +1,31 @@
-"""One output row's ``answers`` object: per question its label and probabilities.
-
-For each question (in the question set's order)::
-
-    "answers": {NAME: {"label": str, "probs": {label: float}, "logprobs": {label: float},
-                       "outside_prob": float, "calibrated": bool,
-                       "expected": float}}          # "expected": scale questions only
-
-* ``logprobs``: each label's raw log-probability after the question (a choice row's
-  ``choice_logprobs``), kept so that a later calibration can be fitted on outputs;
-* ``probs``: over the labels, summing to 1: calibrated (``softmax((logprobs - bias) / T)``)
-  when the run has a calibration for the question (``calibrated`` true), else the raw
-  ``softmax(logprobs)`` (a choice row's ``choice_probs``);
-* ``label``: the label of highest ``probs`` (the first on a tie): an annotation never samples;
-* ``outside_prob``: the model's probability of a continuation that is none of the labels
-  (raw, not calibrated; a choice row's ``choice_outside_prob``);
-* ``expected``: a ``scale`` question's ``sum(probs[c] * value(c))``;
-* ``permuted_label`` (the label order check, for a question whose template lists its
-  labels): the label it gets when its labels are listed in the second order
-  (:meth:`~mlxpa.annotation.questions.Question.relisted`), probabilities mapped the same way.
-
-A row's questions are scored in the order of :func:`scored_questions`; :func:`row_answers`
-reads the scores back in that order.
+"""One row's ``answers`` object (its fields: ``docs/annotation.md``): per question its
+``label`` (the highest ``probs``: an annotation never samples), ``probs`` (calibrated, else
+``softmax(logprobs)``), the raw ``logprobs`` (kept so a calibration can be fitted on outputs),
+``outside_prob``, ``calibrated``, a scale's ``expected`` and, with the label order check,
+``permuted_label``. A row's questions are scored in the order of :func:`scored_questions`;
+their scores are read back in that order, each question's by its labels.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlxpa.annotation.calibration import Calibration, QuestionCalibration, apply_calibration
 from mlxpa.annotation.questions import Question, QuestionSet
 
-Scores = tuple[Sequence[float], float | None]  # a question's label logprobs, outside mass
+# A question's label log-probabilities (label to value, or values in label order) and outside
+# mass.
+Scores = tuple[Mapping[str, float] | Sequence[float], float | None]
+
+
+class RowAnswers(NamedTuple):
+    """A row's ``answers`` (question name to :func:`answer`) and, with the label order check,
+    the names of the questions whose answer changed (else None)."""
+
+    answers: dict[str, dict[str, Any]]
+    changed: list[str] | None
 
 
 def outside_mass(logprobs: Sequence[float]) -> float:
@@ -41,20 +34,27 @@ def outside_mass(logprobs: Sequence[float]) -> float:
     return max(0.0, 1.0 - math.fsum(math.exp(v) for v in logprobs))
 
 
-def answer(question: Question, logprobs: Sequence[float], outside_prob: float | None = None,
+def answer(question: Question, logprobs: Mapping[str, float] | Sequence[float],
+           outside_prob: float | None = None,
            calibration: QuestionCalibration | None = None) -> dict[str, Any]:
     """One question's entry of ``answers``.
 
     Args:
         question: The question.
-        logprobs: ``[K]`` its labels' raw log-probabilities, in label order.
+        logprobs: Its labels' raw log-probabilities: label to value (the engine's label
+            scores), or ``[K]`` in label order.
         outside_prob: The engine's outside mass, or None (:func:`outside_mass`).
         calibration: The question's calibration, or None.
 
     Raises:
-        ValueError: ``logprobs`` has not one value per label, or the calibration's labels are
-            not the question's.
+        ValueError: ``logprobs`` has not one value per label (a mapping: not the question's
+            labels), or the calibration's labels are not the question's.
     """
+    if isinstance(logprobs, Mapping):
+        if set(logprobs) != set(question.labels):
+            raise ValueError(f"question {question.name!r}: scores of labels "
+                             f"{list(logprobs)}, not of its labels {list(question.labels)}")
+        logprobs = [logprobs[c] for c in question.labels]
     if len(logprobs) != len(question.labels):
         raise ValueError(f"question {question.name!r}: {len(question.labels)} label scores "
                          f"expected, got {len(logprobs)}")
@@ -95,6 +95,18 @@ def scored_questions(questions: QuestionSet, permute: bool = False) -> list[Ques
     return out
 
 
+def answers_of(questions: QuestionSet, label_scores: Sequence[Any],
+               calibration: Calibration | None = None, permute: bool = False) -> RowAnswers:
+    """:func:`row_answers` of the engine's label scores of a row's questions (each with
+    ``logprobs``, label to raw log-probability, and ``outside_prob``), read by label.
+
+    Raises:
+        ValueError: As :func:`row_answers`.
+    """
+    return RowAnswers(*row_answers(questions, [(s.logprobs, s.outside_prob)
+                                               for s in label_scores], calibration, permute))
+
+
 def row_answers(questions: QuestionSet, scores: Sequence[Scores],
                 calibration: Calibration | None = None,
                 permute: bool = False) -> tuple[dict[str, dict[str, Any]], list[str] | None]:
@@ -104,7 +116,7 @@ def row_answers(questions: QuestionSet, scores: Sequence[Scores],
     Args:
         questions: The row's question set.
         scores: Per question of :func:`scored_questions` (in its order), its labels' raw
-            log-probabilities and outside mass.
+            log-probabilities (by label, or in label order) and outside mass.
         calibration: Applied to every question it calibrates (both orders alike).
         permute: The scores include the second order's (the label order check).
 

@@ -20,6 +20,7 @@ from mlxpa.annotation.metrics import quality
 from mlxpa.annotation.questions import Question, QuestionSet
 from mlxpa.annotation.temperature import (
     CONTENT_FREE,
+    TEMPERATURE_BOUNDS,
     calibrated_probs,
     content_free_bias,
     fit_temperature,
@@ -53,6 +54,23 @@ class QuestionCalibration:
     def probs(self, logprobs: Any) -> np.ndarray:
         """Calibrated probabilities ``[..., K]`` of label log-probabilities ``[..., K]``."""
         return calibrated_probs(logprobs, self.temperature, self.bias)
+
+
+# Fewer fitting rows than this make a calibration doubtful: a temperature fitted on a few rows
+# (all answered right, the loss falls as T falls) makes every answer nearly certain.
+FEW_ROWS = 30
+
+
+def doubt(q: QuestionCalibration) -> str | None:
+    """Why a question's calibration is not to be trusted (fitted on fewer than
+    :data:`FEW_ROWS` rows, or its temperature at an end of its range), else None; a
+    temperature set by hand (no fitting rows recorded) is the user's."""
+    lo, hi = TEMPERATURE_BOUNDS
+    if 0 < q.num_fit < FEW_ROWS:
+        return f"fitted on {q.num_fit} row{'s' * (q.num_fit != 1)} (fewer than {FEW_ROWS})"
+    if not lo * 1.05 < q.temperature < hi / 1.05:
+        return f"T = {q.temperature:.3g}, at the end of its range {lo:g}..{hi:g}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

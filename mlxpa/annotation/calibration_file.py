@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Any
 
-from mlxpa.annotation.calibration import Calibration, QuestionCalibration
+from mlxpa.annotation.calibration import FEW_ROWS, Calibration, QuestionCalibration, doubt
 from mlxpa.annotation.questions import QuestionSet
 from mlxpa.messages import field_error_text, quote_value
 from mlxpa.utils import read_json
@@ -51,7 +52,8 @@ def save_calibration(cal: Calibration, path: str | os.PathLike) -> None:
 def load_calibration(path: str | os.PathLike,
                      questions: QuestionSet | None = None) -> Calibration:
     """Read a calibration file; with ``questions``, check it against them and keep only
-    their calibrations.
+    their calibrations. A question's calibration fitted on few rows or with its temperature at
+    an end of its range is loaded with a warning (:func:`~mlxpa.annotation.calibration.doubt`).
 
     Raises:
         ValueError: The file cannot be read, is not a calibration file of this version, or a
@@ -63,6 +65,12 @@ def load_calibration(path: str | os.PathLike,
     cal = parse_calibration(obj, problems, questions)
     if cal is None:
         raise ValueError(f"{path}: {'; '.join(problems)}")
+    for name, q in cal.questions.items():
+        why = doubt(q)
+        if why is not None:  # its probabilities would be taken for certainties
+            warnings.warn(f"{path}: question {name!r} was {why}: its calibrated probs are "
+                          f"not to be trusted (refit on {FEW_ROWS}+ labelled rows, some "
+                          "answered wrong)", stacklevel=2)
     return cal
 
 

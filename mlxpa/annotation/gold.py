@@ -1,19 +1,9 @@
-"""A row's questions and gold answers: which questions it is asked, and which labels are right.
-
-A row is asked its own ``questions`` field (a question set, as a ``--questions`` file holds
-one) or else the run's question set. Its gold label for a question comes from the question's
-``gold_field`` (a row field holding the label), else from the ``--gold-column`` field: an
-object of question names to labels, or, when the row is asked one question, the label
-itself. A gold value is read by its question's type:
-
-* ``choice``: a label (exactly, else the one label equal to it ignoring case and outer
-  spaces);
-* ``yes_no``: as ``choice``, or ``true`` / ``false`` (also the words ``"yes"`` / ``"no"`` /
-  ``"true"`` / ``"false"``) for the first / second label;
-* ``scale``: as ``choice``, or a number equal to a label's value.
-
-A null or absent gold is no gold (the row is left out of that question's figures); any other
-value that is not one of the question's answers is a problem naming the field.
+"""A row's questions and gold answers: its own ``questions`` field, else the run's set; each
+question's gold label from its ``gold_field``, else the ``--gold-column`` field (an object of
+question names to labels, or the label itself for one question), read by the question's type
+(a label, ignoring case if unique; ``true``/``false`` for ``yes_no``; a label's value for a
+``scale``: ``docs/annotation.md``). A null is no gold; any other value that is not an answer
+is a problem naming the field.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mlxpa.annotation.calibration import Calibration
-from mlxpa.annotation.temperature import TEMPERATURE_BOUNDS
+from mlxpa.annotation.calibration import FEW_ROWS, Calibration, doubt
 
 # (key of the figures, row title, format)
 ROWS = (("n", "rows", "{:,}"), ("accuracy", "accuracy", "{:.3f}"),
@@ -49,11 +48,6 @@ def figures_table(title: str, columns: Mapping[str, Mapping[str, Any] | None]) -
     return table
 
 
-# Fewer fitting rows than this get a warning in the report: a temperature fitted on a few rows
-# (all answered right, the loss falls as T falls) makes every answer nearly certain.
-FEW_ROWS = 30
-
-
 def calibration_tables(cal: Calibration) -> list[Table]:
     """A table per calibrated question: the held-out figures before and after, titled with
     the question, its temperature and the split's sizes."""
@@ -62,8 +56,7 @@ def calibration_tables(cal: Calibration) -> list[Table]:
         bias = ", bias" if q.bias is not None else ""
         title = (f"{name}: T = {q.temperature:.3f}{bias}; fitted on {q.num_fit:,} "
                  f"row{'s' * (q.num_fit != 1)}, figures on {q.num_heldout:,} held out")
-        lo, hi = TEMPERATURE_BOUNDS
-        if q.num_fit < FEW_ROWS or not lo * 1.05 < q.temperature < hi / 1.05:
+        if doubt(q) is not None:
             why = "few rows" if q.num_fit < FEW_ROWS else "T at the end of its range"
             title += (f" (warning: {why}; fit on {FEW_ROWS}+ labelled rows, some of them "
                       "answered wrong)")
@@ -108,8 +101,9 @@ def reliability_diagram(path: str | os.PathLike,
             line, = ax.plot(conf, acc, linewidth=1, label=f"{label} (ECE {figures['ece']:.3f})")
             ax.scatter(conf, acc, s=[12 + 200 * n / sum(count) for n in count],  # area ~ rows
                        marker=marker, color=line.get_color(), alpha=0.8)
+        # a margin past 0 and 1: a bin at confidence or accuracy 1.0 shows whole, not clipped
         ax.set(title=name, xlabel="confidence (top label)", ylabel="accuracy",
-               xlim=(0, 1), ylim=(0, 1), aspect="equal")
+               xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), aspect="equal")
         ax.legend(loc="upper left", fontsize="small")
     if title:
         fig.suptitle(title)

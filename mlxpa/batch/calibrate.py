@@ -29,7 +29,6 @@ from mlxpa.annotation.tally import AnswerTally
 from mlxpa.annotation.temperature import CONTENT_FREE
 from mlxpa.batch.model_meta import ModelMeta
 from mlxpa.batch.options import OptionError, RunOptions
-from mlxpa.batch.prompts import question_prompts
 from mlxpa.batch.report import model_name
 from mlxpa.batch.run import run_file
 from mlxpa.batch.setup import build_engine
@@ -38,7 +37,9 @@ from mlxpa.batch.validation import validate_input
 from mlxpa.config import EngineConfig
 from mlxpa.data import STDIN, InputOptions, Row
 from mlxpa.engine import LLMEngine
+from mlxpa.engine.metrics import Counters
 from mlxpa.engine.stream import RequestStream
+from mlxpa.inputs.processor import question_prompts
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
@@ -88,26 +89,35 @@ def calibrate_file(source: str, config: EngineConfig, inputs: InputOptions,
         raise OptionError("calibrate needs --questions FILE")
     if source == STDIN:
         raise OptionError("calibrate reads its input twice; give a file, not -")
-    meta, run = ModelMeta(config), RunOptions(show_progress=options.show_progress)
-    with Source.open(source, inputs) as src:
-        checked = validate_input(src, None, SamplingParams(), run, console,
-                                 vocab_size=meta.vocab_size(), tokenizer=meta.tokenizer_or_none)
-        chat = next((r.messages is not None for r in src.rows() if r.error is None), False)
-        golded = any(r.gold and set(r.gold) & set(questions.names)
-                     for r in src.rows() if r.error is None)
-    if checked.validation.num_rows == 0:
-        raise ValueError(f"{source}: no rows")
-    if not golded:  # before the model loads
-        raise ValueError(_NO_GOLD.format(source=source, names=", ".join(questions.names)))
-    engine = build_engine(config, [], True, constrained=False, console=console,
-                          verbose=options.show_progress, tokenizer=meta.tokenizer())
-    cf = content_free_scores(engine, questions, chat, inputs) if options.content_free else None
-    tally = AnswerTally(options.error_budget)
     with tempfile.TemporaryDirectory() as tmp:
         out = options.scores_output or os.path.join(tmp, "scores.jsonl")
-        run_file(source, out, config, SamplingParams(), RunOptions(
-            show_progress=options.show_progress), inputs=inputs, console=console,
-            engine=engine, answers=tally)
+        run = RunOptions(show_progress=options.show_progress,
+                         name_output=options.scores_output is not None)
+        meta = ModelMeta(config)
+        with Source.open(source, inputs) as src:
+            checked = validate_input(src, out, SamplingParams(), run, console,
+                                     vocab_size=meta.vocab_size(),
+                                     tokenizer=meta.tokenizer_or_none)
+            chat = next((r.messages is not None for r in src.rows() if r.error is None), False)
+            golded = any(r.gold and set(r.gold) & set(questions.names)
+                         for r in src.rows() if r.error is None)
+        if checked.validation.num_rows == 0:
+            raise ValueError(f"{source}: no rows")
+        if not golded:  # before the model loads
+            raise ValueError(_NO_GOLD.format(source=source, names=", ".join(questions.names)))
+        engine = build_engine(config, [], True, constrained=False, console=console,
+                              verbose=options.show_progress, tokenizer=meta.tokenizer())
+        cf = None
+        if options.content_free:
+            cf = content_free_scores(engine, questions, chat, inputs)
+            if options.show_progress:
+                console.print(f"scored the questions on {len(CONTENT_FREE)} content-free "
+                              "documents (contextual calibration's bias)", markup=False,
+                              highlight=False)
+            engine.counters = Counters()  # the report counts the rows
+        tally = AnswerTally(options.error_budget)
+        run_file(source, out, config, SamplingParams(), run, inputs=inputs, console=console,
+                 engine=engine, answers=tally, validated=checked)
     golded = {name: v for name, v in tally.golded().items()
               if name in questions.names and v[0].labels == questions[name].labels}
     if not golded:
@@ -140,5 +150,5 @@ def content_free_scores(engine: LLMEngine, questions: QuestionSet, chat: bool,
             raise ValueError(f"content-free document {item.request.request_id}: {out.error}")
         i = int(item.request.request_id.split("/")[1])
         for q, s in zip(questions.questions, out.question_scores):
-            scores[q.name][i] = list(s.logprobs.values())
+            scores[q.name][i] = [s.logprobs[label] for label in q.labels]
     return {name: np.asarray(v, dtype=np.float64) for name, v in scores.items()}

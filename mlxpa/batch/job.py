@@ -17,7 +17,7 @@ from mlxpa.annotation.tally import AnswerTally
 from mlxpa.batch.report import model_name
 from mlxpa.batch.requests import RowRequest
 from mlxpa.data import STDIN, ResultWriter, Row
-from mlxpa.data.records import error_records, result_records
+from mlxpa.data.records import error_records, result_records, row_answers_of
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import Counters
 from mlxpa.engine.progress import RunProgress
@@ -47,12 +47,12 @@ class Job:
         for rr, outs in stream.run(self._runnable(windows), should_stop):
             if any(o.error for o in outs):
                 self.engine.counters.failed_rows += 1
+            answers = row_answers_of(rr.row, outs, self.calibration, self.permute)
             records = result_records(rr.row, outs, self.out_fmt, model, self.place(rr.row),
-                                     self.engine.tokenizer, calibration=self.calibration,
-                                     permute=self.permute)
-            if self.tally is not None and "answers" in records[0]:
-                self.tally.add(rr.row.questions, records[0]["answers"], rr.row.gold,
-                               records[0].get("label_order_changed"), rr.row.index)
+                                     self.engine.tokenizer, answers=answers)
+            if self.tally is not None and answers is not None and not isinstance(answers, str):
+                self.tally.add(rr.row.questions, answers.answers, rr.row.gold, answers.changed,
+                               rr.row.index)
             self.writer.add(rr.row.index, records)
             self.progress.advance()
 
@@ -94,10 +94,11 @@ def close_in_order(writer: ResultWriter, output: str, resumed_in_order: bool, st
 
 def report_written(engine: LLMEngine, written: int, output: str, interrupted: bool,
                    verbose: bool, console: Console,
-                   pending: Iterable[list[SampleOutput]] = ()) -> None:
-    """Say where the rows went; after an interrupt, take the requests in flight and the
-    finished samples of rows not written (``pending``; a resume runs both) out of the
-    counters, so the report counts what was written, and say what was dropped."""
+                   pending: Iterable[list[SampleOutput]] = (), named: bool = True) -> None:
+    """Say where the rows went (unless not ``named``: a temporary output); after an
+    interrupt, take the requests in flight and the finished samples of rows not written
+    (``pending``; a resume runs both) out of the counters, so the report counts what was
+    written, and say what was dropped."""
     if interrupted:
         done = [o for group in pending for o in group]
         dropped = [*engine.scheduler.running, *engine.scheduler.waiting, *done]
@@ -112,5 +113,5 @@ def report_written(engine: LLMEngine, written: int, output: str, interrupted: bo
             console.print(f"interrupted: dropped {len(dropped)} request(s) in flight ({lost} "
                           "prompt tokens; --resume runs them); the report counts the "
                           "finished rows", markup=False, highlight=False)
-    if verbose and output != STDIN:
+    if verbose and named and output != STDIN:
         console.print(f"wrote {written} row(s) to {output}", markup=False, highlight=False)

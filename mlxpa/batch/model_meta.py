@@ -75,6 +75,7 @@ class ModelMeta:
 
     def input_processor(self, inputs: InputOptions) -> InputProcessor:
         """The input processor of the run's rows: this model's tokenizer, vocabulary and
-        context, ``inputs.split_special_tokens``."""
+        context, ``inputs.split_special_tokens`` and ``inputs.chat_template``."""
         return InputProcessor(self.tokenizer(), self.vocab_size(), self.context_len(),
-                              split_special_tokens=inputs.split_special_tokens)
+                              split_special_tokens=inputs.split_special_tokens,
+                              chat_template=inputs.chat_template)

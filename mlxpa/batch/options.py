@@ -41,6 +41,8 @@ class RunOptions:
         window: Rows per prefix-ordering window; the first window also sizes the KV pool.
         calibration: Applied to the answers of rows asked questions (``--calibration``);
             None: raw probabilities.
+        name_output: Say where the rows went (False: an output nobody asked for, as
+            ``mlxpa calibrate``'s scores without ``--scores-output``).
 
     Raises:
         OptionError: ``order`` is not one of :data:`~mlxpa.core.prefix_order.ORDERS`.
@@ -55,6 +57,7 @@ class RunOptions:
     show_progress: bool = True
     window: int = PREFIX_WINDOW
     calibration: Calibration | None = None
+    name_output: bool = True
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:

@@ -1,16 +1,14 @@
-"""Rows to requests, once for every file entry point: the one merge of a row's sampling fields
-with the run's defaults, its prompt through the input processor (:func:`to_request`), and
-pass 2's stream of rows (:func:`rows_to_requests`) that the local run, the Ray driver, the
-pool sizing and ``mlxpa plan`` read. A row's request id is its id as text (its index when it
-has none): unique within a run, since pass 1 refuses a repeated id."""
+"""Rows to requests for every file entry point: a row through the input processor
+(:func:`to_request`: its fields merged with the run's defaults there), and pass 2's stream of
+rows (:func:`rows_to_requests`) that the local run, the Ray driver, the pool sizing and
+``mlxpa plan`` read. A row's request id is its id as text (its index when it has none):
+unique within a run, since pass 1 refuses a repeated id."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from mlxpa.batch.prompts import question_prompts, row_prompt
 from mlxpa.batch.source import Source
 from mlxpa.data import Row
 from mlxpa.data.resume import id_key
@@ -32,16 +30,14 @@ def to_request(row: Row, defaults: SamplingParams, processor: InputProcessor,
         permute: A row asked questions is also scored with its labels in a second order.
 
     Returns:
-        ``EngineRequest(str(row.id), prompt ids, merged parameters)`` (a row asked questions:
-        its question group, :meth:`InputProcessor.question_request`; sampling fields do not
-        apply), or the message (without the row's place) when its fields conflict with the
-        defaults, its ``messages`` cannot be rendered, or its prompt is over the context.
+        :meth:`InputProcessor.process_inputs` of the row's request under ``str(row.id)`` (a
+        row asked questions: its question group; sampling fields do not apply), or the
+        message (without the row's place) when its fields conflict with the defaults, its
+        ``messages`` cannot be rendered, or its prompt is over the context.
     """
     try:
-        if row.questions is not None:
-            return processor.question_request(str(row.id), *question_prompts(row, permute))
-        params = dataclasses.replace(defaults, **row.params)
-        return processor.prompt_request(str(row.id), row_prompt(row), params)
+        return processor.process_inputs(str(row.id), row.as_request(), defaults,
+                                        permute=permute)
     except ValueError as e:
         return str(e)
 

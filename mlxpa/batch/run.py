@@ -54,7 +54,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
              options: RunOptions | None = None, *, inputs: InputOptions | None = None,
              console: Console | None = None, engine: LLMEngine | None = None,
              should_stop: Callable[[], bool] | None = None,
-             answers: AnswerTally | None = None) -> Stats:
+             answers: AnswerTally | None = None, validated: Validated | None = None) -> Stats:
     """Run every row of ``source`` and write its results to ``output``.
 
     Args:
@@ -70,6 +70,8 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             flight (a resume runs them) and writes every finished row.
         answers: Counts the answers of rows asked questions (the report's gold figures and
             label order check); None: a fresh one.
+        validated: Pass 1's result when the caller ran it already (``mlxpa calibrate``, with
+            ``output``); None: run here.
 
     Returns:
         The run's statistics.
@@ -90,8 +92,9 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
     console = console or Console(stderr=True)
     model = ModelMeta(config, engine)
     with Source.open(source, inputs) as src:
-        p = validate_input(src, output, defaults, options, console,
-                           vocab_size=model.vocab_size(), tokenizer=model.tokenizer_or_none)
+        p = validated or validate_input(src, output, defaults, options, console,
+                                        vocab_size=model.vocab_size(),
+                                        tokenizer=model.tokenizer_or_none)
         if p.num_to_run == 0:  # nothing to run: no model load
             return _without_model(output, src.name, p, [], options, console)
         fed = windows(rows_to_requests(src, p.validation, defaults,
@@ -156,4 +159,4 @@ def _generate(engine: LLMEngine, src: Source, p: Validated, output: str, options
         close_in_order(writer, output, options.resume and options.ordered, should_stop(),
                        options.show_progress, console)
     report_written(engine, writer.num_written, output, should_stop(), options.show_progress,
-                   console, job.pending.values())
+                   console, job.pending.values(), named=options.name_output)

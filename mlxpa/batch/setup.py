@@ -51,15 +51,23 @@ def build_engine(config: EngineConfig, first: list[EngineRequest], more: bool, *
     engine = LLMEngine(config, model, tokenizer, expected_requests=work)
     r = engine.runner
     if verbose:
-        mib = r.block_bytes / 2**20
-        console.print(f"KV pool: {r.num_blocks - 1} blocks ({(r.num_blocks - 1) * mib:,.0f} "
-                      f"MiB), what these rows can use; budget {r.budget_blocks - 1} blocks "
-                      f"({(r.budget_blocks - 1) * mib / 1024:.2f} GiB, --kv-memory); "
-                      f"{r.kv_storage.describe()}",
+        pool, budget = r.num_blocks - 1, r.budget_blocks - 1
+        what = ("the budget" if pool == budget and more
+                else "what these rows can use")
+        console.print(f"KV pool: {pool} blocks ({_size(pool * r.block_bytes)}), {what}; "
+                      f"budget {budget} blocks ({_size(budget * r.block_bytes)}, "
+                      f"--kv-memory); {r.kv_storage.describe()}",
                       markup=False, highlight=False, soft_wrap=True)
     if constrained:
         _join_grammar_tokenizer(engine, console, verbose)
     return engine
+
+
+def _size(num_bytes: int) -> str:
+    """``73 MiB`` or ``3.53 GiB``: one unit per size, the same for the pool and its budget."""
+    if num_bytes < 2**30:
+        return f"{num_bytes / 2**20:,.0f} MiB"
+    return f"{num_bytes / 2**30:.2f} GiB"
 
 
 def _join_grammar_tokenizer(engine: LLMEngine, console: Console, verbose: bool) -> None:

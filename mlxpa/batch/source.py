@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterator
 
 from mlxpa.data import InputOptions, Row, input_format, read_rows, spool_stdin
-from mlxpa.data.inputs import where
 from mlxpa.data.read import STDIN, STDIN_NAME, unit_of
+from mlxpa.data.reader_options import where
 
 __all__ = ["STDIN_NAME", "Source", "unit_of"]
 

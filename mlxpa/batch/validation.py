@@ -78,7 +78,7 @@ def validate_input(src: Source, output: str | None, defaults: SamplingParams, op
                  default_n=defaults.n, defaults=defaults, vocab_size=vocab_size,
                  check_prompt=None if tokenizer is None else prompt_checker(
                      tokenizer, src.inputs.split_special_tokens, defaults.structured_outputs,
-                     src.inputs.permute_labels))
+                     src.inputs.permute_labels, src.inputs.chat_template))
     if not options.skip_invalid:
         check(v, src.name, refusal)
     if options.show_progress:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload
-from mlxpa.data.params import SAMPLING_FIELDS
 from mlxpa.data.rows import Row
+from mlxpa.inputs.schema import SAMPLING_FIELDS
 
 ENDPOINTS = ("chat", "completions")
 SERVE_WORKLOADS = ("shared-prefix", "random", "file")
@@ -149,7 +149,7 @@ def file_requests(tokenizer, path: str, output_len: int = 32) -> ServeWorkload:
     request: ``messages`` to the chat endpoint, ``prompt`` (text or token ids) to the
     completions endpoint (an OpenAI Batch line: to its ``url``); ``max_tokens`` the row's or
     ``output_len``, ``temperature`` the row's or 0; the row's other sampling fields
-    (:data:`~mlxpa.data.params.SAMPLING_FIELDS`) are sent as given.
+    (:data:`~mlxpa.inputs.schema.SAMPLING_FIELDS`) are sent as given.
 
     Invalid rows are left out, as are rows with ``max_tokens`` 0: ``params`` counts them
     (``invalid_rows``, ``empty_rows``) and names the first problems (``problems``); rows
@@ -160,8 +160,8 @@ def file_requests(tokenizer, path: str, output_len: int = 32) -> ServeWorkload:
         InputError: The file cannot be read, or has no row to send.
     """
     from mlxpa.data import InputError
-    from mlxpa.data.inputs import where
     from mlxpa.data.read import input_format, read_rows, unit_of
+    from mlxpa.data.reader_options import where
 
     requests, problems, invalid, empty, unsent = [], [], 0, 0, 0
     unit = unit_of(input_format(path))

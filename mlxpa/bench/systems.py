@@ -29,7 +29,7 @@ import mlx.core as mx
 from mlxpa.bench.progress import BenchProgress
 from mlxpa.bench.workloads import Workload
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import plural
+from mlxpa.data.reader_options import plural
 from mlxpa.engine.metrics import percentile
 from mlxpa.sampling_params import SamplingParams
 

@@ -16,6 +16,7 @@ from mlxpa.cli.bench import BENCH_EXAMPLES, bench
 from mlxpa.cli.bench_serve import SERVE_EXAMPLES
 from mlxpa.cli.bench_serve import serve as bench_serve
 from mlxpa.cli.calibrate import CALIBRATE_EXAMPLES, calibrate
+from mlxpa.cli.generate import GENERATE_EXAMPLES, generate
 from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
 from mlxpa.cli.plan import plan
 from mlxpa.cli.run import RUN_EXAMPLES, run
@@ -46,6 +47,8 @@ def _root(version: Annotated[bool, typer.Option(
 # Short summaries: click cuts a docstring's first sentence with "..." at 80 columns.
 app.command(epilog=RUN_EXAMPLES, cls=PlainUsageCommand,
             short_help="Generate a completion for every row of an input file.")(run)
+app.command(epilog=GENERATE_EXAMPLES, cls=PlainUsageCommand,
+            short_help="Print the completion of one prompt (as mlx_lm.generate).")(generate)
 app.command(cls=PlainUsageCommand,
             short_help="Predict prefix sharing and KV blocks without the model.")(plan)
 app.command("serve", epilog=SERVER_EXAMPLES, cls=PlainUsageCommand,
@@ -86,7 +89,8 @@ def main() -> None:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "serve", "calibrate"):
+    if hint and len(sys.argv) > 1 and sys.argv[1] in ("run", "bench", "serve", "calibrate",
+                                                         "generate"):
         print(hint, file=sys.stderr)
     import warnings
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlxpa.cli.options import text_option
-from mlxpa.data.inputs import InputOptions
+from mlxpa.data.reader_options import InputOptions
 
 if TYPE_CHECKING:
     from mlxpa.annotation.calibration import Calibration

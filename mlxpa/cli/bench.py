@@ -12,7 +12,7 @@ from rich.console import Console
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli import options as opt
 from mlxpa.cli import workload_options as wo
-from mlxpa.data.inputs import plural
+from mlxpa.data.reader_options import plural
 
 BENCH_EXAMPLES = """\b
 Examples:

@@ -10,7 +10,7 @@ import typer
 from mlxpa.bench.serve_workloads import ENDPOINTS, SERVE_WORKLOADS
 from mlxpa.cli import options as opt
 from mlxpa.cli import workload_options as wo
-from mlxpa.data.inputs import plural
+from mlxpa.data.reader_options import plural
 
 SERVE_EXAMPLES = """\b
 Examples:

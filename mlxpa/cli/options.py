@@ -1,15 +1,13 @@
 """Options shared by the ``mlxpa`` commands (Typer annotations, choices as enums), the builders
 that turn them into library settings, and the error exit.
 
-The engine options come from one table, :data:`ENGINE_FLAGS`: one entry per
-:class:`~mlxpa.config.EngineConfig` field the command line offers, named after the field
-(vLLM's names: ``--max-num-seqs``, ``--kv-cache-memory-bytes``, ``--disable-cascade-attn``),
-its type and default read from the field. :func:`engine_options` adds a chosen set of them to
-a command, and :func:`engine_config` builds the ``EngineConfig``. ``--kv-memory`` (GiB) is a
-spelling of ``--kv-cache-memory-bytes``.
-
-Only light modules are imported here (configuration, the input settings), so ``mlxpa --help``
-stays instant.
+Two tables make the options of the engine and of sampling, as vLLM generates its own from its
+config classes: :data:`ENGINE_FLAGS` (an entry per :class:`~mlxpa.config.EngineConfig` field:
+``--max-num-seqs``, ``--kv-cache-memory-bytes``; ``--kv-memory`` in GiB too) and
+:data:`SAMPLING_FLAGS` (each :class:`~mlxpa.sampling_params.SamplingParams` request field with
+an option, read from the field's own metadata: ``--temperature``, ``--stop-token-id``); types
+and defaults are the fields'. Only light modules are imported here, so ``mlxpa --help`` stays
+instant.
 """
 
 from __future__ import annotations
@@ -27,9 +25,10 @@ from typer.core import TyperCommand, TyperGroup
 
 from mlxpa.config import DTYPES, KERNELS, KV_CACHE_DTYPES, EngineConfig
 from mlxpa.core.prefix_order import ORDERS
-from mlxpa.data.inputs import FORMATS, InputOptions
+from mlxpa.data.reader_options import FORMATS, InputOptions
 from mlxpa.data.records import OUTPUT_FORMATS
 from mlxpa.messages import FieldError
+from mlxpa.sampling_params import SamplingParams, StructuredOutput
 
 
 def choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
@@ -62,14 +61,36 @@ SystemOpt = Annotated[str | None, typer.Option(
 SplitSpecialOpt = Annotated[bool, typer.Option(
     "--split-special-tokens", help="Control-token text (<eos>, ...) in prompts is plain text, "
     "as in chat messages.")]
+ChatTemplateOpt = Annotated[str | None, typer.Option(
+    metavar="FILE|TEXT", show_default=False, help="Chat template: a Jinja file or text.")]
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """The template text of ``--chat-template`` (vLLM's rule): a file's contents, or the
+    value itself when it holds a template's braces or a line break.
+
+    Raises:
+        ValueError: A value that looks like a path but names no readable file.
+    """
+    if value is None:
+        return None
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        if any(c in value for c in "{}\n"):
+            return value
+        raise ValueError(f"--chat-template {value}: {e.strerror or e} (give a Jinja template "
+                         "file, or the template text itself)") from None
 
 
 def input_options(input_format: enum.Enum, prompt_column: str, messages_column: str,
                   id_column: str, system: str | None,
                   keep_columns: list[str] | None = None,
-                  split_special_tokens: bool = False) -> InputOptions:
+                  split_special_tokens: bool = False,
+                  chat_template: str | None = None) -> InputOptions:
     """The reader settings of the input options (``--keep-columns`` repeatable or
-    comma-separated).
+    comma-separated; ``chat_template``: the template's text).
 
     Raises:
         ValueError: A kept column named like an output field.
@@ -77,7 +98,7 @@ def input_options(input_format: enum.Enum, prompt_column: str, messages_column: 
     keep = tuple(c.strip() for k in keep_columns or () for c in k.split(",") if c.strip())
     fmt = None if input_format.value == "auto" else input_format.value
     return InputOptions(fmt, prompt_column, messages_column, id_column, system, keep,
-                        split_special_tokens)
+                        split_special_tokens, chat_template=chat_template)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +220,60 @@ def option_group(target: str, added: list[inspect.Parameter],
     return wrap
 
 
+# SamplingParams field -> its option's metadata (help, names), for the fields that have one.
+SAMPLING_FLAGS: dict[str, Any] = {f.name: f.metadata for f in dataclasses.fields(SamplingParams)
+                                  if f.metadata.get("cli")}
+_SAMPLING_TYPES = typing.get_type_hints(SamplingParams)
+_SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+
+def _sampling_parameter(name: str) -> inspect.Parameter:
+    """The Typer parameter of ``SAMPLING_FLAGS[name]``: a repeatable option for a tuple
+    field, a flag for a bool."""
+    meta, kind, default = SAMPLING_FLAGS[name], _SAMPLING_TYPES[name], _SAMPLING_DEFAULTS[name]
+    if typing.get_origin(kind) is tuple:
+        kind, default = list[typing.get_args(kind)[0]] | None, None
+    decls = meta["decls"] or ("--" + name.replace("_", "-"),)
+    option = typer.Option(*decls, help=meta["cli"], show_default=meta["show_default"])
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, option])
+
+
+def sampling_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the sampling options ``names`` (keys of :data:`SAMPLING_FLAGS`; all by default) to
+    a Typer command, standing where its parameter ``sampling`` stands; the command gets them
+    as ``sampling``: ``{field: value}``, for :func:`sampling_defaults`."""
+    added = [_sampling_parameter(name) for name in names or SAMPLING_FLAGS]
+    return option_group("sampling", added)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(value: str) -> str:
+    """``value`` with the backslash escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` replaced
+    (``--stop '\\n'`` in a shell passes the two characters; a stop string of them never
+    matches what users mean); any other backslash stays as it is."""
+    import re
+
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], value)
+
+
+def sampling_defaults(sampling: dict[str, Any],
+                      structured_outputs: StructuredOutput | None = None) -> SamplingParams:
+    """The run's default :class:`SamplingParams` of a command's sampling options (stop
+    strings unescaped).
+
+    Raises:
+        FieldError, ValueError: A value out of range (:func:`flag_message` names its option).
+    """
+    values = {k: tuple(v or ()) if typing.get_origin(_SAMPLING_TYPES[k]) is tuple else v
+              for k, v in sampling.items()}
+    if "stop" in values:
+        values["stop"] = tuple(unescape(s) for s in values["stop"])
+    return SamplingParams(**values, structured_outputs=structured_outputs)
+
+
 def checked_engine_config(engine: dict[str, Any] | None) -> EngineConfig:
     """:func:`engine_config`, its errors as a usage error (one line naming the flag, exit 2,
     before any input is read).
@@ -268,9 +343,6 @@ def engine_argv(engine: dict[str, Any], skip: tuple[str, ...] = ("model", "revis
     return argv
 
 
-_FLAGS = {"stop_token_ids": "--stop-token-id", "include_stop_str_in_output": "--include-stop-str"}
-
-
 def flag_message(error: ValueError) -> str:
     """The message of a configuration field's error (:class:`~mlxpa.config.FieldError`) with
     the field named by its option: ``top_p must be ...`` -> ``--top-p must be ...``; any other
@@ -279,7 +351,8 @@ def flag_message(error: ValueError) -> str:
     field = getattr(error, "field", None)
     if not isinstance(field, str) or not text.startswith(field):
         return text
-    return _FLAGS.get(field, "--" + field.replace("_", "-")) + text[len(field):]
+    decls = SAMPLING_FLAGS[field]["decls"] if field in SAMPLING_FLAGS else ()
+    return (decls or ("--" + field.replace("_", "-"),))[0] + text[len(field):]
 
 
 # click's UsageError (Typer vendors click, so it is not click's own class).
@@ -294,12 +367,30 @@ class OneLineError(UsageError):
         typer.echo(f"error: {self.message}", err=True)
 
 
+# Options of mlx-lm's and vLLM's commands that mlxpa spells otherwise, and what to give.
+HABITS = {
+    "--temp": "mlx-lm's flag; mlxpa spells it --temperature",
+    "--prompt": "mlx-lm's one-prompt flag: mlxpa generate --prompt TEXT",
+    "-p": "mlx-lm's one-prompt flag: mlxpa generate --prompt TEXT",
+    "--system-prompt": "mlx-lm's flag; mlxpa spells it --system",
+    "--max-kv-size": "mlx-lm's flag; mlxpa sizes the KV pool with --kv-memory GIB",
+    "--gpu-memory-utilization": "vLLM's flag; mlxpa sizes the KV pool with --kv-memory GIB "
+                                "or --kv-cache-memory-bytes",
+    "--tensor-parallel-size": "vLLM's flag; mlxpa runs one model on one device (--ray "
+                              "scales a file run out)",
+}
+
+
 def one_line(error: Exception) -> OneLineError:
     """click's usage ``error`` as one line naming the option: a value click could not convert
-    reads ``--temperature: Input should be a valid number, ...``; a command's own check
+    reads ``--temperature: Input should be a valid number, ...``; an option of mlx-lm's or
+    vLLM's commands says what mlxpa takes (:data:`HABITS`); a command's own check
     (``BadParameter`` without a parameter) keeps its message."""
     if isinstance(error, OneLineError):
         return error
+    habit = HABITS.get(getattr(error, "option_name", None) or "")
+    if habit is not None:
+        return OneLineError(f"No such option: {error.option_name} ({habit})")
     param = getattr(error, "param", None)
     message = getattr(error, "message", None)
     if isinstance(error, typer.BadParameter) and param is not None and message:

@@ -66,14 +66,13 @@ def plan(
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
         meta = ModelMeta(config)
-        tokenizer = meta.tokenizer()
-        with Source.open(input, inputs) as src:
+        with Source.open(input, inputs) as src:  # the tokenizer loads when a row needs it
             v = validate_input(
                 src, None, defaults, options, console, vocab_size=meta.vocab_size(),
-                tokenizer=lambda: tokenizer,
+                tokenizer=meta.tokenizer,
                 refusal="nothing was planned (--skip-invalid plans the rest)").validation
-            p = plan_file(src, v, tokenizer, defaults, block_size=config.block_size, top_k=top,
-                          max_model_len=meta.context_len())
+            p = plan_file(src, v, meta.tokenizer(), defaults, block_size=config.block_size,
+                          top_k=top, max_model_len=meta.context_len())
         kv, why = _kv_plan(config)
     except InputError as e:
         fail(console, e, 2)

@@ -20,6 +20,7 @@ from mlxpa.cli.annotation import (
 from mlxpa.cli.options import (
     ENGINE_FLAGS,
     BlasOpt,
+    ChatTemplateOpt,
     IdColumnOpt,
     InputFormat,
     InputFormatOpt,
@@ -34,10 +35,13 @@ from mlxpa.cli.options import (
     fail,
     flag_message,
     input_options,
+    read_chat_template,
+    sampling_defaults,
+    sampling_options,
     text_option,
 )
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import InputOptions
+from mlxpa.data.reader_options import InputOptions
 from mlxpa.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -61,29 +65,6 @@ InputArg = Annotated[str, typer.Argument(
 OutputOpt = Annotated[str, typer.Option(
     "--output", "-o", help="Results: .jsonl or .parquet, or - (stdout, JSONL). An existing "
     "file is refused unless --overwrite or --resume.")]
-MaxTokensOpt = Annotated[int, typer.Option(
-    help="Default completion length cap (clamped to the context).")]
-TemperatureOpt = Annotated[float, typer.Option(help="Default temperature; 0 = greedy.")]
-TopPOpt = Annotated[float, typer.Option(help="Default nucleus mass.")]
-TopKOpt = Annotated[int, typer.Option(help="Default top-k (0 or -1 = off).")]
-MinPOpt = Annotated[float, typer.Option(help="Default min-p (0 = off).")]
-RepetitionPenaltyOpt = Annotated[float, typer.Option(
-    show_default=False, help="Default repetition penalty (1 = off).")]
-PresencePenaltyOpt = Annotated[float, typer.Option(
-    show_default=False, help="Default presence penalty, -2..2 (0 = off).")]
-FrequencyPenaltyOpt = Annotated[float, typer.Option(
-    show_default=False, help="Default frequency penalty, -2..2 (0 = off).")]
-NOpt = Annotated[int, typer.Option("--n", help="Default samples per prompt.")]
-StopOpt = Annotated[list[str] | None, typer.Option(
-    help="Default stop string (repeatable; \\n \\t \\r \\\\ are escapes).")]
-StopTokenIdOpt = Annotated[list[int] | None, typer.Option(
-    help="Default stop token id (repeatable).")]
-MinTokensOpt = Annotated[int, typer.Option(
-    help="Default tokens before EOS or a stop may end the text.")]
-IgnoreEosOpt = Annotated[bool, typer.Option(
-    "--ignore-eos", help="Default: generate past EOS up to max tokens.")]
-IncludeStopStrOpt = Annotated[bool, typer.Option(
-    "--include-stop-str", help="Default: keep the matched stop string.")]
 OutputFormatOpt = Annotated[OutputFormat, typer.Option(
     help="mlxpa (a row per sample) or openai (Batch API output lines; the default for auto "
     "when every input line is an OpenAI Batch request and the output is JSONL).")]
@@ -120,16 +101,11 @@ NumReplicasOpt = Annotated[int, typer.Option(
 
 
 @engine_options(*ENGINE_FLAGS)
+@sampling_options()
 def run(
     input: InputArg, output: OutputOpt = "-",
     engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
-    # sampling defaults (rows that set a field keep theirs)
-    max_tokens: MaxTokensOpt = 256, temperature: TemperatureOpt = 0.0, top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0, min_p: MinPOpt = 0.0, n: NOpt = 1,
-    stop: StopOpt = None, stop_token_id: StopTokenIdOpt = None, min_tokens: MinTokensOpt = 0,
-    ignore_eos: IgnoreEosOpt = False, include_stop_str: IncludeStopStrOpt = False,
-    repetition_penalty: RepetitionPenaltyOpt = 1.0, presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
+    sampling: dict | None = None,  # the sampling defaults (SAMPLING_FLAGS; a row's win)
     # constraint defaults
     choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,
     grammar: GrammarOpt = None,
@@ -137,7 +113,8 @@ def run(
     questions: QuestionsOpt = None, gold_column: GoldColumnOpt = None,
     calibration: CalibrationOpt = None, permute_labels: PermuteLabelsOpt = False,
     # input
-    system: SystemOpt = None, split_special_tokens: SplitSpecialOpt = False,
+    system: SystemOpt = None, chat_template: ChatTemplateOpt = None,
+    split_special_tokens: SplitSpecialOpt = False,
     input_format: InputFormatOpt = InputFormat.auto,
     prompt_column: PromptColumnOpt = "prompt", messages_column: MessagesColumnOpt = "messages",
     id_column: IdColumnOpt = "id", keep_columns: KeepColumnsOpt = None,
@@ -155,18 +132,11 @@ def run(
     from mlxpa.structured.fields import cli_constraint
     try:
         config = engine_config(engine or {})
-        defaults = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, n=n,
-            stop=tuple(unescape(s) for s in stop or ()),
-            stop_token_ids=tuple(stop_token_id or ()), ignore_eos=ignore_eos,
-            include_stop_str_in_output=include_stop_str, min_tokens=min_tokens,
-            structured_outputs=cli_constraint(choice, json_schema, regex, grammar),
-            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty)
+        defaults = sampling_defaults(sampling or {},
+                                     cli_constraint(choice, json_schema, regex, grammar))
         inputs = annotation_inputs(
             input_options(input_format, prompt_column, messages_column, id_column, system,
-                          keep_columns, split_special_tokens),
+                          keep_columns, split_special_tokens, read_chat_template(chat_template)),
             questions, gold_column, permute_labels)
         check_annotation(inputs, calibration, ray=ray or ray_address is not None,
                          constrained=defaults.structured_outputs is not None,
@@ -193,18 +163,6 @@ def _pipe_closed(console, num_written: int | None) -> None:
     console.print(f"error: the output pipe was closed{done}; stopping", style="red",
                   markup=False, highlight=False)
     raise typer.Exit(141)
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(value: str) -> str:
-    """``value`` with the backslash escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` replaced
-    (``--stop '\\n'`` in a shell passes the two characters; a stop string of them never
-    matches what users mean); any other backslash stays as it is."""
-    import re
-
-    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], value)
 
 
 def _ray_options(ray: bool, address: str | None, num_replicas: int):

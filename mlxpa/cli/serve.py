@@ -13,7 +13,7 @@ from mlxpa.cli import options as opt
 SERVE_EXAMPLES = """\b
 Examples:
   mlxpa serve                          # the default model on 127.0.0.1:8000
-  mlxpa serve --model mlx-community/Qwen2.5-0.5B-Instruct-4bit --port 8001
+  mlxpa serve mlx-community/Qwen2.5-0.5B-Instruct-4bit --port 8001
   MLXPA_API_KEY=secret mlxpa serve --host 0.0.0.0 --max-num-waiting 64
   curl http://127.0.0.1:8000/v1/models
   curl http://127.0.0.1:8000/v1/chat/completions \\
@@ -25,6 +25,9 @@ DEFAULT_MAX_NUM_WAITING = 512
 
 @opt.engine_options(*opt.ENGINE_FLAGS)
 def serve(
+    model_path: Annotated[str | None, typer.Argument(
+        metavar="MODEL", show_default=False,
+        help="The model, as --model takes it (vLLM's `vllm serve MODEL`).")] = None,
     engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
     host: Annotated[str, typer.Option(
         help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
@@ -45,6 +48,7 @@ def serve(
         "comma-separated; * any); default: no CORS.")] = None,
     timeout_graceful_shutdown: Annotated[float, typer.Option(
         help="Seconds SIGTERM lets requests in flight finish before they are cut.")] = 30.0,
+    chat_template: opt.ChatTemplateOpt = None,
     blas: opt.BlasOpt = "auto",
 ) -> None:
     """Serve the OpenAI API (chat and completions, streaming, /v1/models, /health, /metrics)
@@ -52,7 +56,17 @@ def serve(
     from rich.console import Console
 
     console = Console(stderr=True, soft_wrap=True)
+    engine = dict(engine or {})
+    if model_path is not None:
+        if engine.get("model") is not None:
+            raise typer.BadParameter(f"give the model once: MODEL ({model_path}) or --model "
+                                     f"({engine['model']})")
+        engine["model"] = model_path
     config = opt.checked_engine_config(engine)
+    try:
+        template = opt.read_chat_template(chat_template)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     origins = tuple(o.strip() for v in allowed_origins or () for o in v.split(",") if o.strip())
     _check(port, max_num_waiting, max_body_bytes, timeout_graceful_shutdown)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -71,15 +85,16 @@ def serve(
         raise typer.Exit(130) from None
     try:
         settings = ServerSettings(served_model_name or model_name(config.model), api_key,
-                                  max_body_bytes, origins)
+                                  max_body_bytes, origins, template)
         app = build_app(llm, settings)
         log, runner = logging.getLogger("mlxpa"), llm.engine.runner
         log.info("KV pool: %d blocks (%.2f GiB, the budget: --kv-memory), kept with its prefix "
                  "cache for every request; %s", runner.num_blocks - 1,
                  (runner.num_blocks - 1) * runner.block_bytes / 2**30,
                  runner.kv_storage.describe())
-        log.info("Serving %s on http://%s:%d (OpenAI API under /v1)",
-                 settings.served_model_name, host, port)
+        log.info("Serving %s on http://%s:%d (OpenAI API under /v1); a request without "
+                 "max_tokens may generate up to the rest of the %d-token context",
+                 settings.served_model_name, host, port, llm.engine.max_model_len)
         run_server(app, host, port, timeout_graceful_shutdown)
     finally:
         llm.shutdown()

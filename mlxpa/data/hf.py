@@ -7,7 +7,7 @@
   ``.csv``, ``.parquet``, ``.txt``, ``.arrow``), goes through ``datasets.load_dataset`` in
   streaming mode (no Arrow cache is written).
 * A name that is not a local path (a hub dataset id such as ``tatsu-lab/alpaca``) is an
-  :class:`~mlxpa.data.inputs.InputError`: mlxpa runs offline and does not download datasets.
+  :class:`~mlxpa.data.reader_options.InputError`: mlxpa runs offline and does not download datasets.
 
 Rows are 0-based row numbers ("row" in messages), as for Parquet.
 """
@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.inputs import InputError, RowSpec, check_columns
+from mlxpa.data.reader_options import InputError, RowSpec, check_columns
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
              ".tsv": "csv", ".parquet": "parquet", ".pq": "parquet", ".txt": "text",

@@ -1,43 +1,15 @@
-"""JSONL output: the sink behind :class:`~mlxpa.data.write.ResultWriter`, and the JSON fallback
-both output formats use for values JSON cannot hold."""
+"""JSONL output: the sink behind :class:`~mlxpa.data.write.ResultWriter` (strict JSON lines:
+:func:`mlxpa.utils.json_line`)."""
 
 from __future__ import annotations
 
 import glob
-import json
-import math
 import os
 import sys
 from typing import Any
 
 from mlxpa.data.read import STDIN
-
-
-def json_default(value: Any) -> Any:
-    """``json.dumps`` fallback that never fails (a result that cannot be written is lost):
-    numpy values become lists or numbers, anything else its ``str``."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
-
-
-def json_line(record: dict) -> str:
-    """``record`` as strict JSON (a kept input value of NaN or +-Infinity, which JSON cannot
-    hold, is written as null)."""
-    try:
-        return json.dumps(record, ensure_ascii=False, default=json_default, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(record), ensure_ascii=False, default=json_default)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+from mlxpa.utils import json_line
 
 
 class JsonlSink:

@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlxpa.data._files import atomic_rewrite
-from mlxpa.data.jsonl import json_default
 from mlxpa.data.order import parquet_in_order
 from mlxpa.data.schema import CORE_TYPES, TOKEN_LOGPROB_COLUMNS
+from mlxpa.utils import json_default
 
 
 def parts_dir(path: str) -> str:

@@ -1,6 +1,6 @@
 """Input rows for a batch run: JSONL, Parquet, CSV and ``datasets`` readers (or ``-``, stdin).
 
-Every input record becomes a :class:`~mlxpa.data.rows.Row` (validated by
+Every input record becomes a :class:`~mlxpa.data.rows.Row` (read by
 :func:`~mlxpa.data.rows.parse_row`) with its 0-based ``index``. An input that cannot be read as
 a whole (no such file, no prompt column, a hub dataset name) raises :class:`InputError`; a bad
 record becomes a ``Row`` whose ``error`` names the source, line and field, so a validation pass
@@ -27,9 +27,17 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from mlxpa.data.inputs import InputError, InputOptions, RowSpec, check_columns, check_format
-from mlxpa.data.params import coerce_text_fields
-from mlxpa.data.rows import Row, bad_record_row, json_type, parse_row
+from mlxpa.data.reader_options import (
+    InputError,
+    InputOptions,
+    RowSpec,
+    check_columns,
+    check_format,
+)
+from mlxpa.data.rows import Row, bad_record_row, parse_row
+from mlxpa.inputs.schema import PROMPT_FIELDS, SAMPLING_FIELDS
+from mlxpa.messages import json_type
+from mlxpa.structured.fields import JSON_TEXT_FIELDS
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
@@ -56,7 +64,7 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
         source: A file path, a ``datasets`` folder, or ``"-"`` for stdin.
         options: The reader settings; None builds them from ``settings``.
         name: The source's name in messages (default: ``source``, ``"<stdin>"`` for ``-``).
-        **settings: :class:`~mlxpa.data.inputs.InputOptions` fields (``fmt``,
+        **settings: :class:`~mlxpa.data.reader_options.InputOptions` fields (``fmt``,
             ``prompt_column``, ...), when ``options`` is None.
 
     Returns:
@@ -65,7 +73,7 @@ def read_rows(source: str | os.PathLike, options: InputOptions | None = None, *,
 
     Raises:
         InputError: At call time, when the file does not exist or its format cannot be told.
-        ValueError: When ``fmt`` is not one of :data:`~mlxpa.data.inputs.FORMATS`.
+        ValueError: When ``fmt`` is not one of :data:`~mlxpa.data.reader_options.FORMATS`.
     """
     options = options if options is not None else InputOptions(**settings)
     source = os.fspath(source)
@@ -292,3 +300,29 @@ def _batch_rows(pf: Any, target_bytes: int = 8 << 20) -> int:
     widest = max((meta.row_group(i).total_byte_size / max(1, meta.row_group(i).num_rows)
                   for i in range(meta.num_row_groups)), default=0)
     return int(max(1, min(1024, target_bytes // max(1, widest))))
+
+
+def coerce_text_fields(obj: dict[str, str], messages_column: str) -> dict[str, Any]:
+    """Types for a row whose values are all text (CSV): empty cells are null, sampling fields,
+    ``messages`` and ``questions`` are parsed (JSON for lists and objects; ``stop`` may be
+    plain text), and a value that does not parse is kept as text so validation names it."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if value is None or value == "":
+            out[key] = None
+        elif key in (messages_column, "questions", "add_special_tokens") or (
+                key in SAMPLING_FIELDS and key != "stop") or (
+                key in JSON_TEXT_FIELDS or key in PROMPT_FIELDS):
+            out[key] = _loads(value.lower() if value.lower() in ("true", "false") else value)
+        elif key == "stop" and value.startswith("["):
+            out[key] = _loads(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # kept as text: validation names the field
+        return text

@@ -8,17 +8,15 @@ already wrote (``--resume``) and whether the input is an OpenAI Batch file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from mlxpa.data.inputs import InputError, where
-from mlxpa.data.params import TOKEN_ID_FIELDS, check_token_ids
+from mlxpa.data.reader_options import InputError, where
 from mlxpa.data.resume import Existing, id_key
 from mlxpa.data.rows import Row
-from mlxpa.messages import token_id_problem
+from mlxpa.inputs.processor import InputProcessor, token_id_problems
 from mlxpa.sampling_params import SamplingParams
 
 MAX_PROBLEMS = 20
@@ -98,6 +96,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
         ValueError: A default token id (``--stop-token-id``) outside the vocabulary.
     """
     _check_default_ids(defaults, vocab_size)
+    checker = InputProcessor(None, vocab_size)
     v = Validation()
     first_line: dict[str, int | None] = {}
     openai, any_openai = True, False
@@ -117,7 +116,7 @@ def validate(rows: Iterable[Row], *, source: str, unit: str,
             v.num_done += 1
             first_line[key] = row.line
             continue
-        problem = (row.error or run_problem(row, defaults, vocab_size)
+        problem = (row.error or run_problem(row, defaults, checker)
                    or (check_prompt(row) if check_prompt is not None else None))
         if problem is not None and row.error is None:
             problem = f"{where(source, row.line, unit)}: {problem}"
@@ -148,8 +147,8 @@ def _check_default_ids(defaults: SamplingParams | None, vocab_size: int | None) 
     """Raise ``ValueError`` naming ``--stop-token-id`` for a default id outside the vocabulary
     (once, not on every row that does not set its own)."""
     if vocab_size is not None and defaults is not None:
-        for problem in check_token_ids({n: getattr(defaults, n, ()) for n in TOKEN_ID_FIELDS},
-                                       vocab_size):
+        for problem in token_id_problems({"stop_token_ids": defaults.stop_token_ids,
+                                          "logit_bias": defaults.logit_bias}, vocab_size):
             raise ValueError(problem.replace('field "stop_token_ids"', "--stop-token-id"))
 
 
@@ -170,23 +169,15 @@ def _watch_kept(rows: Iterable[Row], source: str) -> Iterator[Row]:
 
 
 def run_problem(row: Row, defaults: SamplingParams | None,
-                vocab_size: int | None) -> str | None:
-    """What stops a well-formed row from running with the run's defaults and model: fields
-    that conflict once merged (``min_tokens`` above ``max_tokens``), token ids (its prompt's
-    too) outside the vocabulary; None when nothing does."""
-    prefix = "body." if row.openai is not None else ""
-    if vocab_size is not None:
-        problems = check_token_ids(row.params, vocab_size, prefix)  # the defaults': above
-        if row.prompt_token_ids is not None:
-            problems += filter(None, [token_id_problem("prompt_token_ids",
-                                                       row.prompt_token_ids, vocab_size)])
-        if problems:
-            return "; ".join(problems)
-    if defaults is not None:
-        try:
-            dataclasses.replace(defaults, **row.params)
-        except ValueError as e:
-            return str(e)
+                checker: InputProcessor) -> str | None:
+    """What stops a well-formed row from running with the run's defaults and model: token ids
+    (its prompt's too) outside the vocabulary, fields that conflict once merged (``min_tokens``
+    above ``max_tokens``), as the input processor finds them
+    (:meth:`~mlxpa.inputs.InputProcessor.sampling_params`); None when nothing does."""
+    try:
+        checker.sampling_params(row.as_request(), defaults)
+    except ValueError as e:
+        return str(e)
     return None
 
 

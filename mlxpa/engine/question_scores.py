@@ -22,7 +22,6 @@ so aborting the id drops them all.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -194,7 +193,6 @@ def _params(index: int, labels: tuple[str, ...]) -> SamplingParams:
     if params is None:
         if len(_PARAMS) > 4096:
             _PARAMS.clear()
-        so = StructuredOutput("choice", json.dumps(list(labels), ensure_ascii=False),
-                              f"questions[{index}].labels")
+        so = StructuredOutput.of_labels(labels, f"questions[{index}].labels")
         params = _PARAMS[key] = SamplingParams(max_tokens=1, structured_outputs=so)
     return params

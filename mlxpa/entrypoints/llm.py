@@ -3,23 +3,16 @@
     llm = LLM("mlx-community/Qwen2.5-0.5B-Instruct-4bit")    # the model loads once, here
     outs = llm.generate(["Question: ...", {"prompt": "...", "max_tokens": 8}], SamplingParams())
     outs = llm.chat([{"role": "user", "content": "Hi"}])
-    outs = llm.classify(["a review ..."], "questions.json")      # typed questions, scored
+    outs = llm.annotate(["a review ..."], "questions.json")      # typed questions, scored
     for out in llm.generate_iter(rows_of_a_huge_file): ...    # a stream, in constant memory
 
-Every prompt becomes its engine request through the one input processor
-(:class:`~mlxpa.inputs.InputProcessor`; a dict, mlxpa's extension, is read as the row of
-``mlxpa run`` it is: :mod:`mlxpa.entrypoints.rows`), under its id (a dict's ``id``, else its
-index in the call: unique per call, as in ``mlxpa run``), and requests run through the
-streaming core the file run uses (:class:`~mlxpa.engine.stream.RequestStream`: windows in
-prefix order, a prompt's samples grouped), so a prompt gets the same tokens from ``LLM`` as
-from a file.
-
-Errors: :meth:`LLM.generate` and :meth:`LLM.chat` check every prompt before any model work
-and raise ``TypeError`` / ``ValueError`` naming the argument and the prompt's index (vLLM
-raises too); a prompt that fails while running (its grammar fails, the KV pool cannot hold
-it) gets ``RequestOutput.error`` and loses no other prompt's work. :meth:`LLM.generate_iter`
-reads its input once, so a bad item there gets its error in its output instead of stopping
-the stream.
+Every prompt becomes its engine request through the one input processor (a dict, mlxpa's
+extension, read by the request schema as the row of ``mlxpa run`` it is), under its id, and
+requests run through the streaming core the file run uses
+(:class:`~mlxpa.engine.stream.RequestStream`), so a prompt gets the same tokens from ``LLM``
+as from a file. :meth:`LLM.generate` and :meth:`LLM.chat` check every prompt before any model
+work and raise naming the prompt's index; :meth:`LLM.generate_iter` reads its input once, so
+a bad item gets its error in its output instead.
 """
 
 from __future__ import annotations
@@ -36,17 +29,14 @@ from mlxpa.engine.metrics import Counters
 from mlxpa.engine.progress import RunProgress
 from mlxpa.engine.stream import RequestStream, in_input_order, windows
 from mlxpa.entrypoints.engine_args import engine_config
-from mlxpa.entrypoints.outputs import (
-    ClassificationRequestOutput,
-    RequestOutput,
-    request_output,
-)
+from mlxpa.entrypoints.outputs import AnnotationOutput, RequestOutput, request_output
 from mlxpa.entrypoints.prompts import (
     CallIds,
     PromptRequest,
     check_chat_options,
     check_params,
     conversation_list,
+    dict_request,
     params_list,
     prompt_list,
     prompt_request,
@@ -130,6 +120,7 @@ class LLM:
 
     def chat(self, messages: Any, sampling_params: SamplingParams | list[SamplingParams]
              | None = None, *, use_tqdm: bool = True,
+             chat_template: str | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Generate a reply to every conversation, rendered by the model's chat template
@@ -140,6 +131,8 @@ class LLM:
                 of conversations.
             sampling_params: As :meth:`generate` (one, or one per conversation).
             use_tqdm: Draw a progress bar on stderr.
+            chat_template: A Jinja chat template to use instead of the model's (vLLM's
+                argument; needed for a model folder without one).
             chat_template_kwargs: More variables for the template (``enable_thinking``, ...).
             add_generation_prompt: End the prompt with the template's assistant turn opener.
 
@@ -151,10 +144,14 @@ class LLM:
                 the model has no chat template or the template rejects a conversation.
         """
         check_chat_options(chat_template_kwargs, add_generation_prompt)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError("chat_template must be a template's text or None, got "
+                            f"{type(chat_template).__name__}")
         chats = [ChatPrompt(c, chat_template_kwargs, add_generation_prompt)
                  for c in conversation_list(messages)]
-        params = params_list(sampling_params, len(chats), self._processor())
-        return self._run_all(chats, params, use_tqdm, "messages")
+        processor = self._processor(chat_template)
+        params = params_list(sampling_params, len(chats), processor)
+        return self._run_all(chats, params, use_tqdm, "messages", processor)
 
     def generate_iter(self, prompts: Iterable[Any], sampling_params: SamplingParams | None
                       = None, *, ordered: bool = True, window: int = PREFIX_WINDOW,
@@ -198,24 +195,22 @@ class LLM:
 
     # ---------------------------------------------------------------------------- internals
 
-    def _processor(self) -> InputProcessor:
+    def _processor(self, chat_template: str | None = None) -> InputProcessor:
         """The input processor of the engine's model (its vocabulary and context)."""
         engine = self.llm_engine
         return InputProcessor(engine.tokenizer, engine.runner.vocab_size,
-                              engine.runner.max_model_len)
+                              engine.runner.max_model_len, chat_template=chat_template)
 
     @staticmethod
     def _request(index: int, prompt: Any, params: SamplingParams, processor: InputProcessor,
                  ids: CallIds, arg: str) -> PromptRequest:
-        """The request of one prompt (a dict through the row parser), its id claimed.
+        """The request of one prompt (a dict through the request schema), its id claimed.
 
         Raises:
             TypeError: ``prompt`` is not a prompt (naming ``arg[index]``).
         """
         if isinstance(prompt, dict):
-            from mlxpa.entrypoints.rows import row_request
-
-            item = row_request(index, prompt, params, processor, arg)
+            item = dict_request(index, prompt, params, processor, arg)
         else:
             item = prompt_request(index, prompt, params, processor, arg)
         duplicate = ids.claim(index, item.request_id, item.request_id != str(index))
@@ -231,9 +226,9 @@ class LLM:
             return PromptRequest(index, str(index), None, error=str(e))
 
     def _run_all(self, items: list[Any], params: list[SamplingParams], use_tqdm: bool,
-                 arg: str) -> list[RequestOutput]:
+                 arg: str, processor: InputProcessor | None = None) -> list[RequestOutput]:
         """Every item checked first (raising on the first bad one), then run."""
-        processor, ids, requests = self._processor(), CallIds(arg), []
+        processor, ids, requests = processor or self._processor(), CallIds(arg), []
         for i, (item, p) in enumerate(zip(items, params)):
             request = self._request(i, item, p, processor, ids, arg)
             if request.error is not None:
@@ -265,12 +260,12 @@ class LLM:
                 engine.abort_unfinished()
             engine.resize_kv_pool(num_blocks)
 
-    def classify(self, documents: Any, questions: Any = None, *, calibration: Any = None,
+    def annotate(self, documents: Any, questions: Any = None, *, calibration: Any = None,
                  permute_labels: bool = False,
-                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+                 use_tqdm: bool = True) -> list[AnnotationOutput]:
         """Answer typed questions about every document: each document prefilled once, each
         question's labels scored (never decoded), as ``mlxpa run --questions`` does
-        (:mod:`mlxpa.entrypoints.classify`; ``docs/annotation.md``).
+        (:mod:`mlxpa.entrypoints.annotate`; ``docs/annotation.md``).
 
         Args:
             documents: A text, a conversation (a list of ``{"role", "content"}`` dicts), a
@@ -286,15 +281,28 @@ class LLM:
             use_tqdm: Draw a progress bar on stderr.
 
         Returns:
-            One :class:`ClassificationRequestOutput` per document, in input order.
+            One :class:`AnnotationOutput` per document, in input order.
 
         Raises:
             TypeError, ValueError: A bad argument or document (naming ``documents[i]`` and
                 the field); nothing has run.
         """
-        from mlxpa.entrypoints.classify import classify
+        from mlxpa.entrypoints.annotate import annotate
 
-        return classify(self, documents, questions, calibration, permute_labels, use_tqdm)
+        return annotate(self, documents, questions, calibration, permute_labels, use_tqdm)
+
+    def classify(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's ``LLM.classify`` runs a sequence-classification head, which mlxpa does not
+        have.
+
+        Raises:
+            NotImplementedError: Always, naming :meth:`annotate` (typed questions, scored by
+                the generative model).
+        """
+        raise NotImplementedError(
+            "LLM.classify is vLLM's call for a classification head (outputs.probs), which "
+            "mlxpa does not run; typed questions about documents are LLM.annotate(documents, "
+            "questions)")
 
     def _stream(self, items: Iterable[list[PromptRequest]], ordered: bool, use_tqdm: bool,
                 total: int | None, arg: str, convert: Callable[..., Any] = request_output

@@ -1,9 +1,8 @@
 """What :class:`~mlxpa.entrypoints.llm.LLM` returns, in vLLM's names and shapes
 (``vllm.outputs.RequestOutput`` / ``CompletionOutput``, ``vllm.logprobs.Logprob``), plus
 mlxpa's ``choice_logprobs``, ``choice_probs`` and ``choice_outside_prob`` (choice rows) and
-``error`` (a prompt that could not run); and what :meth:`LLM.classify` returns per document
-(:class:`ClassificationRequestOutput`, after vLLM's name: its answers, one
-:class:`QuestionAnswer` per question). No mlx.
+``error`` (a prompt that could not run); and what :meth:`LLM.annotate` returns per document
+(:class:`AnnotationOutput`: one :class:`QuestionAnswer` per question). No mlx.
 
     Finished(PromptRequest, [SampleOutput × n])  ──►  RequestOutput(request_id, prompt,
                             prompt_token_ids, outputs=[CompletionOutput(index=0..n-1, ...)])
@@ -169,8 +168,9 @@ def position_logprobs(lp: TokenLogprob, decode: Decode) -> dict[int, Logprob]:
 
 
 @dataclass(slots=True)
-class ClassificationRequestOutput:
-    """The answers about one document (named after vLLM's ``ClassificationRequestOutput``).
+class AnnotationOutput:
+    """The answers about one document (:meth:`LLM.annotate`; not vLLM's classification
+    output, whose ``outputs.probs`` are a classification head's).
 
     Attributes:
         request_id: The document's id as text: a dict row's ``id``, else its index.

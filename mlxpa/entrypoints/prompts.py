@@ -4,9 +4,9 @@ the one input processor (:class:`~mlxpa.inputs.InputProcessor`)::
     "text", [1, 2, 3]            -> the processor (tokenized, checked)
     chat conversation            -> ChatPrompt -> the processor (the chat template)
     {"prompt" | "messages" | "prompt_token_ids", "id", fields...}
-                                 -> a row of mlxpa run (mlxpa.entrypoints.rows, its own fields)
+                                 -> the request schema (a row of mlxpa run) -> the processor
 
-Each prompt's request id is its ``id`` field (a dict row), else its index in the call; ids are
+Each prompt's request id is its ``id`` field (a dict), else its index in the call; ids are
 unique per call, as in ``mlxpa run``. Every problem names the argument and the prompt's index
 (``prompts[3]: field "temperature" must be ...``).
 """
@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from mlxpa.inputs import ChatPrompt, InputProcessor
 from mlxpa.inputs.prompts import is_token_ids
+from mlxpa.inputs.schema import ROW, RequestSpec, parse_request
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 
@@ -146,6 +147,27 @@ def prompt_request(index: int, prompt: str | list[int] | ChatPrompt, params: Sam
     except ValueError as e:
         return PromptRequest(index, str(index), None, text, chat, f"{place}: {e}")
     return PromptRequest(index, str(index), request, text, chat)
+
+
+def dict_request(index: int, obj: dict[str, Any], params: SamplingParams,
+                 processor: InputProcessor, arg: str = "prompts", spec: RequestSpec = ROW,
+                 permute: bool = False) -> PromptRequest:
+    """The request of a dict prompt (a row of ``mlxpa run``: read by the request schema, its
+    fields merged with ``params`` by the input processor), or why it cannot run (naming
+    ``arg[index]``). Its request id is its ``id`` field as text (its index when it has none).
+    ``spec``: how it is read (a question set asked of every dict); ``permute``: the label
+    order check."""
+    place = f"{arg}[{index}]"
+    parsed = parse_request(obj, spec, index=index)
+    problem, request = "; ".join(parsed.problems) or None, None
+    if problem is None:
+        try:
+            request = processor.process_inputs(str(parsed.id), parsed, params, permute=permute)
+        except ValueError as e:
+            problem = str(e)
+    return PromptRequest(index, str(index if parsed.id is None else parsed.id), request,
+                         parsed.prompt, parsed.messages is not None,
+                         None if problem is None else f"{place}: {problem}", parsed.questions)
 
 
 class CallIds:

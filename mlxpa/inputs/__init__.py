@@ -1,8 +1,9 @@
-"""Prompts to engine requests, for every entry point (the file run, ``LLM``, a server):
-:mod:`~mlxpa.inputs.prompts` (what a prompt may be: :class:`ChatPrompt`, the rules of its
-fields), :mod:`~mlxpa.inputs.encode` (tokenization and chat templates),
-:mod:`~mlxpa.inputs.processor` (:class:`InputProcessor`: prompt + ``SamplingParams`` ->
-``EngineRequest``). No mlx; nothing of files.
+"""Requests to engine requests, for every entry point (a file row, ``LLM``, a server body):
+:mod:`~mlxpa.inputs.schema` (the one request schema: which fields, how they are read and
+refused; :mod:`~mlxpa.inputs.unsupported`, :mod:`~mlxpa.inputs.question_fields` and
+:mod:`~mlxpa.inputs.prompts` hold its tables and rules), :mod:`~mlxpa.inputs.encode`
+(tokenization and chat templates), :mod:`~mlxpa.inputs.processor` (:class:`InputProcessor`:
+the one merge with the defaults, to an ``EngineRequest``). No mlx; nothing of files.
 """
 
 from mlxpa.inputs.processor import InputProcessor, over_context

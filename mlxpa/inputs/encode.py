@@ -17,7 +17,8 @@ import re
 from collections.abc import Callable
 
 
-def text_token_ids(text: str, tokenizer, split_special_tokens: bool = False) -> list[int]:
+def text_token_ids(text: str, tokenizer, split_special_tokens: bool = False,
+                   add_special_tokens: bool | None = None) -> list[int]:
     """Token ids of a text prompt (BOS added by the tokenizer unless the text starts with it).
 
     Args:
@@ -25,10 +26,12 @@ def text_token_ids(text: str, tokenizer, split_special_tokens: bool = False) -> 
         tokenizer: The model's mlx-lm ``TokenizerWrapper``.
         split_special_tokens: Tokenize control-token text as ordinary text too (BOS is still
             added by the tokenizer).
+        add_special_tokens: vLLM's request field: True or False overrides the BOS rule.
     """
+    add = _adds_bos(tokenizer, text) if add_special_tokens is None else add_special_tokens
     if split_special_tokens:
-        return _encode(tokenizer, text, True, split=True)
-    return _encode(tokenizer, text, _adds_bos(tokenizer, text))
+        return _encode(tokenizer, text, add_special_tokens is not False, split=True)
+    return _encode(tokenizer, text, add)
 
 
 def control_tokens(tokenizer) -> list[str]:
@@ -39,23 +42,32 @@ def control_tokens(tokenizer) -> list[str]:
     return sorted((n for n in names if n), key=len, reverse=True)
 
 
-def chat_token_ids(messages: list[dict], tokenizer,
-                   template_kwargs: dict | None = None) -> list[int]:
-    """Token ids of chat ``messages`` rendered by the model's chat template (with
-    ``template_kwargs``, ``add_generation_prompt`` True unless they say otherwise); control
-    tokens come only from the template (see the module's docstring).
+def chat_token_ids(messages: list[dict], tokenizer, template_kwargs: dict | None = None,
+                   chat_template: str | None = None,
+                   add_special_tokens: bool | None = None) -> list[int]:
+    """Token ids of chat ``messages`` rendered by the model's chat template, or
+    ``chat_template`` (``--chat-template``) when given (with ``template_kwargs``,
+    ``add_generation_prompt`` True unless they say otherwise); control tokens come only from
+    the template (see the module's docstring). ``add_special_tokens``: vLLM's request field,
+    True or False overrides the BOS rule.
 
     Raises:
-        ValueError: The model has no chat template, or the template rejects the messages.
+        ValueError: The model has no chat template (and none is given), or the template
+            rejects the messages.
     """
-    if not tokenizer.has_chat_template:
-        raise ValueError(
-            "field \"messages\": this model has no chat template; give a text \"prompt\"")
+    if chat_template is None and not tokenizer.has_chat_template:
+        raise ValueError("field \"messages\": this model has no chat template; give a text "
+                         "\"prompt\" (or a template: --chat-template)")
     texts = [v for m in messages for v in m.values() if isinstance(v, str)]
     find = _control_finder(tokenizer)
+
+    def bos(text: str) -> bool:
+        return _adds_bos(tokenizer, text) if add_special_tokens is None else add_special_tokens
+
     if not any(find(t) for t in texts):
-        text = render_chat(messages, tokenizer, template_kwargs)  # nothing forged: as rendered
-        return _encode(tokenizer, text, _adds_bos(tokenizer, text))
+        # nothing forged: as rendered
+        text = render_chat(messages, tokenizer, template_kwargs, chat_template)
+        return _encode(tokenizer, text, bos(text))
     # Each forged control string is swapped for a marker the template passes through.
     mark = next(chr(c) for c in range(0xE000, 0xF900) if not any(chr(c) in t for t in texts))
     forged: list[str] = []
@@ -70,7 +82,7 @@ def chat_token_ids(messages: list[dict], tokenizer,
 
     escaped = [{k: escape(v) if isinstance(v, str) else v for k, v in m.items()}
                for m in messages]
-    rendered = render_chat(escaped, tokenizer, template_kwargs)
+    rendered = render_chat(escaped, tokenizer, template_kwargs, chat_template)
 
     def restored(span: str) -> str:
         return re.sub(f"{mark}(\\d+){mark}", lambda m: forged[int(m.group(1))], span)
@@ -79,10 +91,10 @@ def chat_token_ids(messages: list[dict], tokenizer,
     # between them, row text with its forged strings put back, is encoded once as ordinary
     # text: what the same text gives as plain text, merges across a forged string's edges
     # included.
-    ids, at, bos = [], 0, _adds_bos(tokenizer, rendered)
+    ids, at, first = [], 0, bos(rendered)
     for start, end in [*find(rendered), (len(rendered), len(rendered))]:
         span = restored(rendered[at:start])
-        ids += _encode(tokenizer, span, at == 0 and bos, split=True)
+        ids += _encode(tokenizer, span, at == 0 and first, split=True)
         ids += _encode(tokenizer, rendered[start:end], False) if end > start else []
         at = end
     return ids
@@ -121,11 +133,14 @@ def _control_finder(tokenizer) -> Finder:
     return find
 
 
-def render_chat(messages: list[dict], tokenizer, template_kwargs: dict | None = None) -> str:
-    """The chat template's text of ``messages``; ``template_kwargs`` (a row's
-    ``chat_template_kwargs``) go to the template, ``add_generation_prompt`` True unless they
-    say otherwise."""
+def render_chat(messages: list[dict], tokenizer, template_kwargs: dict | None = None,
+                chat_template: str | None = None) -> str:
+    """The chat template's text of ``messages`` (``chat_template``: a template to use
+    instead of the model's); ``template_kwargs`` (a row's ``chat_template_kwargs``) go to
+    the template, ``add_generation_prompt`` True unless they say otherwise."""
     kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as e:  # jinja2 TemplateError and friends: the row's fault

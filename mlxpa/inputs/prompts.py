@@ -1,12 +1,12 @@
-"""What a prompt may be, and the one definition of each rule a prompt's fields keep: a text
-prompt, vLLM's token-id prompt, chat messages with the template's variables. The file rows'
-parser (:mod:`mlxpa.data.rows`) and the input processor both check with these, so a field is
-refused in the same words wherever it comes from. No tokenizer here.
+"""What a prompt may be (a text, vLLM's token ids, chat messages with the template's
+variables), and each rule its fields keep, stated once for the request schema and the input
+processor, so a field is refused in the same words wherever it comes from. No tokenizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from mlxpa.messages import field_error_text, surrogate_problem
@@ -30,6 +30,7 @@ class ChatPrompt(NamedTuple):
 # A text prompt, a prompt's token ids (vLLM's TokensPrompt), or chat messages.
 PromptType = str | Sequence[int] | ChatPrompt
 
+TOKENS = "prompt_token_ids"  # vLLM's TokensPrompt field
 # Arguments of ``apply_chat_template`` that change what it returns, not the template's text.
 NOT_TEMPLATE_KWARGS = frozenset(("conversation", "tokenize", "return_dict", "return_tensors",
                                  "padding", "truncation", "max_length", "tokenizer_kwargs",
@@ -59,7 +60,8 @@ def token_ids_problem(value: Any, field: str = "prompt_token_ids") -> str | None
 
 def parse_messages(value: Any, field: str = "messages") -> tuple[list[dict] | None, str | None]:
     """Chat messages checked and cleaned: keys with a null value dropped, OpenAI's text
-    content parts joined by newlines (as vLLM does).
+    content parts joined by newlines and its ``developer`` role read as ``system`` (as vLLM
+    and llama.cpp do: OpenAI's name for the system message since its o1 models).
 
     Returns:
         ``(messages, None)``, or ``(None, why)`` naming the field (``messages[2].content``).
@@ -85,6 +87,8 @@ def parse_messages(value: Any, field: str = "messages") -> tuple[list[dict] | No
         for key in ("role", "content"):
             if not isinstance(m.get(key), str):
                 return None, field_error_text(f"{field}[{i}].{key}", "a string", m.get(key))
+        if m["role"] == "developer":
+            m["role"] = "system"
         clean.append(m)
     return clean, None
 
@@ -104,3 +108,83 @@ def _text_parts(parts: list) -> str | None:
     if not texts or len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
         return None
     return "\n".join(texts)
+
+
+def read_prompt(fields: Mapping[str, Any], prompt_field: str, messages_field: str, prefix: str,
+                problems: list[str]) -> tuple[str | None, list[dict] | None]:
+    """A request's text prompt or its chat messages (checked and cleaned), from the fields
+    ``prompt_field`` and ``messages_field``; each problem appended (``prefix``: before field
+    names)."""
+    pc, mc = prefix + prompt_field, prefix + messages_field
+    prompt, messages = fields.get(prompt_field), fields.get(messages_field)
+    if prompt is not None and messages is not None:
+        problems.append(f'give field "{pc}" or field "{mc}", not both')
+        return None, None
+    if prompt is None and messages is None:
+        if prompt_field in fields or messages_field in fields:
+            null = pc if prompt_field in fields else mc
+            problems.append(f'field "{null}" is null (and no "{mc if null == pc else pc}")')
+        else:
+            close = difflib.get_close_matches(pc, list(fields), 1, 0.7) or \
+                difflib.get_close_matches(mc, list(fields), 1, 0.7)
+            hint = f' (is "{close[0]}" a typo?)' if close else ""
+            problems.append(f'missing field "{pc}" (or "{mc}"){hint}')
+        return None, None
+    if messages is None:
+        problem = text_problem(prompt, pc)
+        if problem is None:
+            return prompt, None
+        problems.append(problem)
+        return None, None
+    clean, problem = parse_messages(messages, mc)
+    if problem is not None:
+        problems.append(problem)
+    return None, clean
+
+
+def read_token_ids(fields: Mapping[str, Any], prompt_field: str, messages_field: str,
+                   problems: list[str]) -> list[int] | None:
+    """A row's ``prompt_token_ids`` (vLLM's TokensPrompt), given instead of a prompt."""
+    ids = fields[TOKENS]
+    given = [c for c in (prompt_field, messages_field) if fields.get(c) is not None]
+    problem = (f'give field "{given[0]}" or field "{TOKENS}", not both' if given
+               else token_ids_problem(ids, TOKENS))
+    if problem is None:
+        return list(ids)
+    problems.append(problem)
+    return None
+
+
+def with_system(system: str, prompt: str | None,
+                messages: list[dict] | None) -> tuple[str | None, list[dict] | None]:
+    """``system`` put first: a system message before ``messages`` (unless they start with
+    one), or text and a blank line before ``prompt``."""
+    if messages is not None:
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system}, *messages]
+        return None, messages
+    if prompt is not None:
+        return f"{system}\n\n{prompt}", None
+    return None, None
+
+
+def read_template_kwargs(fields: Mapping[str, Any], prefix: str, chat: bool,
+                         problems: list[str]) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with ``add_generation_prompt`` (the kwargs win, as in vLLM),
+    or None when neither is set; both need ``messages``."""
+    kwargs, gen = fields.get("chat_template_kwargs"), fields.get("add_generation_prompt")
+    if kwargs is None and gen is None:
+        return None
+    found = [f for f, v in (("chat_template_kwargs", kwargs), ("add_generation_prompt", gen))
+             if v is not None]
+    if not chat:
+        problems.append(f'field "{prefix}{found[0]}" needs field "{prefix}messages"')
+        return None
+    if gen is not None and not isinstance(gen, bool):
+        problems.append(field_error_text(prefix + "add_generation_prompt", "true or false", gen))
+        return None
+    problem = template_kwargs_problem(kwargs, prefix + "chat_template_kwargs")
+    if problem is not None:
+        problems.append(problem)
+        return None
+    return {**({} if gen is None else {"add_generation_prompt": gen}), **(kwargs or {})}

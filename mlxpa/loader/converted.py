@@ -107,7 +107,7 @@ def _cached_conversion(name: str, source: dict, get_gguf: Any) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    logger.info("Converting the GGUF to an MLX folder in %s (once; about 10 s)", target)
+    logger.info("Converting the GGUF to an MLX folder in %s (once; 10-60 s)", target)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as tmp:
         work = Path(tmp)
         out = work / "model"

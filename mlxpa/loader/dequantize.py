@@ -1,27 +1,10 @@
-"""Quantized weights dequantized while loading on MLX's CPU back end (``--keep-quantized`` keeps
-them packed).
-
-MLX's CPU back end has no BLAS path for packed weights: there a quantized matmul runs about an
-order of magnitude slower than the float32 one OpenBLAS computes (``benchmarks/quant_bench.py``).
-So on the CPU, when memory allows, :func:`load_model <mlxpa.loader.models.load_model>` swaps
-every quantized layer for its float twin with mlx-lm's own ``dequantize_model`` (the swap
-``mlx_lm convert --dequantize`` makes), after the adapters are applied and the parameters cast to
-the compute dtype, then casts the new weights to that dtype too (fp4/fp8 modes dequantize to
-bfloat16). The weights are then the values a packed layer computes with, and outputs equal
-mlx-lm's on its own dequantized model. Metal and CUDA are left alone: quantized matmuls are
-MLX's fast path there. ``--keep-quantized`` (``EngineConfig.keep_quantized``) keeps them packed;
-mlx-lm's ``convert --dequantize`` is the offline equivalent.
-
-The model arrives lazily loaded (nothing read yet), and the swap goes one layer at a time,
-largest first: a layer's packed weights are read, dequantized and evaluated, then dropped (with
-MLX's buffer cache) before the next, so the packed and the float copies of the whole model never
-live together. A large weight (an embedding) is dequantized in slices written into its float
-array, since MLX's CPU ``dequantize`` takes scratch as large as its output. The peak is about
-the float model plus one packed layer.
-
-Memory rule: the float model plus the KV budget must fit in 80% of the memory available before
-the weights are read (``MemAvailable``, capped by a container's cgroup limit; without
-``/proc/meminfo``, physical memory less what MLX holds).
+"""Quantized weights dequantized while loading on MLX's CPU back end, where a packed matmul runs
+about ten times slower than OpenBLAS's float32 one (``benchmarks/quant_bench.py``); Metal and
+CUDA keep their fast quantized path, and ``--keep-quantized`` keeps the weights packed.
+mlx-lm's own ``dequantize_model`` swaps one layer at a time, largest first (a large embedding
+in slices), so the packed and float copies never live together: the peak is the float model
+plus one packed layer, and the float model plus the KV budget must fit in 80% of the memory
+available. Outputs equal mlx-lm's on its own dequantized model.
 """
 
 from __future__ import annotations

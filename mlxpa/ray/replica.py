@@ -15,7 +15,7 @@ from typing import Any
 
 from mlxpa.batch.requests import RowRequest
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import where
+from mlxpa.data.reader_options import where
 from mlxpa.data.records import result_records
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.stream import RequestStream

@@ -9,7 +9,7 @@ from typing import Any
 
 from mlxpa.batch.requests import RowRequest, to_request
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import RowSpec
+from mlxpa.data.reader_options import RowSpec
 from mlxpa.data.resume import id_key
 from mlxpa.data.rows import parse_row
 from mlxpa.inputs import InputProcessor

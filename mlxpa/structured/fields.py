@@ -1,22 +1,9 @@
-"""Per-row constraint and log-probability fields, in the names OpenAI and vLLM users write.
-
-Constraint fields (at most one per row; it overrides the run's ``--choice`` / ``--regex`` /
-``--json-schema`` / ``--grammar`` default):
-
-* OpenAI ``response_format``: ``{"type": "text"}`` (no constraint, also clearing the run's
-  default), ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"name",
-  "schema", "strict"}}``;
-* vLLM ``structured_outputs``: an object with one of ``choice``, ``regex``, ``json``,
-  ``grammar`` (or ``json_object: true``);
-* vLLM's older ``guided_choice``, ``guided_regex``, ``guided_json``, ``guided_grammar``.
-
-Log-probabilities: ``logprobs`` (true/false; an integer, as in OpenAI's completions API, also
-sets ``top_logprobs``) and ``top_logprobs`` (0 to 20), mapped onto vLLM's one
-``SamplingParams.logprobs`` (None: off; ``k``: the sampled token and the ``k`` most likely).
-
-Each constraint is compiled here (:func:`mlxpa.structured.spec.check`, cached by canonical
-text), so an invalid schema, regex or grammar is a validation error naming the field before
-any model work. No mlx here.
+"""A request's constraint and log-probability fields, in the names OpenAI and vLLM users
+write (``docs/structured-outputs.md``): OpenAI's ``response_format``, vLLM's
+``structured_outputs`` and its older ``guided_*`` fields (at most one, over the run's default
+constraint), and OpenAI's ``logprobs`` / ``top_logprobs``, mapped onto vLLM's one
+``SamplingParams.logprobs``. Each constraint is compiled here (cached by its canonical text),
+so a bad schema, regex or grammar is a problem naming its field before any model work. No mlx.
 """
 
 from __future__ import annotations

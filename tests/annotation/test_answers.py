@@ -102,3 +102,31 @@ def test_row_answers_read_the_scores_in_order_and_mark_changed_answers():
     assert changed == ["tone"]
     with pytest.raises(ValueError, match="3 scored questions expected, got 2"):
         row_answers(qs, [first, listed], permute=True)
+
+
+def test_scores_are_read_by_label_whatever_their_order():
+    from mlxpa.annotation.answers import answer, answers_of
+    from mlxpa.annotation.questions import Question, QuestionSet
+    from mlxpa.request import LabelScores
+
+    q = Question("ok", "yes_no", ("yes", "no"))
+    by_label = answer(q, {"no": -0.1, "yes": -2.3})  # the engine's dict, in another order
+    assert by_label["label"] == "no"
+    assert by_label == answer(q, [-2.3, -0.1])
+    with pytest.raises(ValueError, match="not of its labels"):
+        answer(q, {"yes": -1.0, "maybe": -2.0})
+    scores = LabelScores({"no": -0.1, "yes": -2.3}, {}, 0.5)
+    got = answers_of(QuestionSet((q,)), [scores])
+    assert got.answers["ok"]["logprobs"] == {"yes": -2.3, "no": -0.1}
+    assert got.answers["ok"]["outside_prob"] == 0.5 and got.changed is None
+
+
+def test_a_choice_keeps_its_labels_as_a_tuple():
+    from mlxpa.sampling_params import StructuredOutput
+
+    labels = ("a b", "c")
+    so = StructuredOutput.of_labels(labels, "questions[0].labels")
+    assert so.choices is labels and so.spec == '["a b", "c"]'
+    assert so == StructuredOutput.make("choice", ["a b", "c"])
+    assert StructuredOutput("choice", '["x"]').choices == ("x",)
+    assert StructuredOutput("regex", "a+").choices is None

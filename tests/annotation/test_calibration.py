@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -140,3 +141,23 @@ def test_unreadable_files(tmp_path):
         load_calibration(broken)
     with pytest.raises(ValueError, match="No such file"):
         load_calibration(tmp_path / "none.json")
+
+
+def test_a_calibration_fitted_on_few_rows_is_bounded_and_warned_of_at_use(tmp_path):
+    from mlxpa.annotation.temperature import TEMPERATURE_BOUNDS, fit_temperature
+
+    lp = np.log(np.array([[0.6, 0.4], [0.3, 0.7]] * 9))  # 18 rows, every one answered right
+    t = fit_temperature(lp, np.array([0, 1] * 9))
+    assert t == pytest.approx(TEMPERATURE_BOUNDS[0], rel=1e-3) and t >= 0.25
+    assert calibrated_probs(lp[:1], t)[0, 0] < 0.9  # not a certainty from 18 rows
+    topic = {"labels": ["a", "b", "c", "d"], "temperature": 0.038, "num_fit": 18}
+    path = _write(tmp_path, {**GOOD, "questions": {"topic": topic}})
+    with pytest.warns(UserWarning, match=r"question 'topic' was fitted on 18 rows \(fewer "
+                                         r"than 30\): its calibrated probs are not to be "):
+        load_calibration(path, QS)
+    ends = {**topic, "num_fit": 400, "temperature": 20.0}
+    with pytest.warns(UserWarning, match="at the end of its range"):
+        load_calibration(_write(tmp_path, {**GOOD, "questions": {"topic": ends}}), QS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_calibration(_write(tmp_path, GOOD), QS)  # a temperature set by hand

@@ -52,3 +52,37 @@ def test_interrupted_report_counts_what_was_written(tmp_path):
     text = console.export_text()
     assert "interrupted: dropped" in text and f"wrote {len(rows)} row(s) to {out}" in text
 
+
+
+def test_the_tally_counts_the_answers_it_computed_not_the_records_it_wrote(tmp_path,
+                                                                           monkeypatch):
+    """The tally takes each row's answers as computed, before they are written: records
+    without them (as a writer might shape them) change nothing it counts."""
+    from mlxpa.annotation.questions import QuestionSet, parse_question_set
+    from mlxpa.annotation.tally import AnswerTally
+    from mlxpa.batch import job
+    from mlxpa.batch.run import RunOptions, run_file
+    from mlxpa.data import InputOptions
+
+    folder = save_tiny_model(tmp_path / "tiny")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"document {i}", "gold": ["yes", "no"][i % 2]})
+                           + "\n" for i in range(3)))
+    problems: list[str] = []
+    qs = parse_question_set([{"name": "ok", "type": "yes_no", "question": "Fine?"}], "q",
+                            problems)
+    assert isinstance(qs, QuestionSet) and not problems
+    written = job.result_records
+    monkeypatch.setattr(job, "result_records", lambda *a, **k: [
+        {key: v for key, v in r.items() if key != "answers"} for r in written(*a, **k)])
+    tally = AnswerTally()
+    config = EngineConfig(model=folder, kv_cache_memory_bytes=2**30 // 100)
+    run_file(str(src), str(tmp_path / "out.jsonl"), config, SamplingParams(),
+             RunOptions(show_progress=False), inputs=InputOptions(questions=qs,
+                                                                  gold_column="gold"),
+             answers=tally)
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all("answers" not in r for r in rows)
+    question, logprobs, gold = tally.golded()["ok"]
+    assert tally.rows == 3 and question is qs.questions[0]
+    assert gold.tolist() == [0, 1, 0] and logprobs.shape == (3, 2)

@@ -48,7 +48,8 @@ def test_a_row_that_cannot_run_gets_why():
     assert isinstance(why, str) and "min_tokens" in why
     chat = Row(1, 1, None, [{"role": "user", "content": "hi"}], {})
     assert to_request(chat, SamplingParams(), PROC) == (
-        'field "messages": this model has no chat template; give a text "prompt"')
+        'field "messages": this model has no chat template; give a text "prompt" (or a '
+            'template: --chat-template)')
     long = Row(2, 2, "x" * 10, None, {})
     want = ("prompt has 10 tokens; the limit is 9 (the model context (--max-model-len) holds "
             "10 tokens)")

@@ -16,7 +16,12 @@ from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix,
 
 from mlxpa.annotation.questions import load_questions
 from mlxpa.annotation.render import prompt_text
-from mlxpa.annotation.temperature import CONTENT_FREE, calibrated_probs, split_rows
+from mlxpa.annotation.temperature import (
+    CONTENT_FREE,
+    TEMPERATURE_BOUNDS,
+    calibrated_probs,
+    split_rows,
+)
 from mlxpa.config import EngineConfig
 from mlxpa.loader.models import load_model
 from tests.cli.helpers import cli
@@ -200,7 +205,7 @@ def test_calibrate_fits_what_a_grid_search_and_the_model_say(tmp_path, tiny, fil
         x = np.array([[answers[r["id"]][name]["logprobs"][c] for c in question.labels]
                       for r in rows]) - bias
         g, fit = np.array(gold), ~held
-        grid = np.exp(np.linspace(np.log(0.01), np.log(100), 20001))
+        grid = np.exp(np.linspace(*np.log(TEMPERATURE_BOUNDS), 20001))
         best = grid[np.argmin([grid_loss(x[fit], g[fit], t) for t in grid])]
         assert entry["temperature"] == pytest.approx(best, rel=2e-3)
         assert entry["num_fit"] == fit.sum() and entry["num_heldout"] == held.sum()
@@ -267,3 +272,15 @@ def test_reports_warn_of_a_gold_column_no_row_has_and_of_few_fitting_rows(tmp_pa
             "--gold-column", "gold", "--kv-memory", "0.01")
     assert r.exit_code == 0, r.output
     assert "fitted on 12 rows" in r.output and "warning: few rows" in r.output
+
+
+def test_calibrate_says_each_thing_once_and_counts_the_rows(tmp_path, tiny, files):
+    q, src, rows = files
+    r = cli("calibrate", src, "--questions", q, "-o", tmp_path / "cal.json", "--model", tiny,
+            "--gold-column", "gold", "--content-free", "--kv-memory", "0.01")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("checking every row before the model loads") == 1
+    assert "row(s) to" not in r.output  # no temporary scores file named
+    assert f"requests              {len(rows)}" in r.output  # the rows, not the documents
+    assert "3 content-free documents" in r.output
+    assert "KV pool:" in r.output and "GiB" not in r.output.split("KV pool:")[1].split("\n")[0]

@@ -26,7 +26,7 @@ def _help(command: str) -> str:
 
 
 USAGE_ARGS = {"run": " INPUT", "plan": " INPUT", "bench": " [COMMAND [ARGS]...]",
-              "bench serve": "", "serve": ""}
+              "bench serve": "", "serve": " [MODEL]"}
 
 
 @pytest.mark.parametrize("command", ["run", "plan", "bench", "bench serve", "serve"])

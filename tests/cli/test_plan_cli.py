@@ -51,3 +51,18 @@ def test_plan_lists_invalid_rows_and_exits_2(tmp_path, tokenizer_only):
     p, _ = plan_json(src, tokenizer_only, "--skip-invalid")
     assert (p["rows"], p["invalid_rows"]) == (1, 1)
 
+
+
+def test_an_invalid_file_is_refused_before_the_tokenizer_loads(tmp_path, tokenizer_only,
+                                                               monkeypatch):
+    from mlxpa.batch.model_meta import ModelMeta
+
+    loads = []
+    real = ModelMeta.tokenizer
+    monkeypatch.setattr(ModelMeta, "tokenizer", lambda self: loads.append(1) or real(self))
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "a"}, {"prompt": ""}])
+    r = cli("plan", src, "--model", tokenizer_only)
+    assert r.exit_code == 2 and 'field "prompt" must be a non-empty string' in r.output
+    assert loads == []  # the cheap checks first (as run: in a second, not a model load)
+    ok = write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "a"}])
+    assert cli("plan", ok, "--model", tokenizer_only).exit_code == 0 and loads

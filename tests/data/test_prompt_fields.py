@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from mlxpa.batch.prompts import row_prompt
 from mlxpa.data import read_rows
-from mlxpa.data.inputs import InputOptions
+from mlxpa.data.reader_options import InputOptions
 from mlxpa.data.validate import run_problem, validate
 from mlxpa.inputs import InputProcessor
 from mlxpa.sampling_params import SamplingParams
@@ -65,8 +65,8 @@ def test_token_id_row_problems_name_the_field(tmp_path):
 def test_token_ids_outside_the_vocabulary_are_a_row_problem(tmp_path):
     (ok, bad) = read_rows(_jsonl(tmp_path, [{"prompt_token_ids": [0, 255]},
                                             {"prompt_token_ids": [3, 256]}]))
-    assert run_problem(ok, SamplingParams(), 256) is None
-    assert run_problem(bad, SamplingParams(), 256) == (
+    assert run_problem(ok, SamplingParams(), InputProcessor(None, 256)) is None
+    assert run_problem(bad, SamplingParams(), InputProcessor(None, 256)) == (
         'field "prompt_token_ids": token id 256 is outside the model\'s vocabulary (256 ids, '
         "0..255)")
     v = validate(read_rows(_jsonl(tmp_path, [{"prompt_token_ids": [3, 256]}])),

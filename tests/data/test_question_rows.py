@@ -15,12 +15,13 @@ import pytest
 
 from mlxpa.annotation.questions import parse_question_set
 from mlxpa.annotation.render import prompt_text, question_messages
-from mlxpa.batch.prompts import prompt_checker, question_prompts
+from mlxpa.batch.prompts import prompt_checker
 from mlxpa.batch.requests import to_request
 from mlxpa.data import read_rows
-from mlxpa.data.inputs import InputOptions
+from mlxpa.data.reader_options import InputOptions
 from mlxpa.data.validate import validate
 from mlxpa.inputs import ChatPrompt, InputProcessor
+from mlxpa.inputs.processor import question_prompts
 from mlxpa.sampling_params import SamplingParams
 from tests.inputs.test_processor import TEMPLATE
 from tests.tiny_models import byte_tokenizer

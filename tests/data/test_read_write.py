@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxpa.data import SAMPLING_FIELDS, InputError, ResultWriter, Row, read_rows
+from mlxpa.data import InputError, ResultWriter, Row, read_rows
+from mlxpa.inputs.schema import SAMPLING_FIELDS
 from mlxpa.sampling_params import SamplingParams
 
 

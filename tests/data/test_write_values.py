@@ -10,7 +10,7 @@ import pytest
 
 
 def test_jsonl_output_is_strict_json():
-    from mlxpa.data.jsonl import json_line
+    from mlxpa.utils import json_line
 
     line = json_line({"id": 1, "extra": [float("nan"), {"x": float("-inf")}], "y": 2**70})
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c)) == {

@@ -138,11 +138,12 @@ def test_readme_annotation_example_on_the_default_model(default_model, tmp_path)
         fulls = {c: tok.encode(text + c) for c in q.labels}
         start = min(next((k for k, (a, b) in enumerate(zip(f, ids)) if a != b), len(ids))
                     for f in fulls.values())
-        for c, full in fulls.items():
-            logits = np.array(model(mx.array(full)[None])[0].astype(mx.float32), np.float64)
+        for c, full in fulls.items():  # the label's positions only: [k, V], not [len, V]
+            rows = model(mx.array(full)[None])[0][start - 1:len(full) - 1]
+            logits = np.array(rows.astype(mx.float32), np.float64)
             top = logits.max(-1, keepdims=True)
             lp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-            want = math.fsum(lp[start - 1 + j][t] for j, t in enumerate(full[start:]))
+            want = math.fsum(lp[j][t] for j, t in enumerate(full[start:]))
             assert abs(g["answers"][q.name]["logprobs"][c] - want) < 2e-3, (q.name, c)
 
 
@@ -153,9 +154,9 @@ def test_chat_questions_share_the_conversation_on_gemmas_template(default_model)
     turn change (oracle: the template rendered by the tokenizer itself)."""
     from mlxpa.annotation.questions import load_questions
     from mlxpa.annotation.render import question_messages
-    from mlxpa.batch.prompts import question_prompts
     from mlxpa.data import Row
     from mlxpa.inputs import InputProcessor
+    from mlxpa.inputs.processor import question_prompts
 
     _, tok, _ = default_model
     qs = load_questions("examples/questions.json")

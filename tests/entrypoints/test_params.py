@@ -14,7 +14,7 @@ import pytest
 
 from mlxpa import SamplingParams, StructuredOutputsParams
 from mlxpa.config import EngineConfig
-from mlxpa.data.inputs import RowSpec
+from mlxpa.data.reader_options import RowSpec
 from mlxpa.data.rows import parse_row
 from mlxpa.entrypoints.engine_args import engine_config
 from mlxpa.sampling_params import JSON_OBJECT, StructuredOutput

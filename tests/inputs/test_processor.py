@@ -129,7 +129,8 @@ def test_a_bad_prompt_is_a_value_error_naming_its_field(processor, prompt, messa
 def test_a_model_without_a_chat_template():
     plain = InputProcessor(byte_tokenizer())
     with pytest.raises(ValueError, match=re.escape(
-            'field "messages": this model has no chat template; give a text "prompt"')):
+            'field "messages": this model has no chat template; give a text "prompt" (or a '
+            'template: --chat-template)')):
         plain.process_inputs("r", ChatPrompt(CONV), SamplingParams())
 
 

@@ -2,10 +2,11 @@
 :class:`~mlxpa.engine.async_llm.AsyncLLM`.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (whole, or streamed as
-server-sent events), ``GET /v1/models``, ``GET /health`` (200 while the engine runs, else 503),
-``GET /metrics`` (Prometheus). A body is checked by the row check every entry point shares
-(:mod:`~mlxpa.entrypoints.openai.requests`) before it reaches the engine; its prompt is
-tokenized here, by a copy of the model's tokenizer the engine thread never touches.
+server-sent events), ``POST /v1/annotations`` (mlxpa's: typed questions over one document,
+answered as ``mlxpa run --questions`` answers them), ``GET /v1/models``, ``GET /health``
+(200 while the engine runs, else 503), ``GET /metrics`` (Prometheus). A body is read by the
+request schema every entry point shares before it reaches the engine; its prompt is tokenized
+here, by a copy of the model's tokenizer the engine thread never touches.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from pydantic.json_schema import models_json_schema
 
-from mlxpa.data.jsonl import json_line
 from mlxpa.engine.async_llm import AsyncLLM
 from mlxpa.entrypoints.openai import protocol
 from mlxpa.entrypoints.openai.asgi import (
@@ -33,10 +33,11 @@ from mlxpa.entrypoints.openai.asgi import (
 )
 from mlxpa.entrypoints.openai.errors import add_error_handlers, error_response
 from mlxpa.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
-from mlxpa.entrypoints.openai.requests import RequestError, engine_request, parse_json
+from mlxpa.entrypoints.openai.requests import RequestError, engine_request
 from mlxpa.entrypoints.openai.serving import Serving
 from mlxpa.inputs import InputProcessor
 from mlxpa.sampling_params import SamplingParams
+from mlxpa.utils import json_line
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
@@ -52,12 +53,15 @@ class ServerSettings:
         api_key: Every ``/v1`` route needs ``Authorization: Bearer <api_key>`` (None: open).
         max_body_bytes: Larger request bodies get 413.
         allowed_origins: CORS origins allowed (empty: no CORS headers at all).
+        chat_template: The chat template's text (``--chat-template``), instead of the
+            model's (None: the model's own).
     """
 
     served_model_name: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     allowed_origins: tuple[str, ...] = ()
+    chat_template: str | None = None
 
 
 def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
@@ -65,7 +69,8 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     finished requests from now on."""
     engine = llm.engine
     tokenizer = copy.deepcopy(engine.tokenizer)  # the front's own: tokenizers keep state
-    processor = InputProcessor(tokenizer, engine.runner.vocab_size, engine.max_model_len)
+    processor = InputProcessor(tokenizer, engine.runner.vocab_size, engine.max_model_len,
+                               chat_template=settings.chat_template)
     # OpenAI's defaults: temperature 1; max_tokens: the rest of the context (as vLLM)
     defaults = SamplingParams(temperature=1.0, max_tokens=engine.max_model_len)
     name = settings.served_model_name
@@ -100,26 +105,24 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         return _json(protocol.ModelList(data=[card]).model_dump())
 
     async def complete(kind: str, request: Request) -> Response:
-        body = parse_json(await request.body())
-        model = body.get("model")
-        if model is not None and model != name:
-            raise RequestError(f"the model {model!r} does not exist; this server serves "
-                               f"{name!r} (GET /v1/models)", "model", 404, "not_found_error",
-                               "model_not_found")
-        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        parsed = engine_request(kind, body, request_id, processor, defaults)
+        request_id = f"{_ID_PREFIX[kind]}-{uuid.uuid4().hex}"
+        served = engine_request(kind, await request.body(), request_id, processor, defaults,
+                                name)
         try:
-            if not parsed.stream:
-                outs = await until_disconnect(request, serving.collect(parsed))
-                return _json(serving.response(parsed, outs, request_id))
-            outputs = llm.generate(parsed.request)
+            if kind == "annotations":
+                outs = await until_disconnect(request, serving.collect(served))
+                return _json(serving.annotation(served, outs, request_id))
+            if not served.parsed.stream:
+                outs = await until_disconnect(request, serving.collect(served))
+                return _json(serving.response(served, outs, request_id))
+            outputs = llm.generate(served.request)
             first = await until_disconnect(request, anext(outputs))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if first.error is not None:
             await outputs.aclose()
             raise RequestError(first.error)
-        return EventStream(serving.events(parsed, request_id, first, outputs))
+        return EventStream(serving.events(served, request_id, first, outputs))
 
     @app.post("/v1/chat/completions", responses=_responses("ChatCompletionResponse"),
               openapi_extra=_body("ChatCompletionRequest"))
@@ -131,8 +134,16 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await complete("completions", request)
 
+    @app.post("/v1/annotations", responses=_responses("AnnotationResponse"),
+              openapi_extra=_body("AnnotationRequest"))
+    async def annotations(request: Request) -> Response:
+        return await complete("annotations", request)
+
     app.openapi = lambda: _openapi(app, name)
     return app
+
+
+_ID_PREFIX = {"chat": "chatcmpl", "completions": "cmpl", "annotations": "annot"}
 
 
 def _json(body: dict[str, Any]) -> Response:
@@ -172,10 +183,11 @@ def _openapi(app: FastAPI, model_name: str) -> dict:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
                              routes=app.routes)
         models = [(getattr(protocol, n), "validation") for n in (
-            "ChatCompletionRequest", "CompletionRequest", "ChatCompletionResponse",
-            "CompletionResponse", "ModelList", "ErrorResponse")]
+            "ChatCompletionRequest", "CompletionRequest", "AnnotationRequest",
+            "ChatCompletionResponse", "CompletionResponse", "AnnotationResponse", "ModelList",
+            "ErrorResponse")]
         _, defs = models_json_schema(models, ref_template=_REF)
-        for request in ("ChatCompletionRequest", "CompletionRequest"):
+        for request in ("ChatCompletionRequest", "CompletionRequest", "AnnotationRequest"):
             model = defs["$defs"][request]["properties"]["model"]
             model["anyOf"] = [{"enum": [model_name], "type": "string"}, {"type": "null"}]
         schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])

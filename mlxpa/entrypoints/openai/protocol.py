@@ -1,18 +1,20 @@
 """The OpenAI API's request and response bodies as pydantic models: what the server's OpenAPI
-schema (``GET /openapi.json``, ``/docs``) shows. They describe; they do not check: a request
-body is checked by the row parser every entry point shares
-(:func:`mlxpa.entrypoints.openai.requests.engine_request`), so a field is refused in the same
-words over HTTP as in a file, and a field the schema does not list (``tools``, ``echo``) gets
-the file run's answer, not a silent drop.
+schema (``GET /openapi.json``, ``/docs``) shows. They describe; they do not check: a body is
+read by the request schema every entry point shares (:mod:`mlxpa.inputs.schema`), so a field
+is refused in the same words over HTTP as in a file. The sampling fields and their ranges are
+generated from :class:`~mlxpa.sampling_params.SamplingParams` (its request fields' types and
+metadata), so a new field needs no edit here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from mlxpa.sampling_params import MAX_LOGPROBS, MAX_N
+from mlxpa.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 class _Open(BaseModel):
@@ -31,8 +33,9 @@ class ContentPart(_Closed):
 
 
 class ChatMessage(_Closed):
-    role: Literal["system", "user", "assistant"] = Field(
-        description="The model's chat template decides which roles it takes.")
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="The model's chat template decides which roles it takes; developer is "
+        "read as system (OpenAI's name for it).")
     content: str | Annotated[list[ContentPart], Field(min_length=1)]
     name: str | None = None
 
@@ -62,40 +65,54 @@ class StructuredOutputs(_Closed):
     json_object: bool | None = None
 
 
-class _Sampling(_Closed):
-    """The sampling fields both routes take (OpenAI's, then vLLM's extensions)."""
+# What the server's defaults are where they differ from SamplingParams' (OpenAI's).
+_SERVER_DEFAULTS = {"max_tokens": "Default: the rest of the context.", "temperature": "Default 1."}
+_FIELDS = {f.name: f for f in dataclasses.fields(SamplingParams)}
+_HINTS = typing.get_type_hints(SamplingParams)
 
-    model: str | None = Field(None, description="The served model's id (GET /v1/models).")
-    max_tokens: int | None = Field(None, ge=0, description="Default: the rest of the context.")
-    temperature: float | None = Field(None, ge=0, description="Default 1.")
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[Annotated[str, Field(pattern="^[0-9]+$")],
-                     Annotated[float, Field(ge=-100, le=100)]] | None = None
-    user: str | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    response_format: ResponseFormat | None = None
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    min_tokens: int | None = Field(None, ge=0)
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    ignore_eos: bool | None = None
-    include_stop_str_in_output: bool | None = None
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    structured_outputs: StructuredOutputs | None = None
+
+def bounds(name: str) -> dict[str, float]:
+    """The range :class:`SamplingParams` states for field ``name`` (``ge``, ``gt``, ``le``)."""
+    return dict(_FIELDS[name].metadata.get("bounds", {}))
+
+
+def _body_type(name: str) -> Any:
+    """A request field's type as JSON spells it, its range applied: one value or a list for a
+    tuple field, string keys for a map of token ids."""
+    kind = _HINTS[name]
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) is tuple:
+        return args[0] | list[args[0]]
+    if dict in (typing.get_origin(a) for a in args) or typing.get_origin(kind) is dict:
+        value = Annotated[float, Field(**bounds(name))]
+        return dict[Annotated[str, Field(pattern="^[0-9]+$")], value]
+    return Annotated[args[0] if typing.get_origin(kind) is not None else kind,
+                     Field(**bounds(name))]
+
+
+_Sampling = create_model(
+    "_Sampling", __base__=_Closed, __doc__="The sampling fields both routes take (OpenAI's, "
+    "then vLLM's extensions), as SamplingParams states them.",
+    model=(str | None, Field(None, description="The served model's id (GET /v1/models).")),
+    **{name: (_body_type(name) | None, Field(None, description=_SERVER_DEFAULTS.get(name)))
+       for name, f in _FIELDS.items() if f.metadata.get("request")},
+    user=(str | None, None), stream=(bool | None, False),
+    stream_options=(StreamOptions | None, None),
+    response_format=(ResponseFormat | None, None),
+    structured_outputs=(StructuredOutputs | None, None),
+    add_special_tokens=(bool | None, Field(None, description="False: the prompt is encoded "
+                                           "without the tokenizer's special tokens (BOS).")),
+    skip_special_tokens=(Literal[False] | None, Field(None, description="mlxpa's text keeps "
+                                                      "the special tokens the model writes.")),
+    spaces_between_special_tokens=(Literal[False] | None, None),
+)
 
 
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, **bounds("max_tokens"))
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -110,6 +127,20 @@ class CompletionRequest(_Sampling):
              | Annotated[list[str], Field(min_length=1, max_length=1)]
              | Annotated[list[list[int]], Field(min_length=1, max_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+class AnnotationRequest(_Closed):
+    """``POST /v1/annotations`` (mlxpa's): typed questions over one document, each
+    question's labels scored (docs/annotation.md); ``prompt`` or ``messages`` is the
+    document."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    questions: list[dict[str, Any]] | dict[str, Any] = Field(
+        description="A question set: a list of questions, or {preamble, questions}.")
+    chat_template_kwargs: dict[str, Any] | None = None
+    user: str | None = None
 
 
 class Usage(BaseModel):
@@ -146,21 +177,6 @@ class ChatCompletionResponse(_Open):
     usage: Usage
 
 
-class ChatDeltaChoice(_Choice):
-    delta: dict[str, str]
-
-
-class ChatCompletionChunk(_Open):
-    """One server-sent event of a streamed chat completion."""
-
-    id: str
-    object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
-    choices: list[ChatDeltaChoice]
-    usage: Usage | None = None
-
-
 class CompletionChoice(_Choice):
     text: str
 
@@ -174,6 +190,18 @@ class CompletionResponse(_Open):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+class AnnotationResponse(_Open):
+    """The answers about the document, as ``mlxpa run --questions`` writes them: per question
+    its label, probs, logprobs, outside_prob, calibrated (false) and, for a scale, expected."""
+
+    id: str
+    object: Literal["annotation"]
+    created: int
+    model: str
+    answers: dict[str, dict[str, Any]]
+    usage: Usage
 
 
 class ModelCard(BaseModel):

@@ -1,10 +1,9 @@
 """Chat and completion serving: a checked request run on the engine thread
-(:class:`~mlxpa.engine.async_llm.AsyncLLM`), answered in OpenAI's shapes.
+(:class:`~mlxpa.engine.async_llm.AsyncLLM`), answered in OpenAI's shapes
+(:mod:`mlxpa.openai_api`, the file run's ``--output-format openai`` bodies too).
 
-A whole response is the OpenAI Batch output body the file run writes for the same line
-(:func:`mlxpa.data.records.result_records`: choices, log-probabilities, label probabilities,
-usage). A stream is server-sent events: for chat, a role chunk per choice first; then a chunk
-per step that gave a choice text or log-probabilities (the engine's ``DELTA`` outputs, so a
+A stream is server-sent events: for chat, a role chunk per choice first; then a chunk per
+step that gave a choice text or log-probabilities (the engine's ``DELTA`` outputs, so a
 choice's chunks joined are its whole text); each choice's last chunk carries its
 ``finish_reason`` (and a choice row's label probabilities); with
 ``stream_options.include_usage``, a chunk with ``usage`` and no choices; then ``data:
@@ -17,18 +16,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from mlxpa.data.jsonl import json_line
-from mlxpa.data.records import (
+from mlxpa.annotation.answers import answers_of
+from mlxpa.engine.async_llm import AsyncLLM, EngineDeadError
+from mlxpa.entrypoints.openai.requests import RequestError, ServerRequest
+from mlxpa.openai_api import (
+    Tokens,
     chat_logprobs,
     choice_fields,
+    completion_body,
     completions_logprobs,
-    result_records,
+    usage,
     vllm_prompt_logprobs,
 )
-from mlxpa.data.token_bytes import token_bytes
-from mlxpa.engine.async_llm import AsyncLLM, EngineDeadError
-from mlxpa.entrypoints.openai.requests import ParsedRequest, RequestError
 from mlxpa.request import SampleOutput
+from mlxpa.utils import json_line
 
 DONE = b"data: [DONE]\n\n"
 
@@ -48,22 +49,16 @@ class Serving:
     """
 
     def __init__(self, llm: AsyncLLM, model_name: str, tokenizer: Any) -> None:
-        self.llm, self.model_name, self.tokenizer = llm, model_name, tokenizer
+        self.llm, self.model_name, self.tokens = llm, model_name, Tokens(tokenizer)
 
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def own_bytes(self, token_id: int) -> list[int]:
-        return list(token_bytes(self.tokenizer, token_id))
-
-    async def collect(self, parsed: ParsedRequest) -> list[SampleOutput]:
+    async def collect(self, served: ServerRequest) -> list[SampleOutput]:
         """Every sample's output of a whole (not streamed) request, in sample order."""
-        outs = [o async for o in self.llm.generate(parsed.request)]
+        outs = [o async for o in self.llm.generate(served.request)]
         return sorted(outs, key=lambda o: o.sample_index)
 
-    def response(self, parsed: ParsedRequest, outs: list[SampleOutput],
+    def response(self, served: ServerRequest, outs: list[SampleOutput],
                  request_id: str) -> dict[str, Any]:
-        """The response body of finished outputs.
+        """The response body of finished outputs (:func:`mlxpa.openai_api.completion_body`).
 
         Raises:
             RequestError: A sample failed (its prompt does not fit the KV pool, its grammar
@@ -72,18 +67,32 @@ class Serving:
         failed = next((o for o in outs if o.error is not None), None)
         if failed is not None:
             raise RequestError(failed.error)
-        line = result_records(parsed.row, outs, "openai", self.model_name, "request",
-                              self.tokenizer)[0]
-        body = line["response"]["body"]
-        body["id"] = request_id
-        return body
+        return completion_body(outs, served.parsed.api == "chat", self.model_name, request_id,
+                               self.tokens)
 
-    async def events(self, parsed: ParsedRequest, request_id: str, first: SampleOutput,
+    def annotation(self, served: ServerRequest, outs: list[SampleOutput],
+                   request_id: str) -> dict[str, Any]:
+        """The body of an annotated document: ``{"id", "object": "annotation", "created",
+        "model", "answers", "usage"}``, its ``answers`` those ``mlxpa run --questions`` writes
+        (:func:`mlxpa.annotation.answers.answers_of`; raw, not calibrated).
+
+        Raises:
+            RequestError: The document failed (the engine's message).
+        """
+        (out,) = outs
+        if out.error is not None:
+            raise RequestError(out.error)
+        answers = answers_of(served.parsed.questions, out.question_scores).answers
+        return {"id": request_id, "object": "annotation", "created": int(time.time()),
+                "model": self.model_name, "answers": answers,
+                "usage": usage(out.num_prompt_tokens, 0, out.num_cached_tokens)}
+
+    async def events(self, served: ServerRequest, request_id: str, first: SampleOutput,
                      rest: AsyncIterator[SampleOutput]) -> AsyncIterator[bytes]:
         """The server-sent events of a streamed request whose first output is ``first`` and
         the others come from ``rest`` (closed when this ends, which aborts what still runs).
         """
-        stream = _Stream(self, parsed, request_id)
+        stream = _Stream(self, served, request_id)
         try:
             for event in stream.opening():
                 yield event
@@ -95,7 +104,7 @@ class Serving:
                     if out.error is not None:
                         break
                 else:
-                    if parsed.include_usage:
+                    if served.parsed.include_usage:
                         yield stream.usage_event()
             except EngineDeadError as e:  # the engine stopped mid-stream: say so, then end
                 yield sse({"error": {"message": str(e), "type": "service_unavailable",
@@ -115,10 +124,10 @@ async def _prepend(first: SampleOutput,
 class _Stream:
     """The chunks of one streamed request."""
 
-    def __init__(self, serving: Serving, parsed: ParsedRequest, request_id: str) -> None:
-        self.s, self.parsed = serving, parsed
-        self.chat = parsed.row.openai == "chat"
-        params = parsed.request.sampling_params
+    def __init__(self, serving: Serving, served: ServerRequest, request_id: str) -> None:
+        self.s, self.served = serving, served
+        self.chat = served.parsed.api == "chat"
+        params = served.request.sampling_params
         self.n, self.wants_logprobs = params.n, params.logprobs is not None
         self.head = {"id": request_id,
                      "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -151,8 +160,8 @@ class _Stream:
         choice: dict[str, Any] = {"index": out.sample_index}
         if self.chat:
             choice["delta"] = {"content": out.text} if out.text else {}
-            choice["logprobs"] = (chat_logprobs(logprobs, self.s.token_text, self.s.own_bytes)
-                                  if logprobs else None)
+            choice["logprobs"] = (chat_logprobs(logprobs, self.s.tokens.text,
+                                                self.s.tokens.bytes) if logprobs else None)
         else:
             choice["text"] = out.text
             choice["logprobs"] = self._completions_logprobs(out.sample_index, logprobs)
@@ -163,7 +172,7 @@ class _Stream:
             if out.prompt_logprobs is not None and out.sample_index == 0:
                 where = chunk if self.chat else choice
                 where["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs,
-                                                                self.s.token_text)
+                                                                self.s.tokens.text)
         return sse(chunk)
 
     def _completions_logprobs(self, index: int, logprobs: list | None) -> dict | None:
@@ -171,14 +180,12 @@ class _Stream:
         of the choice's text."""
         if not logprobs:
             return None
-        lp = completions_logprobs(logprobs, self.s.token_text)
+        lp = completions_logprobs(logprobs, self.s.tokens.text)
         base = self.offsets[index]
         lp["text_offset"] = [base + o for o in lp["text_offset"]]
         self.offsets[index] = base + sum(len(t) for t in lp["tokens"])
         return lp
 
     def usage_event(self) -> bytes:
-        return sse({**self.head, "choices": [], "usage": {
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached}}})
+        return sse({**self.head, "choices": [], "usage": usage(
+            self.prompt_tokens, self.completion_tokens, self.cached)})

@@ -123,7 +123,8 @@ def test_choice_answers_a_label_with_its_probabilities(client, oracle):
     choice = r.choices[0]
     assert choice.message.content == want.text and want.text in labels
     probs = choice.model_extra["choice_probs"]
-    assert probs == pytest.approx(want.choice_probs)
+    # another batch shape than LLM's: float32 logits differ in their last bits (1.4e-6 seen)
+    assert probs == pytest.approx(want.choice_probs, rel=1e-4, abs=1e-6)
     assert sum(probs.values()) == pytest.approx(1.0)
 
 

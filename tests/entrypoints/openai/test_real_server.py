@@ -16,7 +16,7 @@ def test_the_default_model_answers_a_chat_request(default_model_dir):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from openai import OpenAI
 
-    engine = {"kv_cache_memory_bytes": 2**28, "max_model_len": 1024}
+    engine = {"kv_cache_memory_bytes": 2**26, "max_model_len": 1024}  # 1,820 tokens
     with running_server(str(default_model_dir), engine=engine) as s:
         client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
         args = {"model": NAME, "messages": MESSAGES, "max_tokens": 12, "temperature": 0}

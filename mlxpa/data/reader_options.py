@@ -1,18 +1,16 @@
-"""What an input is and how to read it: :class:`InputOptions` (the reader settings, defined once),
+"""How to read an input: :class:`InputOptions` (the reader settings, defined once),
 :class:`RowSpec` (those settings for one source), :class:`InputError`, and the column checks
 every columnar reader (Parquet, CSV, ``datasets``) runs."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from mlxpa.data.fields import unsupported_fields
-from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
 from mlxpa.data.schema import OUTPUT_FIELDS
-from mlxpa.structured.fields import STRUCTURED_FIELDS
+from mlxpa.inputs.schema import RequestSpec, known_fields
+from mlxpa.inputs.unsupported import sampling_like
 
 if TYPE_CHECKING:
     from mlxpa.annotation.questions import QuestionSet
@@ -47,8 +45,7 @@ class InputOptions:
         prompt_column: Field of the text prompt.
         messages_column: Field of the chat messages.
         id_column: Field of the row id.
-        system: A system message put before every row's prompt (see
-            :func:`~mlxpa.data.rows.parse_row`).
+        system: A system message put before every row's prompt.
         keep_columns: Input fields copied to every output record (``Row.keep``).
         split_special_tokens: Tokenize control-token text in a ``prompt`` as ordinary text
             (chat ``messages`` always are); see :mod:`mlxpa.inputs.encode`.
@@ -57,6 +54,8 @@ class InputOptions:
         gold_column: The field of a row's gold labels (``--gold-column``), or None.
         permute_labels: Score each question that lists its labels also with them listed in
             a second order (``--permute-labels``, the label order check).
+        chat_template: A chat template for chat rows instead of the model's
+            (``--chat-template``), or None.
 
     Raises:
         ValueError: An unknown format, or a kept column named like an output field.
@@ -72,6 +71,7 @@ class InputOptions:
     questions: QuestionSet | None = None
     gold_column: str | None = None
     permute_labels: bool = False
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.fmt is not None:
@@ -82,17 +82,20 @@ class InputOptions:
             raise ValueError(f"keep columns {', '.join(sorted(clash))}: an output field has "
                              "that name")
 
+    @property
+    def request_spec(self) -> RequestSpec:
+        """How the input's rows spell a request (:mod:`mlxpa.inputs.schema`)."""
+        return _request_spec(self)
+
     def known(self) -> frozenset[str]:
         """Fields with a meaning for mlxpa (everything else passes through)."""
-        return _known(self)
+        return known_fields(self.request_spec)
 
 
 @functools.lru_cache(maxsize=64)
-def _known(o: InputOptions) -> frozenset[str]:
-    gold = [q.gold_field for q in o.questions.questions] if o.questions else []
-    return frozenset((o.prompt_column, o.messages_column, o.id_column, *PROMPT_FIELDS,
-                      *SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_completion_tokens",
-                      "questions", *(c for c in (o.gold_column, *gold) if c)))
+def _request_spec(o: InputOptions) -> RequestSpec:
+    return RequestSpec(o.prompt_column, o.messages_column, o.id_column, o.system, o.questions,
+                       o.gold_column, o.keep_columns)
 
 
 class RowSpec(NamedTuple):
@@ -142,16 +145,6 @@ def is_relevant(key: str, options: InputOptions) -> bool:
     """Whether field ``key`` can matter for a row (read it from a columnar file)."""
     return (key in options.known() or key in options.keep_columns
             or key in ("custom_id", "method", "url", "body") or sampling_like(key))
-
-
-_UNSUPPORTED = unsupported_fields()
-
-
-@functools.lru_cache(maxsize=4096)
-def sampling_like(key: str) -> bool:
-    """An unsupported sampling field, or a near miss of a supported one."""
-    return key in _UNSUPPORTED or bool(
-        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))
 
 
 def where(source: str, line: int | None, unit: str) -> str:

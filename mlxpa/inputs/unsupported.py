@@ -1,27 +1,18 @@
-"""Request fields mlxpa does not run itself: one table of what each means for a row.
-
-Every field of the OpenAI / vLLM request APIs that is not one of mlxpa's sampling fields
-(:data:`~mlxpa.data.params.SAMPLING_FIELDS`) has one entry in :data:`FIELD_SUPPORT`:
-
-* ``ignored``: it does not change the completion (``model``, ``user``, ``metadata``, ``store``,
-  ``parallel_tool_calls`` without tools, ...): accepted and dropped;
-* ``unsupported``: it would change the output and mlxpa does not implement it: an error row
-  naming it and why, unless its value only restates the API's default (``"best_of": 1``,
-  ``"use_beam_search": false``, ``"stream": false``), which is accepted.
-
-A feature that becomes supported moves out of this table into the row parser (its entry is
-switched to ``supported``; a ``supported`` field is left to the code that reads it).
+"""The request fields of the OpenAI and vLLM APIs that are not sampling fields, in one table
+(:data:`FIELD_SUPPORT`): ``ignored`` (they do not change the completion: accepted, dropped),
+``unsupported`` (refused by name and why, unless set to the API's default) or ``supported``
+(read by the request schema, :mod:`mlxpa.inputs.schema`); and the hint for a near miss of a
+sampling field's name.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any, NamedTuple
 
-from mlxpa.data.params import PROMPT_FIELDS, SAMPLING_FIELDS
-from mlxpa.messages import field_error_text, quote_value
-
-OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+from mlxpa.messages import quote_value
+from mlxpa.sampling_params import REQUEST_FIELDS as SAMPLING_FIELDS
 
 
 class FieldRule(NamedTuple):
@@ -65,7 +56,7 @@ FIELD_SUPPORT: dict[str, FieldRule] = {
     "response_format": _SUPPORTED, "logprobs": _SUPPORTED, "top_logprobs": _SUPPORTED,
     "guided_json": _SUPPORTED, "guided_regex": _SUPPORTED, "guided_choice": _SUPPORTED,
     "guided_grammar": _SUPPORTED, "structured_outputs": _SUPPORTED,
-    # penalties, logit bias and prompt log-probabilities (mlxpa.data.params reads them)
+    # penalties, logit bias and prompt log-probabilities (sampling fields)
     "prompt_logprobs": _SUPPORTED, "presence_penalty": _SUPPORTED,
     "frequency_penalty": _SUPPORTED, "repetition_penalty": _SUPPORTED,
     "logit_bias": _SUPPORTED,
@@ -92,6 +83,12 @@ FIELD_SUPPORT: dict[str, FieldRule] = {
     "audio": _unsupported("only text output is produced"),
     "prediction": _unsupported("predicted outputs are not implemented"),
     "web_search_options": _unsupported("a batch run has no web search"),
+    # vLLM's detokenizer fields: mlxpa's text keeps the special tokens the model writes
+    # (mlx-lm's streaming detokenizers), with nothing put between them
+    "skip_special_tokens": _unsupported(
+        "the text keeps the special tokens the model writes (give false)"),
+    "spaces_between_special_tokens": _unsupported(
+        "nothing is put between special tokens in the text (give false)"),
 }
 
 
@@ -125,43 +122,18 @@ def _same(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
 
 
-def check_openai(obj: dict, problems: list[str]) -> str | None:
-    """The kind of an OpenAI Batch line (``chat``, ``completions``, or None when its url is
-    absent or wrong); problems with ``custom_id``, ``method`` and ``url`` are appended."""
-    cid = obj.get("custom_id")
-    if not isinstance(cid, str) or not cid:
-        problems.append(field_error_text("custom_id", "a non-empty string", cid))
-    method = obj.get("method")
-    if method is not None and method != "POST":
-        problems.append(field_error_text("method", '"POST"', method))
-    url = obj.get("url")
-    if url is None:
-        return None
-    if url not in OPENAI_URLS:
-        problems.append(field_error_text("url", " or ".join(f'"{u}"' for u in OPENAI_URLS), url))
-        return None
-    return OPENAI_URLS[url]
-
-
-def check_body_fields(body: dict, problems: list[str]) -> None:
-    """Every field of an OpenAI body is known: a sampling field, an input field, or in
-    :data:`~mlxpa.data.fields.FIELD_SUPPORT` (an unsupported one only at its default)."""
-    # vLLM's chat template fields are read in a chat body; its token prompt is not a body field
-    known = {"prompt", "messages", "max_completion_tokens", *SAMPLING_FIELDS,
-             *PROMPT_FIELDS[1:]}
-    for key, value in body.items():
-        if key in known or value is None:
-            continue
-        if key in FIELD_SUPPORT:
-            problem = field_problem("body." + key, key, value)
-            if problem is not None:
-                problems.append(problem)
-        else:
-            problems.append(unknown_field("body." + key, key))
-
-
 def unknown_field(name: str, key: str) -> str:
     """``field "x": unknown sampling field`` with the closest sampling field as a hint."""
     close = difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
     return f'field {quote_value(name)}: unknown sampling field{hint}'
+
+
+_UNSUPPORTED = unsupported_fields()
+
+
+@functools.lru_cache(maxsize=4096)
+def sampling_like(key: str) -> bool:
+    """An unsupported sampling field, or a near miss of a supported one."""
+    return key in _UNSUPPORTED or bool(
+        difflib.get_close_matches(key, SAMPLING_FIELDS, 1, 0.8))

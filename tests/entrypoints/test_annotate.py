@@ -1,4 +1,4 @@
-"""``LLM.classify``: typed questions about documents, the file run's pipeline. Oracles: mlx-lm's
+"""``LLM.annotate``: typed questions about documents, the file run's pipeline. Oracles: mlx-lm's
 own forward pass (teacher forcing) over each question's text and label, the same questions
 through ``mlxpa run`` (the answers written), and each error's text by hand."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from mlxpa.annotation.render import prompt_text, question_messages
 from mlxpa.annotation.temperature import calibrated_probs
-from mlxpa.entrypoints.classify import question_set
-from mlxpa.entrypoints.outputs import ClassificationRequestOutput, QuestionAnswer
+from mlxpa.entrypoints.annotate import question_set
+from mlxpa.entrypoints.outputs import AnnotationOutput, QuestionAnswer
 from tests.cli.test_run_cli import invoke, read_jsonl, write_jsonl
 from tests.tiny_models import teacher_forced
 
@@ -26,8 +26,8 @@ def test_answers_equal_teacher_forcing_for_texts_and_conversations(llm, mlx_lm_m
     model, tok = mlx_lm_model
     qs = question_set(QUESTIONS)
     conv = [{"role": "user", "content": "Sky."}]
-    outs = llm.classify([*DOCS, conv], QUESTIONS, use_tqdm=False)
-    assert [type(o) for o in outs] == [ClassificationRequestOutput] * 4
+    outs = llm.annotate([*DOCS, conv], QUESTIONS, use_tqdm=False)
+    assert [type(o) for o in outs] == [AnnotationOutput] * 4
     assert [o.request_id for o in outs] == ["0", "1", "2", "3"]
     for o, doc in zip(outs, [*DOCS, conv]):
         assert o.error is None and list(o.outputs) == ["topic", "stars"]
@@ -51,7 +51,7 @@ def test_answers_equal_teacher_forcing_for_texts_and_conversations(llm, mlx_lm_m
     assert outs[0].prompt == DOCS[0] and outs[3].prompt is None
 
 
-def test_classify_equals_the_file_run(llm, folder, tmp_path):
+def test_annotate_equals_the_file_run(llm, folder, tmp_path):
     q = tmp_path / "q.json"
     q.write_text(json.dumps(QUESTIONS))
     cal = tmp_path / "cal.json"
@@ -64,7 +64,7 @@ def test_classify_equals_the_file_run(llm, folder, tmp_path):
                 "--calibration", str(cal), "--permute-labels"])
     assert r.exit_code == 0, r.output
     rows = read_jsonl(out)
-    got = llm.classify([{"id": f"d{i}", "prompt": d} for i, d in enumerate(DOCS)], str(q),
+    got = llm.annotate([{"id": f"d{i}", "prompt": d} for i, d in enumerate(DOCS)], str(q),
                        calibration=str(cal), permute_labels=True, use_tqdm=False)
     for o, row in zip(got, rows):
         assert o.request_id == row["id"] and o.label_order_changed == row["label_order_changed"]
@@ -81,20 +81,20 @@ def test_classify_equals_the_file_run(llm, folder, tmp_path):
 
 def test_documents_with_their_own_questions_and_errors(llm):
     own = {"id": "x", "prompt": "Tea.", "questions": QUESTIONS["questions"][:1]}
-    (o,) = llm.classify(own, use_tqdm=False)
+    (o,) = llm.annotate(own, use_tqdm=False)
     assert list(o.outputs) == ["topic"] and o.request_id == "x"
     with pytest.raises(ValueError, match=r'documents\[0\]: no questions \(give questions='):
-        llm.classify("Tea.", use_tqdm=False)
+        llm.annotate("Tea.", use_tqdm=False)
     with pytest.raises(ValueError, match=r'documents\[1\]: field "questions\[0\].type" must '
                                          r'be "choice" or "yes_no" or "scale", got "multi"'):
-        llm.classify(["ok", {"prompt": "x", "questions": [{"name": "q", "type": "multi"}]}],
+        llm.annotate(["ok", {"prompt": "x", "questions": [{"name": "q", "type": "multi"}]}],
                      QUESTIONS, use_tqdm=False)
     with pytest.raises(ValueError, match=r'documents\[1\]: duplicate id "a"'):
-        llm.classify([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], QUESTIONS,
+        llm.annotate([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], QUESTIONS,
                      use_tqdm=False)
     with pytest.raises(ValueError, match=r'field "questions\[0\].labels" must be a list'):
-        llm.classify("Tea.", [{"name": "q", "type": "choice", "labels": ["a"]}])
+        llm.annotate("Tea.", [{"name": "q", "type": "choice", "labels": ["a"]}])
     with pytest.raises(TypeError, match="questions must be a path"):
-        llm.classify("Tea.", 3)
+        llm.annotate("Tea.", 3)
     with pytest.raises(TypeError, match=r"documents\[0\]: expected a text"):
-        llm.classify([5], QUESTIONS)
+        llm.annotate([5], QUESTIONS)

@@ -1,11 +1,9 @@
-""":meth:`LLM.classify`: typed questions about documents, through the file run's pipeline.
-
-Each document becomes the row of ``mlxpa run`` it is (a text: ``{"prompt": ...}``; a
-conversation: ``{"messages": ...}``; a dict as given), asked the call's question set
-(:func:`mlxpa.entrypoints.rows.row_request`: the row check, ``to_request``, the input
-processor's question group), and runs through the streaming core the other calls use; its
-answers are the file run's (:func:`mlxpa.annotation.answers.row_answers`), as
-:class:`~mlxpa.entrypoints.outputs.ClassificationRequestOutput`.
+""":meth:`LLM.annotate`: typed questions about documents. Each document is read as the row of
+``mlxpa run`` it is (a text, a conversation, a dict), asked the call's question set (the
+request schema, then the input processor's question group), runs through the streaming core
+the other calls use, and gets the file run's answers
+(:func:`mlxpa.annotation.answers.answers_of`) as an
+:class:`~mlxpa.entrypoints.outputs.AnnotationOutput`.
 """
 
 from __future__ import annotations
@@ -14,33 +12,33 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mlxpa.annotation.answers import row_answers
+from mlxpa.annotation.answers import answers_of
 from mlxpa.annotation.calibration import Calibration
 from mlxpa.annotation.calibration_file import load_calibration
 from mlxpa.annotation.questions import QuestionSet, load_questions, parse_question_set
 from mlxpa.core.prefix_order import PREFIX_WINDOW
-from mlxpa.data import InputOptions
 from mlxpa.engine.stream import windows
-from mlxpa.entrypoints.outputs import ClassificationRequestOutput, Decode, QuestionAnswer
-from mlxpa.entrypoints.prompts import CallIds, PromptRequest
-from mlxpa.entrypoints.rows import row_request
+from mlxpa.entrypoints.outputs import AnnotationOutput, Decode, QuestionAnswer
+from mlxpa.entrypoints.prompts import CallIds, PromptRequest, dict_request
+from mlxpa.inputs.schema import ROW
 from mlxpa.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from mlxpa.engine.stream import Finished
 
 
-def classify(llm: Any, documents: Any, questions: Any, calibration: Any, permute: bool,
-             use_tqdm: bool) -> list[ClassificationRequestOutput]:
-    """:meth:`LLM.classify` (its docstring): every document checked first, then run."""
+def annotate(llm: Any, documents: Any, questions: Any, calibration: Any, permute: bool,
+             use_tqdm: bool) -> list[AnnotationOutput]:
+    """:meth:`LLM.annotate` (its docstring): every document checked first, then run."""
     qs = question_set(questions)
     cal = calibration_of(calibration, qs)
     if not isinstance(permute, bool):
         raise TypeError(f"permute_labels must be True or False, got {type(permute).__name__}")
-    inputs = InputOptions(questions=qs, permute_labels=permute)
+    spec = ROW._replace(questions=qs)
     processor, ids, items = llm._processor(), CallIds("documents"), []
     for i, doc in enumerate(document_list(documents)):
-        item = row_request(i, _row(i, doc), SamplingParams(), processor, "documents", inputs)
+        item = dict_request(i, _row(i, doc), SamplingParams(), processor, "documents", spec,
+                            permute)
         duplicate = ids.claim(i, item.request_id, item.request_id != str(i))
         if item.error is None and duplicate is not None:
             item = item._replace(error=duplicate)
@@ -53,8 +51,8 @@ def classify(llm: Any, documents: Any, questions: Any, calibration: Any, permute
     llm._fit([item.request for item in items])
 
     def convert(result: Finished[PromptRequest], decode: Decode,
-                place: str) -> ClassificationRequestOutput:
-        return classification_output(result, place, cal, permute)
+                place: str) -> AnnotationOutput:
+        return annotation_output(result, place, cal, permute)
 
     results: list[Any] = [None] * len(items)
     for index, out in llm._stream(windows(items, PREFIX_WINDOW), False, use_tqdm, len(items),
@@ -128,22 +126,21 @@ def _row(index: int, doc: Any) -> dict[str, Any]:
                     f"of mlxpa run), got {type(doc).__name__}")
 
 
-def classification_output(result: Finished[PromptRequest], place: str,
-                          calibration: Calibration | None,
-                          permute: bool) -> ClassificationRequestOutput:
-    """The :class:`ClassificationRequestOutput` of one document done by the streaming core."""
+def annotation_output(result: Finished[PromptRequest], place: str,
+                      calibration: Calibration | None, permute: bool) -> AnnotationOutput:
+    """The :class:`AnnotationOutput` of one document done by the streaming core."""
     item, outs = result.item, result.outputs
     out = outs[0] if outs else None
     ids = item.request.prompt_token_ids if item.request is not None else None
     error = item.error or (f"{place}: {out.error}" if out and out.error else None)
     answers, changed = {}, None
     if error is None and out is not None:
-        scores = [(list(s.logprobs.values()), s.outside_prob) for s in out.question_scores]
         try:
-            answers, changed = row_answers(item.questions, scores, calibration, permute)
+            answers, changed = answers_of(item.questions, out.question_scores, calibration,
+                                          permute)
         except ValueError as e:
             error = f"{place}: calibration: {e}"
-    return ClassificationRequestOutput(
+    return AnnotationOutput(
         request_id=item.request_id, prompt=item.prompt, prompt_token_ids=ids,
         outputs={name: QuestionAnswer(**a) for name, a in answers.items()},
         label_order_changed=changed,

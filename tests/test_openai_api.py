@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mlxpa.data import Row
 from mlxpa.data.records import result_records
-from mlxpa.data.token_bytes import token_bytes
+from mlxpa.openai_api import token_bytes
 from mlxpa.request import SampleOutput, TokenLogprob
 
 REPLY = "café 🫨 ཪ!"  # an emoji and a Tibetan letter that byte fallback splits into bytes
