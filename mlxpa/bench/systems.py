@@ -95,7 +95,9 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
     from mlxpa.engine import LLMEngine
     from mlxpa.engine.metrics import summarize
 
-    lengths = ((len(p), n, 1) for p, n in zip(wl.prompts, wl.output_lens))
+    max_tokens = [n if wl.questions is None else _after(wl.prompts[i], wl.questions[i])
+                  for i, n in enumerate(wl.output_lens)]
+    lengths = ((len(p), n, 1) for p, n in zip(wl.prompts, max_tokens))
     engine = LLMEngine(config, model, tokenizer, expected_requests=lengths)
     t0 = time.perf_counter()
     engine.counters.start_time = t0
@@ -103,7 +105,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
              else range(len(wl.prompts)))
     for i in order:
         engine.add_request(str(i), wl.prompts[i], SamplingParams(
-            max_tokens=wl.output_lens[i], ignore_eos=True, structured_outputs=wl.structured))
+            max_tokens=max_tokens[i], ignore_eos=True, structured_outputs=wl.structured),
+            None if wl.questions is None else wl.questions[i])
     series, shown = [], 0
     decode_only = _watch_decode_steps(engine)
     decode_s, decode_tokens, decode_steps = 0.0, 0, 0
@@ -131,8 +134,22 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
                "scored_tokens": c.scored_tokens, "kv_cache_dtype": config.kv_cache_dtype,
                "kv_bytes_per_token": engine.runner.kv_storage.token_bytes,
                "peak_kv_bytes_by_group": dict(c.peak_kv_bytes_by_group),
+               "peak_running_requests": c.peak_running,
                "decode_steps": decode_steps, "decode_s": decode_s,
                "decode_output_tokens_per_s": decode_tokens / decode_s if decode_s else None})
+
+
+def _after(document: list[int], questions) -> int:
+    """A question group's ``max_tokens``: the most tokens a question and its longest label
+    hold after the document (what the pool is sized for)."""
+    return max(len(q.prompt_token_ids) - len(document) + max(len(x) for x in q.labels) + 8
+               for q in questions)
+
+
+def _no_questions(name: str, wl: Workload) -> None:
+    if wl.questions is not None:
+        raise ValueError(f"{name} cannot ask typed questions (--questions); run "
+                         "--baselines mlxpa")
 
 
 def _watch_decode_steps(engine) -> list[bool]:
@@ -156,6 +173,7 @@ def run_mlx_lm(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> Sy
     so that tokens can be counted as they come."""
     from mlx_lm.generate import BatchGenerator
 
+    _no_questions("mlx-lm", wl)
     with _no_eos(tokenizer):
         t0 = time.perf_counter()
         gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
@@ -179,6 +197,7 @@ def run_static(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> Sy
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
+    _no_questions("static", wl)
     ttft, itl, generated, kv = [], [], 0, 0
     with _no_eos(tokenizer):
         t0 = time.perf_counter()

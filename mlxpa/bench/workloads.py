@@ -5,7 +5,9 @@ ids drawn from the vocabulary, kept only where they encode back to themselves:
 :mod:`~mlxpa.bench.token_draw`), ``shared-prefix`` follows SGLang's generated-shared-prefix
 dataset (groups sharing a system prompt, each prompt adding its own question), ``annotation``
 labels synthetic product reviews with a ``choice`` constraint (a shared few-shot chat prefix,
-as in ``examples/annotation.jsonl``), and ``file`` takes any input ``mlxpa run`` accepts.
+as in ``examples/annotation.jsonl``), ``long-document`` gives each of a few long documents a
+summary to write or, with ``questions``, typed questions to answer (the sliding-window KV
+cache's case), and ``file`` takes any input ``mlxpa run`` accepts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mlxpa.bench.token_draw import TokenDraw, token_draw
+from mlxpa.request import QuestionPrompt
 from mlxpa.sampling_params import StructuredOutput
 
 LABELS = ("positive", "negative", "neutral")
@@ -32,13 +35,16 @@ _REVIEW_PARTS = (
 
 class Workload(NamedTuple):
     """Prompts (token ids) and the exact number of tokens each must generate (at most, for a
-    constrained workload: a row ends when its grammar completes)."""
+    constrained workload: a row ends when its grammar completes); with ``questions``, each
+    prompt is a document and its typed questions (a question group: scored, nothing
+    generated, its output length 0)."""
 
     name: str
     prompts: list[list[int]]
     output_lens: list[int]
     params: dict
     structured: StructuredOutput | None = None
+    questions: list[tuple[QuestionPrompt, ...]] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -175,13 +181,59 @@ def annotation_workload(tokenizer, num_prompts: int = 128, output_len: int = 4,
                     StructuredOutput.make("choice", list(LABELS)))
 
 
-WORKLOADS = ("random", "shared-prefix", "annotation", "file")
+# The typed questions of the long-document workload: a suffix after the document, its labels.
+DOCUMENT_QUESTIONS = (
+    ("\n\nQuestion: Is this document mostly about technology? Answer:", ("yes", "no")),
+    ("\n\nQuestion: What is the tone of the document? Answer:",
+     ("neutral", "positive", "negative")),
+    ("\n\nQuestion: How long would a summary need to be? Answer:",
+     ("one sentence", "one paragraph", "one page")),
+    ("\n\nQuestion: Who is the document written for? Answer:",
+     ("experts", "students", "the public", "children")),
+    ("\n\nQuestion: Does the document contain a question? Answer:", ("yes", "no")),
+)
+SUMMARY = "\n\nSummarize the document above in one paragraph:"
+
+
+def long_document_workload(tokenizer, num_prompts: int = 16, input_len: int = 8192,
+                           output_len: int = 256, questions: int = 0,
+                           seed: int = 0) -> Workload:
+    """``num_prompts`` documents of ``input_len`` tokens (random ids that round-trip, as the
+    other synthetic workloads draw them), each followed by an instruction to summarize it in
+    ``output_len`` tokens or, with ``questions`` (1 to 5), asked that many typed questions
+    (:data:`DOCUMENT_QUESTIONS`; a question group, its labels scored): the long-document use
+    the sliding-window KV cache is for.
+
+    Raises:
+        ValueError: ``questions`` outside 0..5 or non-positive sizes.
+    """
+    if not 0 <= questions <= len(DOCUMENT_QUESTIONS) or min(num_prompts, input_len,
+                                                             output_len) < 1:
+        raise ValueError(f"need num_prompts, input_len, output_len >= 1 and 0 <= questions <= "
+                         f"{len(DOCUMENT_QUESTIONS)}")
+    rng = np.random.default_rng(seed)
+    draw = token_draw(tokenizer)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    docs = [_draw(rng, draw, input_len, bos) for _ in range(num_prompts)]
+    params = dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+                  questions=questions, seed=seed)
+    if not questions:
+        suffix = tokenizer.encode(SUMMARY, add_special_tokens=False)
+        return Workload("long-document", [d + suffix for d in docs], [output_len] * len(docs),
+                        params)
+    asked = [(tokenizer.encode(q, add_special_tokens=False), labels)
+             for q, labels in DOCUMENT_QUESTIONS[:questions]]
+    groups = [tuple(QuestionPrompt(d + q, labels) for q, labels in asked) for d in docs]
+    return Workload("long-document", docs, [0] * len(docs), params, questions=groups)
+
+
+WORKLOADS = ("random", "shared-prefix", "annotation", "long-document", "file")
 
 
 def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts: int = 128,
                   input_len: int = 320, range_ratio: float = 0.6, output_len: int = 64,
                   num_groups: int = 8, prompts_per_group: int = 16, system_prompt_len: int = 512,
-                  question_len: int = 64, seed: int = 0,
+                  question_len: int = 64, questions: int = 0, seed: int = 0,
                   vocab_size: int | None = None) -> Workload:
     """The workload ``name`` (one of :data:`WORKLOADS`) with the parameters that apply to it
     (``vocab_size``: the model's, for the token ids a ``file`` row gives; None: unchecked).
@@ -190,6 +242,8 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
         ValueError: An unknown name, or ``file`` without ``input``.
         InputError: The ``file`` input is malformed.
     """
+    if questions and name != "long-document":
+        raise ValueError("--questions applies to --workload long-document only")
     if name == "random":
         return random_workload(tokenizer, num_prompts, input_len, output_len, range_ratio, seed)
     if name == "shared-prefix":
@@ -197,6 +251,9 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
                                       system_prompt_len, question_len, output_len, seed)
     if name == "annotation":
         return annotation_workload(tokenizer, num_prompts, min(output_len, 8), seed)
+    if name == "long-document":
+        return long_document_workload(tokenizer, num_prompts, input_len, output_len, questions,
+                                      seed)
     if name == "file":
         if not input:
             raise ValueError("--workload file needs --input PATH")

@@ -25,6 +25,9 @@ Examples:
   mlxpa bench --workload file --input examples/prompts.jsonl \\
       --baselines mlxpa,mlx-lm
   mlxpa bench --workload annotation --num-prompts 128 --baselines mlxpa
+  mlxpa bench --workload long-document --num-prompts 16 --input-len 8192 \\
+      --output-len 256 --baselines mlxpa,mlx-lm
+  mlxpa bench --workload long-document --questions 5 --baselines mlxpa
   mlxpa bench --workload limits
   mlxpa bench serve --concurrency 1,16 --baselines mlx-lm-server
 """
@@ -50,6 +53,9 @@ def bench(
     engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     shape: dict | None = None,  # the workload options (workload_options) stand here
+    questions: Annotated[int, typer.Option(
+        min=0, max=5, help="long-document: typed questions per document instead of a "
+        "summary (0: a summary of --output-len tokens).")] = 0,
     seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
@@ -81,7 +87,7 @@ def bench(
         if workload.value != LIMITS:  # the prompts are checked before the model loads
             wl = make_workload(
                 workload.value, files.tokenizer(), input=input,
-                **(shape or {}), seed=seed,
+                **(shape or {}), questions=questions, seed=seed,
                 vocab_size=files.vocab_size())
             _say_workload(console, wl, systems, repeats)
         mdl, tok, _ = load_model(config, tokenizer=files.tokenizer())

@@ -381,7 +381,7 @@ class LLMEngine:
             running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
         held = kv.held_bytes(self.runner.block_bytes,
                              len(running) * self.runner.kv_storage.snapshot_bytes)
-        self.counters.record_kv(kv.num_active_blocks, tokens, slots, held)
+        self.counters.record_kv(kv.num_active_blocks, tokens, slots, held, len(running))
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         out = sample_output(req, text, self.scheduler.eos_token_ids, sample_index)

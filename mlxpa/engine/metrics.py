@@ -33,6 +33,7 @@ class Counters:
             and snapshots the tree must keep; a recurrent model's live states too).
         peak_kv_bytes_by_group: The same per kind of KV cache group (``full_attention``,
             ``sliding_window_<window>``, ``recurrent``), each its own peak.
+        peak_running: Most requests running at once (admitted, holding blocks).
         kv_tokens_held: Sum over steps of tokens with K/V in the pool.
         kv_slots_in_use: Sum over steps of ``blocks in use * block_size``.
         ttft_s: Time to first token of each finished request, seconds.
@@ -56,6 +57,7 @@ class Counters:
     peak_kv_blocks: int = 0
     peak_kv_bytes: int = 0
     peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
+    peak_running: int = 0
     kv_tokens_held: int = 0
     kv_slots_in_use: int = 0
     ttft_s: list[float] = field(default_factory=list)
@@ -78,10 +80,11 @@ class Counters:
             self.mask_steps += 1
 
     def record_kv(self, active_blocks: int, tokens: int, slots: int,
-                  held: dict[str, int]) -> None:
+                  held: dict[str, int], running: int) -> None:
         """KV use during one step: blocks held by requests, tokens with K/V and the token
-        slots of their blocks, bytes held per kind of KV cache group."""
+        slots of their blocks, bytes held per kind of KV cache group, requests running."""
         self.peak_kv_blocks = max(self.peak_kv_blocks, active_blocks)
+        self.peak_running = max(self.peak_running, running)
         self.kv_tokens_held += tokens
         self.kv_slots_in_use += slots
         self.peak_kv_bytes = max(self.peak_kv_bytes, sum(held.values()))
