@@ -166,7 +166,8 @@ def test_engine_options_reach_the_mlxpa_server_it_starts(tokenizer_only, monkeyp
     ctx = command.make_context("serve", given)
     engine = {k: ctx.params[k] for k in ctx.params if k not in (
         "host", "port", "api_key", "served_model_name", "max_num_waiting", "max_body_bytes",
-        "allowed_origins", "timeout_graceful_shutdown", "blas")}
+        "allowed_origins", "timeout_graceful_shutdown", "blas", "model_path",
+        "chat_template")}
     parsed = checked_engine_config({k: v.value if hasattr(v, "value") else v
                                     for k, v in engine.items()})
     assert parsed.kv_cache_memory_bytes == 2**28 and parsed.max_num_seqs == 8

@@ -18,10 +18,12 @@ _FLOAT = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
 
 def same_bytes(got: str, want: str) -> bool:
     """Whether ``got`` is ``want`` byte for byte, except that each float may differ from its
-    recorded value in the last digits (relative 1e-9: another BLAS sums in another order)."""
+    recorded value in float32's last bits (relative 1e-5: another BLAS sums in another order,
+    and a prefix hit may read a copy of a cached block computed in another batch shape;
+    relative 1e-7 is seen)."""
     if _FLOAT.sub("F", got) != _FLOAT.sub("F", want):
         return False
-    return all(math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return all(math.isclose(float(a), float(b), rel_tol=1e-5, abs_tol=1e-9)
                for a, b in zip(_FLOAT.findall(got), _FLOAT.findall(want)))
 
 
@@ -29,7 +31,7 @@ def test_same_bytes_sees_a_changed_byte_and_forgives_float_noise():
     want = '{"logprob": -1.2345678901234, "text": "a"}'
     assert same_bytes(want, want)
     assert same_bytes('{"logprob": -1.2345678901235, "text": "a"}', want)
-    assert not same_bytes('{"logprob": -1.2345, "text": "a"}', want)
+    assert not same_bytes('{"logprob": -1.2346, "text": "a"}', want)
     assert not same_bytes('{"logprob": -1.2345678901234, "text": "b"}', want)
     assert not same_bytes('{"logprob":-1.2345678901234, "text": "a"}', want)
 
