@@ -9,11 +9,11 @@ import sys
 import time
 
 
-def peak_rss_run(cmd: list[str]) -> dict:
-    """Run ``cmd`` (stdout discarded); returns its peak RSS (MiB), wall seconds and exit
-    status."""
+def peak_rss_run(cmd: list[str], env: dict | None = None) -> dict:
+    """Run ``cmd`` (stdout discarded; ``env``: its environment, default this one's); returns
+    its peak RSS (MiB), wall seconds and exit status."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     # ru_maxrss is in KiB on Linux and bytes on macOS.
