@@ -12,8 +12,10 @@ table grows with the request, and five window groups whose tables keep only the 
 A sliding-window group frees every block that falls entirely before ``position - window``
 (no future query reads it), so a request holds at most ``ceil((window - 1 + chunk) /
 block_size) + 1`` blocks there, ``chunk`` the tokens one step computes: prefill chunks are
-capped at :attr:`KVCacheLayout.max_chunk_tokens` (the smallest window, at least 256 tokens)
-so that this stays near the window. Layers whose pool shapes differ between kinds (Gemma 4's
+capped at :attr:`KVCacheLayout.max_chunk_tokens` (half the smallest window, at least 256
+tokens) so that this stays near the window (Gemma 3 270M: 512-token windows, 256-token chunks,
+48 blocks of 16 a request while it prefills, 33 while it decodes; mlx-lm's rotating caches
+keep 512 tokens after a prefill). Layers whose pool shapes differ between kinds (Gemma 4's
 global layers) cannot share slots: they keep one group and page every layer for every token
 (vLLM does the same), and :attr:`KVCacheLayout.note` says why.
 
@@ -84,12 +86,12 @@ class KVCacheLayout:
     @property
     def max_chunk_tokens(self) -> int | None:
         """The most tokens of one request a step computes (prefill chunks), or None (no
-        limit): the smallest window, at least :data:`MIN_CHUNK_TOKENS`, when a group has
-        one."""
+        limit): half the smallest window, at least :data:`MIN_CHUNK_TOKENS`, in whole
+        blocks, when a group has one."""
         windows = [w for w in self.windows if w is not None]
         if not windows:
             return None
-        return cdiv(max(min(windows), MIN_CHUNK_TOKENS), self.block_size) * self.block_size
+        return cdiv(max(min(windows) // 2, MIN_CHUNK_TOKENS), self.block_size) * self.block_size
 
     def window_blocks(self, window: int, chunk: int) -> int:
         """Most blocks a request holds at once in a group of ``window`` tokens while a step

@@ -31,11 +31,12 @@ def test_gemma3_270m_is_six_groups_of_three():
     assert [g.sliding_window for g in layout.groups] == [None] + [512] * 5
     assert [g.entries for g in layout.groups[1:]] == [
         (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16)]
-    assert layout.max_chunk_tokens == 512
-    # the window before a 512-token chunk (511 keys) and the chunk: 1,023 tokens over at
-    # most 65 blocks of 16; a decode step's: 512 keys over at most 33
-    assert layout.window_blocks(512, 512) == 65 and layout.window_blocks(512, 1) == 33
-    assert layout.blocks_needed(8192, 2048) == 512 + 5 * 65
+    assert layout.max_chunk_tokens == 256  # half the window
+    # the window before a 256-token chunk (511 keys) and the chunk: 767 tokens over at most
+    # 49 blocks of 16 (48 when the chunk starts on a block); a decode step's: 512 keys over
+    # at most 33
+    assert layout.window_blocks(512, 256) == 49 and layout.window_blocks(512, 1) == 33
+    assert layout.blocks_needed(8192, 2048) == 512 + 5 * 49
     assert layout.blocks_needed(8192, 1) == 512 + 5 * 33
 
 

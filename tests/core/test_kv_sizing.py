@@ -45,12 +45,12 @@ def test_pool_is_the_budget_at_most_the_need():
 def test_sliding_window_groups_count_only_their_window():
     """Gemma 3's shape: 1 full group and 5 window groups (window 512) of 3 layers. A
     8,192-token request holds 512 full blocks and, per window group, the window before a
-    512-token chunk and the chunk: ceil((511 + 512) / 16) + 1 = 65 blocks, not 512."""
+    256-token chunk and the chunk: ceil((511 + 256) / 16) + 1 = 49 blocks, not 512."""
     kinds = [(None if (i + 1) % 6 == 0 else 512, "pool") for i in range(18)]
     layout = group_entries(kinds, 16)
     assert layout.windows == [None] + [512] * 5 and layout.num_slots == 3
-    assert layout.max_chunk_tokens == 512
-    assert kv_blocks_needed([(8192, 0, 1)], layout, 2048) == 1 + 512 + 5 * 65
+    assert layout.max_chunk_tokens == 256
+    assert kv_blocks_needed([(8192, 0, 1)], layout, 2048) == 1 + 512 + 5 * 49
     # a short request never holds more than its own blocks in any group
     assert kv_blocks_needed([(100, 0, 1)], layout, 2048) == 1 + 6 * 7
     # a step budget below the cap bounds the chunk: ceil((511 + 64) / 16) + 1 = 37
