@@ -20,12 +20,13 @@ VOCAB = 32000
 
 def tokenizer(folder: Path) -> None:
     """Write a word-level tokenizer (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``w3``...)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # words joined by spaces: ids round-trip
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>")
     fast.save_pretrained(str(folder))

@@ -11,11 +11,15 @@ recompute after preemption are one code path (the scheduler schedules
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mlxpa.sampling_params import SamplingParams
+
+# Request keys: unique in the process, in creation order (the side tables' keys).
+_KEYS = itertools.count()
 
 
 class RequestStatus(enum.IntEnum):
@@ -145,6 +149,10 @@ class Request:
         prompt_logprobs: Prompt position to the :class:`TokenLogprob` of the prompt token
             there, for a request with ``sampling_params.prompt_logprobs`` (filled by the
             engine from the scored positions; samples 1..n-1 share sample 0's).
+        key: The request's own key, unique in the process (the samples of a prompt and a
+            choice row's requests share ``request_id``): what the engine's, the KV cache
+            manager's and the runner's side tables are keyed by (vLLM keys them by its
+            per-request ``req_id``).
     """
 
     request_id: str
@@ -167,6 +175,7 @@ class Request:
     target_token_ids: tuple[int, ...] = ()
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     score_only: bool = False
+    key: int = field(default_factory=lambda: next(_KEYS))
 
     @property
     def num_prompt_tokens(self) -> int:

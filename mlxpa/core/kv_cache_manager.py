@@ -63,9 +63,11 @@ class KVCacheManager:
         self.tree = (RadixCache(pool, pool.block_size, self.windows, self.recurrent)
                      if enable_prefix_caching else None)
         self._blocks_to_copy: list[tuple[int, int]] = []
-        self._locked: dict[Request, RadixNode] = {}
-        self._num_cached_blocks: dict[Request, int] = {}
-        self._first_held: dict[Request, list[int]] = {}  # per sliding group: first live entry
+        # by request key: the tree node it keeps locked, its blocks in the tree, per sliding
+        # group its first live table entry
+        self._locked: dict[int, RadixNode] = {}
+        self._num_cached_blocks: dict[int, int] = {}
+        self._first_held: dict[int, list[int]] = {}
         self.evicted_blocks = 0
         self.snapshots = Snapshots(pool, self.tree, self.layout.snapshot_blocks,
                                    self.num_groups)
@@ -102,7 +104,7 @@ class KVCacheManager:
         blocks hold, and the token slots of those blocks (KV utilisation's two sums)."""
         tokens = slots = 0
         for req, end in zip(reqs, ends):
-            first = self._first_held.get(req)
+            first = self._first_held.get(req.key)
             for g, table in enumerate(req.block_tables):
                 skipped = first[g] if first else 0
                 tokens += max(end - skipped * self.block_size, 0)
@@ -235,7 +237,7 @@ class KVCacheManager:
         snapshot the state ``req`` resumes from."""
         if hit.last_node is not None:
             self._adopt_lock(req, hit.last_node)
-            self._num_cached_blocks[req] = hit.num_tokens // self.block_size
+            self._num_cached_blocks[req.key] = hit.num_tokens // self.block_size
         for table, ids in zip(req.block_tables, hit.block_ids):
             table.extend(ids)
         if self.recurrent and hit.snapshot:
@@ -281,10 +283,10 @@ class KVCacheManager:
     def _adopt_lock(self, req: Request, node: RadixNode) -> None:
         """Make ``node`` (already locked for ``req``) the node ``req`` keeps locked, unlocking
         the one it kept before."""
-        old = self._locked.pop(req, None)
+        old = self._locked.pop(req.key, None)
         if old is not None:
             self.tree.unlock(old)
-        self._locked[req] = node
+        self._locked[req.key] = node
 
     # ------------------------------------------------------------------ after a step
 
@@ -295,14 +297,14 @@ class KVCacheManager:
 
         Cost is paid only when a block boundary was crossed (amortized O(1) per step)."""
         full = req.num_computed_tokens // self.block_size
-        if self.tree is not None and full > self._num_cached_blocks.get(req, 0):
+        if self.tree is not None and full > self._num_cached_blocks.get(req.key, 0):
             n = full * self.block_size
             tokens = req.all_token_ids[:n] if n > req.num_prompt_tokens else (
                 req.prompt_token_ids[:n])
             self.tree.insert(tokens, [t[:full] for t in req.block_tables],
-                             self._num_cached_blocks.get(req, 0))
+                             self._num_cached_blocks.get(req.key, 0))
             self._lock_for(req, self._shared_node(req, self.tree.node_for(tokens)))
-            self._num_cached_blocks[req] = full
+            self._num_cached_blocks[req.key] = full
         if self.recurrent:
             self._free_blocks(self.snapshots.after_step(req))
         self._remove_skipped_blocks(req)
@@ -312,7 +314,7 @@ class KVCacheManager:
         ``remove_skipped_blocks``): those before ``num_computed_tokens - window + 1``."""
         if not req.block_tables:
             return
-        first = self._first_held.setdefault(req, [0] * self.num_groups)
+        first = self._first_held.setdefault(req.key, [0] * self.num_groups)
         for g, w in enumerate(self.windows):
             if w is None:
                 continue
@@ -371,11 +373,11 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release ``req``'s blocks, tail first, so its last blocks are reused first; blocks
         also held by the tree stay cached."""
-        node = self._locked.pop(req, None)
+        node = self._locked.pop(req.key, None)
         if node is not None:
             self.tree.unlock(node)
-        self._num_cached_blocks.pop(req, None)
-        self._first_held.pop(req, None)
+        self._num_cached_blocks.pop(req.key, None)
+        self._first_held.pop(req.key, None)
         for table in req.block_tables:
             self._free_blocks([b for b in table if b != NULL_BLOCK])
         req.block_tables = []
@@ -396,10 +398,10 @@ class KVCacheManager:
             live = [b for b in table if b != NULL_BLOCK]
             self.pool.incref(live)
             self._acquire(live)
-        node = self._locked.get(parent)
+        node = self._locked.get(parent.key)
         if node is not None:
             self._lock_for(child, node)
-            self._num_cached_blocks[child] = self._num_cached_blocks[parent]
+            self._num_cached_blocks[child.key] = self._num_cached_blocks[parent.key]
         if self.recurrent:
             blocks = self.snapshots.fork_blocks(parent, child.num_computed_tokens)
             self.pool.incref(blocks)

@@ -39,14 +39,15 @@ class Snapshots:
                  group: int) -> None:
         self.pool, self.tree = pool, tree
         self.num_blocks, self.group = num_blocks, group
-        self._points: dict[Request, list[int]] = {}
-        self._fork_points: dict[Request, int] = {}
+        # by request key
+        self._points: dict[int, list[int]] = {}
+        self._fork_points: dict[int, int] = {}
         self._saves: list[StateOp] = []      # this step's, until taken
         self._restores: list[StateOp] = []
-        self._saving: dict[Request, tuple[int, list[int]]] = {}  # saved this step, to file
-        self._restore_due: dict[Request, list[int]] = {}  # before the request's next step
-        self._restoring: dict[Request, list[int]] = {}    # during it
-        self._fork: dict[Request, tuple[int, list[int]]] = {}
+        self._saving: dict[int, tuple[int, list[int]]] = {}  # saved this step, to file
+        self._restore_due: dict[int, list[int]] = {}  # before the request's next step
+        self._restoring: dict[int, list[int]] = {}    # during it
+        self._fork: dict[int, tuple[int, list[int]]] = {}
 
     # ------------------------------------------------------------------ points
 
@@ -58,23 +59,23 @@ class Snapshots:
             return
         if not fork and (self.tree is None or position % self.pool.block_size):
             return
-        points = self._points.setdefault(req, [])
+        points = self._points.setdefault(req.key, [])
         if position not in points:
             points.append(position)
             points.sort()
         if fork:
-            self._fork_points[req] = position
+            self._fork_points[req.key] = position
 
     def points(self, req: Request) -> list[int]:
-        return list(self._points.get(req, ()))
+        return list(self._points.get(req.key, ()))
 
     def next_point(self, req: Request, start: int) -> int | None:
         """``req``'s first snapshot point after ``start``."""
-        return next((p for p in self._points.get(req, ()) if p > start), None)
+        return next((p for p in self._points.get(req.key, ()) if p > start), None)
 
     def due(self, req: Request, end: int) -> bool:
         """Whether a step of ``req`` that ends at ``end`` must save its state."""
-        return end in self._points.get(req, ())
+        return end in self._points.get(req.key, ())
 
     # ------------------------------------------------------------------ a step
 
@@ -82,20 +83,20 @@ class Snapshots:
         """Give ``req``'s step (ending at ``end``) the blocks to save its state into (as
         many must be free)."""
         blocks = self.pool.allocate(self.num_blocks, self.group)
-        self._saving[req] = (end, blocks)
+        self._saving[req.key] = (end, blocks)
         self._saves.append((req, blocks))
 
     def resume_from(self, req: Request, blocks: list[int]) -> None:
         """``req`` resumes from the snapshot in ``blocks`` (a hit's, a fork's; the caller took
         a reference of them for it): restored before its next step's forward."""
-        self._restore_due[req] = list(blocks)
+        self._restore_due[req.key] = list(blocks)
 
     def start(self, req: Request) -> None:
         """``req`` is scheduled: its pending restore goes into this step."""
-        blocks = self._restore_due.pop(req, None)
+        blocks = self._restore_due.pop(req.key, None)
         if blocks is not None:
             self._restores.append((req, blocks))
-            self._restoring[req] = blocks
+            self._restoring[req.key] = blocks
 
     def take(self) -> tuple[list[StateOp], list[StateOp]]:
         """The ``(saves, restores)`` of the step being built."""
@@ -107,12 +108,12 @@ class Snapshots:
         """``req``'s step has run (its blocks are in the tree): file the snapshot it saved,
         return the blocks it no longer needs (the snapshot it restored; its fork snapshot
         once its prompt is done: its children took theirs in that step)."""
-        freed = self._restoring.pop(req, None) or []
-        saved = self._saving.pop(req, None)
+        freed = self._restoring.pop(req.key, None) or []
+        saved = self._saving.pop(req.key, None)
         if saved is not None:
             freed += self._file(req, *saved)
         if req.num_computed_tokens >= req.num_prompt_tokens:
-            held = self._fork.pop(req, None)
+            held = self._fork.pop(req.key, None)
             if held is not None:
                 freed += held[1]
         return freed
@@ -120,12 +121,12 @@ class Snapshots:
     def _file(self, req: Request, position: int, blocks: list[int]) -> list[int]:
         """A fork's snapshot stays with ``req``; a block-aligned one joins the tree (which
         takes a reference); returns the blocks kept by neither."""
-        points = self._points.get(req, [])
+        points = self._points.get(req.key, [])
         if position in points:
             points.remove(position)
-        kept = self._fork_points.get(req) == position
+        kept = self._fork_points.get(req.key) == position
         if kept:
-            self._fork[req] = (position, blocks)
+            self._fork[req.key] = (position, blocks)
         if (self.tree is not None and position % self.pool.block_size == 0
                 and position <= req.num_prompt_tokens):
             if kept:
@@ -141,7 +142,7 @@ class Snapshots:
     def fork_blocks(self, parent: Request, position: int) -> list[int] | None:
         """The blocks of ``parent``'s snapshot at ``position``: its fork snapshot, or the one
         the step that just ran saved (filed after the forks)."""
-        for held in (self._fork.get(parent), self._saving.get(parent)):
+        for held in (self._fork.get(parent.key), self._saving.get(parent.key)):
             if held is not None and held[0] == position:
                 return held[1]
         return None
@@ -150,11 +151,11 @@ class Snapshots:
 
     def drop(self, req: Request) -> list[int]:
         """Forget ``req`` (finished, aborted, preempted); returns the blocks it held."""
-        self._points.pop(req, None)
-        self._fork_points.pop(req, None)
-        held = [b for d in (self._restore_due, self._restoring) for b in d.pop(req, ())]
+        self._points.pop(req.key, None)
+        self._fork_points.pop(req.key, None)
+        held = [b for d in (self._restore_due, self._restoring) for b in d.pop(req.key, ())]
         for d in (self._fork, self._saving):
-            entry = d.pop(req, None)
+            entry = d.pop(req.key, None)
             if entry is not None:
                 held += entry[1]
         self._saves = [op for op in self._saves if op[0] is not req]

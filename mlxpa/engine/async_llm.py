@@ -261,14 +261,12 @@ class AsyncLLM:
         self._applied += 1
         request = command.request
         try:
-            done = engine.add_request(*request)
+            engine.add_request(*request)  # outputs come out of the next step
         except (TypeError, ValueError) as e:
             command.put(e)
             return
         self._sinks[request.request_id] = _Sink(command.put, request.sampling_params.n,
                                                 command.submitted)
-        if done:
-            self._dispatch(done)
 
     def _dispatch(self, outputs: list[SampleOutput]) -> None:
         now = time.perf_counter()

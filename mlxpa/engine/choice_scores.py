@@ -142,8 +142,8 @@ class ChoiceScores:
         self.max_model_len = max_model_len
         self._seed_for = seed_for
         self._output = output
-        self._rows: dict[Request, _Row] = {}  # each request of a row (prefill, labels)
-        self._label: dict[Request, int] = {}  # a label request's label
+        self._rows: dict[int, _Row] = {}  # by request key: each of a row's (prefill, labels)
+        self._label: dict[int, int] = {}  # a label request's label, by request key
 
     def add(self, row: Request, schedule: Callable[[Request], None],
             done: Callable[[LabelScores | str], list[SampleOutput]] | None = None) -> Request:
@@ -173,7 +173,7 @@ class ChoiceScores:
                           score_only=True, target_token_ids=tuple(t[0] for t in joined.tokens),
                           scored_top_logprobs=params.logprobs or 0)
         schedule(prefill)
-        self._rows[prefill] = _Row(row, prefill, so.choices, joined.tokens,
+        self._rows[prefill.key] = _Row(row, prefill, so.choices, joined.tokens,
                                    [{} for _ in so.choices],
                                    1 + sum(len(t) > 1 for t in joined.tokens), done)
         return prefill
@@ -200,13 +200,13 @@ class ChoiceScores:
 
     def waits_for_prefill(self, prefill: Request) -> bool:
         """Whether ``prefill`` (from :meth:`add`) starts label requests once it has run."""
-        state = self._rows.get(prefill)
+        state = self._rows.get(prefill.key)
         return state is not None and state.left > 1
 
     def on_prefilled(self, prefill: Request) -> list[Request]:
         """``prefill``'s prompt is computed: the label requests to start, forking its blocks
         (one per label of two or more tokens, in label order)."""
-        state = self._rows[prefill]
+        state = self._rows[prefill.key]
         starts = []
         for k, ids in enumerate(state.tokens):
             if len(ids) < 2:
@@ -215,7 +215,7 @@ class ChoiceScores:
                           SamplingParams(max_tokens=1), arrival_time=prefill.arrival_time,
                           num_scored_tokens=len(ids) - 1, score_only=True,
                           scored_top_logprobs=prefill.scored_top_logprobs)
-            self._rows[req], self._label[req] = state, k
+            self._rows[req.key], self._label[req.key] = state, k
             starts.append(req)
         return starts
 
@@ -225,10 +225,10 @@ class ChoiceScores:
 
     def abort(self, request_ids: set[str]) -> None:
         """Forget the rows of ``request_ids`` (the engine finishes their requests)."""
-        gone = [r for r, state in self._rows.items() if state.row.request_id in request_ids]
-        for req in gone:
-            del self._rows[req]
-            self._label.pop(req, None)
+        gone = [k for k, state in self._rows.items() if state.row.request_id in request_ids]
+        for key in gone:
+            del self._rows[key]
+            self._label.pop(key, None)
 
     def on_step(self, out: SchedulerOutput, result: StepResult) -> list[SampleOutput]:
         """Record a step's scores (after ``update_from_output``): each label's first token
@@ -237,22 +237,23 @@ class ChoiceScores:
         Returns:
             The outputs (one per sample) of the rows whose scores are now complete.
         """
-        for req, values in result.targets.items():
-            state = self._rows.get(req)
+        ran = {r.key: r for r in out.requests}
+        for key, values in result.targets.items():
+            state = self._rows.get(key)
             if state is not None:
                 for by_pos, value in zip(state.values, values):
-                    by_pos[req.num_prompt_tokens] = value
-        for req, by_pos in result.scored.items():
-            k = self._label.get(req)
+                    by_pos[ran[key].num_prompt_tokens] = value
+        for key, by_pos in result.scored.items():
+            k = self._label.get(key)
             if k is not None:
-                self._rows[req].values[k].update(by_pos)
+                self._rows[key].values[k].update(by_pos)
         released = []
         for req in out.requests:
-            state = self._rows.get(req) if req.is_finished else None
+            state = self._rows.get(req.key) if req.is_finished else None
             if state is None:
                 continue
-            del self._rows[req]
-            self._label.pop(req, None)
+            del self._rows[req.key]
+            self._label.pop(req.key, None)
             state.left -= 1
             if state.left == 0:
                 released.extend(self._release(state))

@@ -97,18 +97,19 @@ class IncrementalDetokenizer:
 
 
 def check_stop(req: Request, detok: IncrementalDetokenizer, sched: Scheduler,
-               grammar_ended: dict[Request, str | None]) -> None:
+               grammar_ended: dict[int, str | None]) -> None:
     """Stop strings (``detok``) and grammar completion or failure of ``req``'s new token
-    (``grammar_ended``: the runner's report, :attr:`StepResult.grammar_ended`); a request
+    (``grammar_ended``: the runner's report by request key, :attr:`StepResult.grammar_ended`);
+    a request
     that stops is finished through ``sched``.
 
     An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
     else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
     """
     tok = req.output_token_ids[-1]
-    ended = req in grammar_ended
+    ended = req.key in grammar_ended
     if (not req.is_finished and tok in sched.eos_token_ids and ended
-            and grammar_ended[req] is None):
+            and grammar_ended[req.key] is None):
         req.stop_reason = tok
         sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
     is_eos = req.stop_reason == tok and req.status == RequestStatus.FINISHED_STOPPED
@@ -120,8 +121,8 @@ def check_stop(req: Request, detok: IncrementalDetokenizer, sched: Scheduler,
             sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
     if req.is_finished or not ended:
         return
-    if grammar_ended[req] is None:  # complete, only EOS may follow: done without it
+    if grammar_ended[req.key] is None:  # complete, only EOS may follow: done without it
         sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
     else:
         sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
-        req.stop_reason = f"structured output failed: {grammar_ended[req]}"
+        req.stop_reason = f"structured output failed: {grammar_ended[req.key]}"

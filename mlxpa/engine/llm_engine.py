@@ -67,7 +67,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
                                   tokenizer._tokenizer)
         self.counters = Counters()
-        self._detok: dict[Request, IncrementalDetokenizer] = {}
+        self._detok: dict[int, IncrementalDetokenizer] = {}  # by request key
         self._pending_forks: list[Request] = []
         self._released: list[SampleOutput] = []
         self._unfinished: dict[str, int] = {}  # request id -> its samples not yet returned
@@ -133,8 +133,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams,
-                    questions: tuple[QuestionPrompt, ...] | None = None
-                    ) -> list[SampleOutput] | None:
+                    questions: tuple[QuestionPrompt, ...] | None = None) -> None:
         """Queue a request (``sampling_params.n`` samples of one prompt: sample 0 runs the
         prefill; when it is done, the others fork its blocks while ``max_num_seqs`` leaves
         slots and the rest wait, reading the prompt from the prefix cache when admitted). A
@@ -151,11 +150,11 @@ class LLMEngine:
                 prefilled once, each question scored as a choice row forking its blocks; one
                 output with ``question_scores``. None: a plain request.
 
-        Returns:
-            Finished :class:`SampleOutput` s (one per sample) right away when the request
-            needs no model work (``max_tokens`` 0, not a choice row) or cannot run (empty
-            prompt, longer than the context or the pool, labels that cannot be scored:
-            ``finish_reason`` ``abort`` with ``error`` set); otherwise None.
+        Outputs leave only through :meth:`step`: a request that needs no model work
+        (``max_tokens`` 0, not a choice row) or cannot run (empty prompt, longer than the
+        context or the pool, labels that cannot be scored: ``finish_reason`` ``abort`` with
+        ``error`` set) has its finished :class:`SampleOutput` s (one per sample) in the next
+        step's.
 
         Raises:
             TypeError: ``request_id`` is not a string.
@@ -165,7 +164,14 @@ class LLMEngine:
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
         if request_id in self._unfinished:
             raise ValueError(f"request id {request_id!r} is already running")
-        params = sampling_params
+        done = self._add(request_id, prompt_token_ids, sampling_params, questions)
+        if done:  # returned by the next step
+            self._unfinished[request_id] = len(done)
+            self._released.extend(done)
+
+    def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+             questions: tuple[QuestionPrompt, ...] | None) -> list[SampleOutput] | None:
+        """:meth:`add_request`'s work; returns the outputs of a request finished at once."""
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=time.perf_counter())
         if params.prompt_logprobs is not None:  # every prompt token after the first
@@ -192,7 +198,7 @@ class LLMEngine:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._unfinished[request_id] = params.n
-        self._detok[req] = self._detokenizer(params)
+        self._detok[req.key] = self._detokenizer(params)
         if params.n > 1:
             self._await_forks([req])
         return None
@@ -229,11 +235,10 @@ class LLMEngine:
         sched = self.scheduler
         for req in [r for r in (*sched.running, *sched.waiting) if r.request_id in ids]:
             sched.finish_request(req, RequestStatus.FINISHED_ABORTED)
+            self._detok.pop(req.key, None)
         self.choice_scores.abort(ids)
         self.question_scores.abort(ids)
         self._pending_forks = [r for r in self._pending_forks if r.request_id not in ids]
-        for req in [r for r in self._detok if r.request_id in ids]:
-            del self._detok[req]
         self._released = [o for o in self._released if o.request_id not in ids]
         for request_id in ids:
             del self._unfinished[request_id]
@@ -294,7 +299,7 @@ class LLMEngine:
                                     prompt_logprobs=parent.prompt_logprobs)  # computed once
                             for i in range(1, parent.sampling_params.n)]
                 for child in children:
-                    self._detok[child] = self._detokenizer(parent.sampling_params)
+                    self._detok[child.key] = self._detokenizer(parent.sampling_params)
             self.scheduler.add_samples(parent, children)
         self._pending_forks = still + self._pending_forks  # and the documents' questions
 
@@ -338,13 +343,14 @@ class LLMEngine:
         """Fork what finished its prefill, keep the step's log-probabilities and scores,
         advance the scheduler, release the choice rows whose scores are complete, count;
         return the requests that received a token."""
-        for req, by_position in result.scored.items():
-            if req.sampling_params.prompt_logprobs is not None:
-                req.prompt_logprobs.update(by_position)
+        ran = {r.key: r for r in out.requests}
+        for key, by_position in result.scored.items():
+            if ran[key].sampling_params.prompt_logprobs is not None:
+                ran[key].prompt_logprobs.update(by_position)
         if self._pending_forks:
             self._fork_samples(out)
-        for req, lp in result.logprobs.items():
-            req.logprobs.append(lp)
+        for key, lp in result.logprobs.items():
+            ran[key].logprobs.append(lp)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
         self._count_kv(out)
@@ -357,16 +363,16 @@ class LLMEngine:
         return updated
 
     def _check_stops(self, updated: list[Request],
-                     grammar_ended: dict[Request, str | None]) -> list[SampleOutput]:
+                     grammar_ended: dict[int, str | None]) -> list[SampleOutput]:
         """Stop strings and grammar endings of each request's new token; return the outputs
         of the requests that finished (and of those released since the last step), and the
         new output of each running ``DELTA`` request."""
         finished, self._released = self._released, []
         for req in updated:
-            detok = self._detok[req]
+            detok = self._detok[req.key]
             check_stop(req, detok, self.scheduler, grammar_ended)
             if req.is_finished:
-                del self._detok[req]
+                del self._detok[req.key]
                 finished.append(final_delta(self._output(req, detok.finalize()), detok))
             elif wants_deltas(req):
                 finished.append(step_delta(req, detok))
@@ -415,9 +421,7 @@ class LLMEngine:
                 if request is None:
                     exhausted = True
                     break
-                done = self.add_request(*request)
-                if done is not None:
-                    yield from done
+                self.add_request(*request)
             if not self.has_unfinished_requests():
                 if exhausted:
                     if self.scheduler.has_finished_requests():

@@ -61,7 +61,7 @@ class QuestionScores:
                  output: Callable[[Request, str], SampleOutput]) -> None:
         self._choices = choices
         self._output = output
-        self._groups: dict[Request, _Group] = {}  # a document request -> its group
+        self._groups: dict[int, _Group] = {}  # a document request's key -> its group
         self._live: dict[str, _Group] = {}  # request id -> its group, until released
 
     def add(self, row: Request, questions: Sequence[QuestionPrompt],
@@ -107,7 +107,7 @@ class QuestionScores:
                 row.request_id, prompts[0][:shared], SamplingParams(max_tokens=1),
                 arrival_time=row.arrival_time, score_only=True)
             schedule(group.document)
-            self._groups[group.document] = group
+            self._groups[group.document.key] = group
             waiting = [group.document]
         self._live[row.request_id] = group
         return waiting
@@ -119,7 +119,7 @@ class QuestionScores:
 
     def owns(self, request: Request) -> bool:
         """Whether ``request`` is a group's document request (from :meth:`add`)."""
-        return request in self._groups
+        return request.key in self._groups
 
     def on_prefilled(self, document: Request) -> tuple[list[Request], list[Request]]:
         """``document``'s prefill has run: its questions' choice prefills, to fork its
@@ -130,7 +130,7 @@ class QuestionScores:
             question order, and those of them that wait for their own prefill (labels of
             two or more tokens).
         """
-        group = self._groups.pop(document)
+        group = self._groups.pop(document.key)
         children: list[Request] = []
         return children, self._start(group, children.append)
 
@@ -175,7 +175,7 @@ class QuestionScores:
         for request_id in request_ids & self._live.keys():
             group = self._live.pop(request_id)
             if group.document is not None:
-                self._groups.pop(group.document, None)
+                self._groups.pop(group.document.key, None)
 
     def __len__(self) -> int:
         """Groups in flight."""

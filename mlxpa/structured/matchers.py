@@ -12,7 +12,7 @@ The model runner owns the :class:`Grammars` (the mask must overlap its forward p
 3. after sampling, :meth:`Grammars.advance` consumes each token and reports the grammars that
    ended (complete or failed).
 
-Matchers are keyed by the :class:`Request` and synced to its ``output_token_ids`` (consume what
+Matchers are keyed by the request (its ``key``) and synced to its ``output_token_ids`` (consume what
 is missing, roll back what is extra), so preemption, chunked prefill, prefix-cache hits and
 ``n > 1`` forks need no special case. Compiled grammars are cached by the constraint's
 canonical text. A ``choice`` row has no matcher: its labels are scored
@@ -174,7 +174,7 @@ class Grammars:
         self._ll = None
         self._executor = None
         self._compiled: dict[StructuredOutput, str] = {}
-        self._states: dict[Request, _State] = {}
+        self._states: dict[int, _State] = {}  # by request key
 
     def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
         """Build the llguidance tokenizer (or wait for the build :func:`start_ll_tokenizer`
@@ -208,10 +208,10 @@ class Grammars:
         return llguidance.LLMatcher(self._ll, self._compiled[so], log_level=0)
 
     def _state(self, req: Request) -> _State:
-        st = self._states.get(req)
+        st = self._states.get(req.key)
         if st is None:
             so = req.sampling_params.structured_outputs
-            st = self._states[req] = _State(self._matcher(so))
+            st = self._states[req.key] = _State(self._matcher(so))
         out = req.output_token_ids
         if st.consumed > len(out):
             st.matcher.rollback(st.consumed - len(out))
@@ -240,28 +240,29 @@ class Grammars:
             bitmask[:, -1] &= (1 << self.vocab_size % 32) - 1
         return Bitmask(rows, bitmask, time.perf_counter() - t0)
 
-    def advance(self, reqs: list[Request], tokens: list[int]) -> dict[Request, str | None]:
+    def advance(self, reqs: list[Request], tokens: list[int]) -> dict[int, str | None]:
         """Consume each constrained request's sampled token (``tokens[i]`` for ``reqs[i]``).
 
         Returns:
-            The requests whose grammar ended with that token: None when it is complete
+            The keys of the requests whose grammar ended with that token: None when it is
+            complete
             (satisfied, admitting nothing but EOS), else the matcher's error (a token outside
             the grammar). Requests whose grammar goes on are absent.
         """
-        ended: dict[Request, str | None] = {}
+        ended: dict[int, str | None] = {}
         for req, tok in zip(reqs, tokens):
-            st = self._states.get(req)
+            st = self._states.get(req.key)
             if st is None:
                 continue
             if st.consumed == req.num_output_tokens:
                 st.matcher.consume_token(tok)
                 st.consumed += 1
             if st.matcher.is_error():
-                ended[req] = st.matcher.get_error() or "the output left the grammar"
+                ended[req.key] = st.matcher.get_error() or "the output left the grammar"
             elif st.matcher.is_stopped():
-                ended[req] = None
+                ended[req.key] = None
         return ended
 
     def release(self, req: Request) -> None:
         """Drop ``req``'s matcher (finished)."""
-        self._states.pop(req, None)
+        self._states.pop(req.key, None)

@@ -24,20 +24,20 @@ class BlockTableCopies:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        # request -> (per group an array with room to grow, entries synced, preemptions)
-        self._copies: dict[Request, tuple[list[np.ndarray], int, int]] = {}
+        # request key -> (per group an array with room to grow, entries synced, preemptions)
+        self._copies: dict[int, tuple[list[np.ndarray], int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._copies)
 
     def __iter__(self):
-        """The requests with a copy."""
+        """The keys of the requests with a copy."""
         return iter(self._copies)
 
     def get(self, req: Request) -> list[np.ndarray]:
         """``req.block_tables`` as arrays (views of the kept copies), synced from the first
         entry that can have changed."""
-        arrs, synced, npre = self._copies.get(req, (None, 0, -1))
+        arrs, synced, npre = self._copies.get(req.key, (None, 0, -1))
         tables = req.block_tables
         n = len(tables[0]) if tables else 0
         if arrs is None or npre != req.num_preemptions or (arrs and n > len(arrs[0])):
@@ -51,10 +51,10 @@ class BlockTableCopies:
         start = min(synced, req.num_computed_tokens // self.block_size)
         for a, table in zip(arrs, tables):
             a[start:n] = table[start:]
-        self._copies[req] = (arrs, n, req.num_preemptions)
+        self._copies[req.key] = (arrs, n, req.num_preemptions)
         return [a[:n] for a in arrs]
 
     def drop(self, reqs: list[Request]) -> None:
         """Forget the copies of ``reqs`` (finished or preempted)."""
         for req in reqs:
-            self._copies.pop(req, None)
+            self._copies.pop(req.key, None)

@@ -253,7 +253,7 @@ class ModelRunner:
             for req in finished:
                 self.grammars.release(req)
         if self.states is not None:
-            self.states.drop([*finished, *preempted])
+            self.states.drop([r.key for r in (*finished, *preempted)])
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Run one scheduled step.
@@ -291,7 +291,7 @@ class ModelRunner:
         by_row = dict(zip(order, res.tokens))
         return StepResult(
             sampled=[by_row[i] for i, s in enumerate(out.sampling) if s],
-            logprobs={reqs[j]: lp for j, lp in res.logprobs.items()},
+            logprobs={reqs[j].key: lp for j, lp in res.logprobs.items()},
             scored=self._scored(reads.owners[ReadKind.SCORE], scored),
             targets=_by_request(reads.owners[ReadKind.TARGET], targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
@@ -308,8 +308,8 @@ class ModelRunner:
         return LogprobGather(self._head(features), rows, ids, tops)
 
     def _scored(self, scored: list[tuple[Request, int, int]],
-                features: mx.array | None) -> dict[Request, dict[int, TokenLogprob]]:
-        """Per request, position to the :class:`TokenLogprob` of its scored prompt token
+                features: mx.array | None) -> dict[int, dict[int, TokenLogprob]]:
+        """Per request key, position to the :class:`TokenLogprob` of its scored prompt token
         (``scored``: ``(request, position, token id)`` per read; ``features``: the head's
         inputs there, evaluated)."""
         if not scored:
@@ -317,9 +317,9 @@ class ModelRunner:
         values = scored_logprobs(features, self._head, self.geometry.logits_width,
                                  [t for _, _, t in scored],
                                  [r.scored_top_logprobs for r, _, _ in scored])
-        by_request: dict[Request, dict[int, TokenLogprob]] = {}
+        by_request: dict[int, dict[int, TokenLogprob]] = {}
         for (req, position, _), value in zip(scored, values):
-            by_request.setdefault(req, {})[position] = value
+            by_request.setdefault(req.key, {})[position] = value
         return by_request
 
     def _forward(self, out: SchedulerOutput) -> StepReads:
@@ -335,7 +335,7 @@ class ModelRunner:
                 plan, owners = self._plan(out, group, reqs, counts, starts)
                 features = forward(self.model, self._split, self.kv_cache, self.layers, plan)
                 if plan.states is not None:
-                    self.states.save(reqs, starts, counts, plan.states)
+                    self.states.save([r.key for r in reqs], starts, counts, plan.states)
                 for kind, value in features.items():
                     reads.add(kind, owners[kind], value)
                 if g + 1 < len(groups):
@@ -353,7 +353,7 @@ class ModelRunner:
         per kind what each read position belongs to (:func:`group_reads`)."""
         tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group))
         reads, owners = group_reads(group, reqs, counts, starts, out.sampling)
-        states = (self.states.caches(reqs, starts, counts)
+        states = (self.states.caches([r.key for r in reqs], starts, counts)
                   if self.states is not None else None)
         return ForwardPlan(tokens, meta, reads, states), owners
 
@@ -373,7 +373,7 @@ def _rows_of(groups: list, batch: list[int]) -> list[tuple[list[int], int]]:
 
 
 def _by_request(targets: list[Request],
-                gather: LogprobGather | None) -> dict[Request, list[TokenLogprob]]:
-    """Per request, the :class:`TokenLogprob` of each of its ``target_token_ids``."""
+                gather: LogprobGather | None) -> dict[int, list[TokenLogprob]]:
+    """Per request key, the :class:`TokenLogprob` of each of its ``target_token_ids``."""
     values = iter(gather.values() if gather else ())
-    return {req: [next(values) for _ in req.target_token_ids] for req in targets}
+    return {req.key: [next(values) for _ in req.target_token_ids] for req in targets}

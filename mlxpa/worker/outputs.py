@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mlxpa.request import Request, TokenLogprob
+from mlxpa.request import TokenLogprob
 
 
 class StepResult(NamedTuple):
     """What one step produced; read by the engine, never mutated.
+
+    Every table is keyed by the request's ``key`` (vLLM's ``req_id``).
 
     Attributes:
         sampled: One token id per request whose chunk reached its last token and that
@@ -29,10 +31,10 @@ class StepResult(NamedTuple):
     """
 
     sampled: list[int]
-    logprobs: dict[Request, TokenLogprob]
-    scored: dict[Request, dict[int, TokenLogprob]]
-    targets: dict[Request, list[TokenLogprob]]
-    grammar_ended: dict[Request, str | None]
+    logprobs: dict[int, TokenLogprob]
+    scored: dict[int, dict[int, TokenLogprob]]
+    targets: dict[int, list[TokenLogprob]]
+    grammar_ended: dict[int, str | None]
     mask_time_s: float | None
 
 

@@ -128,7 +128,7 @@ class PenaltyState:
     """
 
     def __init__(self) -> None:
-        self._tracked: dict[Request, _Tracked] = {}
+        self._tracked: dict[int, _Tracked] = {}  # by request key
 
     def __len__(self) -> int:
         return len(self._tracked)
@@ -137,7 +137,7 @@ class PenaltyState:
         """Forget ``reqs`` (finished, or preempted: rebuilt from their output tokens when
         they sample again)."""
         for req in reqs:
-            self._tracked.pop(req, None)
+            self._tracked.pop(req.key, None)
 
     def step(self, reqs: list[Request]) -> StepPenalties | None:
         """The entries of the step whose sampling rows are ``reqs`` (row ``i`` is
@@ -149,9 +149,9 @@ class PenaltyState:
         tracked = []
         for i in rows:
             req = reqs[i]
-            t = self._tracked.get(req)
+            t = self._tracked.get(req.key)
             if t is None:
-                t = self._tracked[req] = _Tracked(req)
+                t = self._tracked[req.key] = _Tracked(req)
             else:
                 t.sync(req.output_token_ids)
             tracked.append(t)

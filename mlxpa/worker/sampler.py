@@ -48,7 +48,7 @@ class Sampled(NamedTuple):
 
     tokens: list[int]
     logprobs: dict[int, TokenLogprob]
-    grammar_ended: dict[Request, str | None]
+    grammar_ended: dict[int, str | None]
     mask_time_s: float | None
 
 

@@ -75,7 +75,7 @@ def restore_states(store: RecurrentStateStore, kv_cache: PagedKVCache, codec: St
     states = [codec.unpack(kv_cache.read_bytes(blocks)) for _, blocks in restores]
     mx.eval([a for st in states for arrays in st.values() for a in arrays if a is not None])
     for (req, _), state in zip(restores, states):
-        store.restore(req, req.num_computed_tokens, state)
+        store.restore(req.key, req.num_computed_tokens, state)
 
 
 def save_states(store: RecurrentStateStore, kv_cache: PagedKVCache, codec: StateCodec,
@@ -83,7 +83,7 @@ def save_states(store: RecurrentStateStore, kv_cache: PagedKVCache, codec: State
     """Write each request's recurrent state after the step's forward into its snapshot
     blocks (lazily: evaluated with the step's pools)."""
     for req, blocks in saves:
-        kv_cache.write_bytes(blocks, codec.pack(store.state(req), len(blocks)
+        kv_cache.write_bytes(blocks, codec.pack(store.state(req.key), len(blocks)
                                                 * kv_cache.block_nbytes))
 
 

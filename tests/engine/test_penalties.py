@@ -117,7 +117,8 @@ def test_logit_bias_forces_and_bans_a_token(model):
 def test_a_bias_id_outside_the_vocabulary_is_a_row_error(model):
     tok = byte_tokenizer(eos_id=-1)
     eng = LLMEngine(EngineConfig(block_size=8, num_blocks=32), model, tok)
-    (out,) = eng.add_request("0", tok.encode("hi"), SamplingParams(logit_bias={256: 1.0}))
+    eng.add_request("0", tok.encode("hi"), SamplingParams(logit_bias={256: 1.0}))
+    (out,) = eng.step()  # outputs leave the engine through step() only
     assert out.finish_reason == "abort"
     assert out.error == ('field "logit_bias": token id 256 is outside the model\'s '
                          "vocabulary (256 ids, 0..255)")

@@ -50,7 +50,9 @@ def run(model, config: EngineConfig, *batches: list[Request]) -> dict[Request, d
         while sched.has_unfinished_requests() or sched.has_finished_requests():
             out = sched.schedule()
             result = runner.execute(out)
-            for req, by_position in result.scored.items():
+            ran = {r.key: r for r in out.requests}
+            for key, by_position in result.scored.items():  # keyed by the request's key
+                req = ran[key]
                 assert not set(by_position) & set(scored[req])  # each position once
                 scored[req].update(by_position)
             sched.update_from_output(out, result.sampled)

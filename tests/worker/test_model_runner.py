@@ -106,15 +106,15 @@ def test_runner_frees_exactly_what_it_is_told(constrained_runner):
     assert len(first.sampled) == 3
     for req, n, t in zip((a, b, d), (10, 12, 9), first.sampled):
         _ran(req, n, t)
-    assert set(runner._tables) == {a, b, d} and set(runner.grammars._states) == {a, b, d}
+    assert set(runner._tables) == set(runner.grammars._states) == {a.key, b.key, d.key}
     b.status = d.status = RequestStatus.FINISHED_STOPPED  # only b is told
     second = runner.execute(_step([a], [1], finished=[b]))
     assert len(second.sampled) == 1
-    assert set(runner._tables) == {a, d} and set(runner.grammars._states) == {a, d}
+    assert set(runner._tables) == set(runner.grammars._states) == {a.key, d.key}
     assert runner.execute(_step([], [], finished=[d])) is EMPTY_STEP_RESULT
-    assert set(runner._tables) == {a} and set(runner.grammars._states) == {a}
+    assert set(runner._tables) == set(runner.grammars._states) == {a.key}
     assert runner.execute(_step([], [], preempted=[a])) is EMPTY_STEP_RESULT
-    assert not runner._tables and set(runner.grammars._states) == {a}
+    assert not runner._tables and set(runner.grammars._states) == {a.key}
     runner.execute(_step([], [], finished=[a]))
     assert not runner.grammars._states
 
@@ -137,8 +137,8 @@ def test_runner_reports_grammar_endings(constrained_runner):
     result = runner.execute(_step([one, more, gone], [r.num_tokens for r in (one, more, gone)]))
     digits = set(tok.encode("0123456789"))
     assert result.sampled[0] in digits and result.sampled[1] in digits
-    assert set(result.grammar_ended) == {one, gone}
-    assert result.grammar_ended[one] is None
-    assert "satisfy the grammar" in result.grammar_ended[gone]  # llguidance's words
+    assert set(result.grammar_ended) == {one.key, gone.key}  # keyed by the request key
+    assert result.grammar_ended[one.key] is None
+    assert "satisfy the grammar" in result.grammar_ended[gone.key]  # llguidance's words
     assert result.mask_time_s is not None and result.mask_time_s >= 0
     runner.execute(_step([], [], finished=[one, more, gone]))

@@ -58,7 +58,7 @@ def test_targets_with_alternatives_and_no_sample(model, budget):
     assert steps == (1 if budget > len(PROMPT) else -(-len(PROMPT) // budget))
     assert req.status == RequestStatus.FINISHED_STOPPED and req.output_token_ids == []
     row = oracle(model, PROMPT)[-1]
-    got = targets[req]
+    got = targets[req.key]
     assert [v.token_id for v in got] == list(TARGETS)
     for v in got:
         assert abs(v.logprob - row[v.token_id]) < 1e-4
@@ -83,7 +83,7 @@ def test_forks_extending_the_prompt_compute_only_their_own_tokens(model):
     sched.add_request(parent)
     out = sched.schedule()
     result = runner.execute(out)
-    first = result.targets[parent]
+    first = result.targets[parent.key]
     sched.add_samples(parent, children)
     for child in children:
         assert child.num_computed_tokens == len(PROMPT)
@@ -101,7 +101,7 @@ def test_forks_extending_the_prompt_compute_only_their_own_tokens(model):
         ref = oracle(model, ids)
         assert t0_lp.token_id == t0 == ids[len(PROMPT)]
         assert abs(t0_lp.logprob - ref[len(PROMPT) - 1][t0]) < 1e-4  # the first from the parent
-        got = result.scored[child]
+        got = result.scored[child.key]
         assert sorted(got) == list(range(len(PROMPT) + 1, len(ids)))
         for p, v in got.items():
             assert v.token_id == ids[p]
