@@ -21,9 +21,10 @@ from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.deltas import final_delta, step_delta, wants_deltas
 from mlxpa.engine.detokenizer import IncrementalDetokenizer, check_stop
+from mlxpa.engine.forks import Forks
 from mlxpa.engine.metrics import Counters
 from mlxpa.engine.question_scores import QuestionScores
-from mlxpa.messages import token_id_problem
+from mlxpa.messages import request_token_id_problem
 from mlxpa.request import (
     EngineRequest,
     QuestionPrompt,
@@ -68,7 +69,6 @@ class LLMEngine:
                                   tokenizer._tokenizer)
         self.counters = Counters()
         self._detok: dict[int, IncrementalDetokenizer] = {}  # by request key
-        self._pending_forks: list[Request] = []
         self._released: list[SampleOutput] = []
         self._unfinished: dict[str, int] = {}  # request id -> its samples not yet returned
         if expected_requests is not None:
@@ -95,6 +95,8 @@ class LLMEngine:
                                    frozenset(self.tokenizer.eos_token_ids))
         self.choice_scores = self._choice_scores()
         self.question_scores = QuestionScores(self.choice_scores, self._output)
+        self.forks = Forks(self.scheduler, self.choice_scores, self.question_scores,
+                           self._new_sample)
 
     def resize_kv_pool(self, num_blocks: int) -> None:
         """Rebuild the KV pool with ``num_blocks`` blocks (null block included; see
@@ -192,15 +194,15 @@ class LLMEngine:
         if choice:
             self._unfinished[request_id] = params.n
             if self.choice_scores.waits_for_prefill(prefill):
-                self._await_forks([prefill])
+                self.forks.expect([prefill])
             return None
         if req.max_tokens == 0:
             self.scheduler.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
             return [self._output(req, "", i) for i in range(params.n)]
         self._unfinished[request_id] = params.n
-        self._detok[req.key] = self._detokenizer(params)
+        self._new_sample(req)
         if params.n > 1:
-            self._await_forks([req])
+            self.forks.expect([req])
         return None
 
     def _add_questions(self, req: Request,
@@ -215,7 +217,7 @@ class LLMEngine:
             return [self._error(req, str(e))]
         self.counters.prompt_tokens += self.question_scores.num_prompt_tokens(req.request_id)
         self._unfinished[req.request_id] = 1
-        self._await_forks(waiting)
+        self.forks.expect(waiting)
         return None
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
@@ -238,29 +240,18 @@ class LLMEngine:
             self._detok.pop(req.key, None)
         self.choice_scores.abort(ids)
         self.question_scores.abort(ids)
-        self._pending_forks = [r for r in self._pending_forks if r.request_id not in ids]
+        self.forks.abort(ids)
         self._released = [o for o in self._released if o.request_id not in ids]
         for request_id in ids:
             del self._unfinished[request_id]
 
     def _check_token_ids(self, req: Request) -> None:
-        """Every id the request gives indexes the model's vocabulary (an id out of range
-        would read another row of the embedding, or scatter into another request's logits).
-
-        Raises:
-            ValueError: Naming the field, the first bad id and the vocabulary size
-                (:func:`mlxpa.messages.token_id_problem`).
-        """
-        for name, ids in (("prompt_token_ids", req.prompt_token_ids),
-                          ("stop_token_ids", req.sampling_params.stop_token_ids),
-                          ("logit_bias", req.sampling_params.logit_bias or ())):
-            problem = token_id_problem(name, ids, self.runner.vocab_size)
-            if problem is not None:
-                raise ValueError(problem)
-
-    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, params.stop,
-                                      params.include_stop_str_in_output, params.min_tokens)
+        """Raises ValueError naming the first id of the request outside the vocabulary
+        (:func:`mlxpa.messages.request_token_id_problem`)."""
+        problem = request_token_id_problem(req.prompt_token_ids, req.sampling_params,
+                                           self.runner.vocab_size)
+        if problem is not None:
+            raise ValueError(problem)
 
     def _error(self, req: Request, message: str, sample_index: int = 0) -> SampleOutput:
         req.status = RequestStatus.FINISHED_ABORTED
@@ -268,40 +259,11 @@ class LLMEngine:
         out.error = message
         return out
 
-    def _await_forks(self, parents: list[Request]) -> None:
-        """Requests will fork from each of ``parents`` when its prefill has run
-        (:meth:`_fork_samples`): another sample from its last prompt token, a scoring request
-        from its prompt's end (the scheduler keeps a recurrent state there)."""
-        for parent in parents:
-            self._pending_forks.append(parent)
-            self.scheduler.expect_forks(parent, parent.num_prompt_tokens - (
-                0 if parent.score_only else 1))
-
-    def _fork_samples(self, out: SchedulerOutput) -> None:
-        """Start samples 1..n-1 of every request whose prefill ran in step ``out``, and the
-        label requests of every choice row's prefill that ran (before
-        ``update_from_output``, which finishes and frees a choice row's prefill)."""
-        done = {id(r) for r, last in zip(out.requests, out.last_chunk) if last}
-        still, pending, self._pending_forks = [], self._pending_forks, []
-        for parent in pending:
-            if id(parent) not in done:
-                still.append(parent)
-                continue
-            if self.question_scores.owns(parent):  # a question group's document
-                children, waiting = self.question_scores.on_prefilled(parent)
-                self._await_forks(waiting)
-            elif parent.score_only:  # a choice row's prefill
-                children = self.choice_scores.on_prefilled(parent)
-            else:
-                children = [Request(parent.request_id, parent.prompt_token_ids,
-                                    parent.sampling_params, arrival_time=parent.arrival_time,
-                                    sample_index=i,
-                                    prompt_logprobs=parent.prompt_logprobs)  # computed once
-                            for i in range(1, parent.sampling_params.n)]
-                for child in children:
-                    self._detok[child.key] = self._detokenizer(parent.sampling_params)
-            self.scheduler.add_samples(parent, children)
-        self._pending_forks = still + self._pending_forks  # and the documents' questions
+    def _new_sample(self, req: Request) -> None:
+        """A decoded sample's detokenizer (and stop strings)."""
+        p = req.sampling_params
+        self._detok[req.key] = IncrementalDetokenizer(self.tokenizer, p.stop,
+                                                      p.include_stop_str_in_output, p.min_tokens)
 
     def abort_unfinished(self) -> None:
         """Abort every request in flight (:meth:`abort_request` of every unfinished id: a
@@ -347,8 +309,8 @@ class LLMEngine:
         for key, by_position in result.scored.items():
             if ran[key].sampling_params.prompt_logprobs is not None:
                 ran[key].prompt_logprobs.update(by_position)
-        if self._pending_forks:
-            self._fork_samples(out)
+        if self.forks:
+            self.forks.on_step(out)
         for key, lp in result.logprobs.items():
             ran[key].logprobs.append(lp)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))

@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from mlxpa.config import KERNELS
 from mlxpa.kernels import _cases, _common, cascade_reference, reference
-from mlxpa.kernels.quant import QuantizedPool
+from mlxpa.kernels.paged_kv import PagedKV
 
 _MODULES = {"metal": "mlxpa.kernels.metal_paged_attention",
             "cuda": "mlxpa.kernels.cuda_paged_attention",
@@ -96,10 +96,10 @@ def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, wi
     try:
         ref = _cases.reference_f32(case, lse)
         for variant in _common.variants(q_heads, kv_heads, head_dim):
-            out = module.paged_attention(*case.args, **case.kwargs, variant=variant, **extra)
+            out = module.paged_attention(case.q, case.kv, variant=variant, **extra)
             mx.eval(out)
-            why = (_cases.lse_mismatch if lse else _cases.mismatch)(out, ref, case.args[4], tol,
-                                                                     tol)
+            why = (_cases.lse_mismatch if lse else _cases.mismatch)(
+                out, ref, case.kv.context_lens, tol, tol)
             if why:
                 return f"{variant}{'_lse' if lse else ''}: {why}"
     except Exception as e:  # noqa: BLE001 - a compile error must fall back, not crash
@@ -107,17 +107,15 @@ def self_check(backend: str, dtype: mx.Dtype, head_dim: int, block_size: int, wi
     return None
 
 
-def _checked(backend: str, q: mx.array, key_cache: mx.array | QuantizedPool,
-             value_cache: mx.array | QuantizedPool, sliding_window: int | None,
-             lse: bool = False) -> bool:
+def _checked(backend: str, q: mx.array, kv: PagedKV, lse: bool = False) -> bool:
     """Whether ``backend``'s native kernel serves this call: a supported shape whose class
     passed its first-use :func:`self_check` (run now when new; a failure warns once)."""
-    if not _common.supported(q, key_cache, value_cache):
+    if not _common.supported(q, kv):
         return False
-    window = sliding_window or 0
-    quant = _common.pool_quant(key_cache, value_cache)
-    cls = (backend, q.dtype, q.shape[3], key_cache.shape[2], window, q.shape[1],
-           key_cache.shape[1], quant, lse)
+    window = kv.sliding_window or 0
+    quant = _common.pool_quant(kv.key_cache, kv.value_cache)
+    cls = (backend, q.dtype, q.shape[3], kv.key_cache.shape[2], window, q.shape[1],
+           kv.key_cache.shape[1], quant, lse)
     if cls not in _verified:
         why = self_check(*cls)
         _verified[cls] = why is None
@@ -133,14 +131,10 @@ def _checked(backend: str, q: mx.array, key_cache: mx.array | QuantizedPool,
     return _verified[cls]
 
 
-def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                    context_lens: mx.array, query_start: mx.array, *, scale: float,
-                    sliding_window: int | None = None, key_start: mx.array | None = None,
-                    kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
+def paged_attention(q: mx.array, kv: PagedKV, *, kernel: str = "auto") -> mx.array:
     """Paged attention through the chosen back end; arguments, shapes and the result as
     ``reference.paged_attention`` (PagedAttention, Kwon et al. 2023; vLLM), pools float or
-    quantized. With ``sinks`` (per-head sink logits) the CPU kernel or the reference runs;
+    quantized. With ``kv.sinks`` (per-head sink logits) the CPU kernel or the reference runs;
     the native kernels have no sink term.
 
     Args:
@@ -152,25 +146,14 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     """
     backend = resolve_backend(kernel)
     if backend == "cpu":
-        return _load_backend("cpu").paged_attention(
-            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
-            sliding_window=sliding_window, key_start=key_start, sinks=sinks)
-    if (backend != "reference" and sinks is None
-            and _checked(backend, q, key_cache, value_cache, sliding_window)):
-        return _load_backend(backend).paged_attention(
-            q, key_cache, value_cache, block_tables, context_lens, query_start,
-            scale=scale, sliding_window=sliding_window, key_start=key_start)
-    return reference.paged_attention(q, key_cache, value_cache, block_tables, context_lens,
-                                     query_start, scale=scale, sliding_window=sliding_window,
-                                     key_start=key_start, sinks=sinks)
+        return _load_backend("cpu").paged_attention(q, kv)
+    if backend != "reference" and kv.sinks is None and _checked(backend, q, kv):
+        return _load_backend(backend).paged_attention(q, kv)
+    return reference.paged_attention(q, kv)
 
 
-def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                      context_lens: mx.array, query_start: mx.array,
-                      prefix: cascade_reference.CascadePrefix, *, scale: float,
-                      sliding_window: int | None = None, key_start: mx.array | None = None,
-                      kernel: str = "auto", sinks: mx.array | None = None) -> mx.array:
+def cascade_attention(q: mx.array, kv: PagedKV, prefix: cascade_reference.CascadePrefix, *,
+                      kernel: str = "auto") -> mx.array:
     """Cascade attention of decode rows or prefill chunks through the chosen back end;
     arguments, shapes and the result as ``cascade_reference.cascade_attention`` (Hydragen,
     Juravsky et al. 2024; FlashInfer's cascade inference), pools float or quantized, sinks
@@ -180,22 +163,13 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         ValueError: Unknown ``kernel``.
     """
     backend = resolve_backend(kernel)
-    args = (q, key_cache, value_cache, block_tables, context_lens, query_start, prefix)
     if backend == "cpu":
-        return _load_backend("cpu").cascade_attention(
-            *args, scale=scale, sliding_window=sliding_window, key_start=key_start,
-            sinks=sinks)
-    if backend != "reference" and _checked(backend, q, key_cache, value_cache,
-                                           sliding_window, lse=True):
-        out, lse = _load_backend(backend).paged_attention(
-            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
-            sliding_window=sliding_window, key_start=key_start, lse=True)
-        return cascade_reference.cascade_merge(
-            q, key_cache, value_cache, query_start, prefix, out, lse, scale=scale,
-            sliding_window=sliding_window, sinks=sinks)
-    return cascade_reference.cascade_attention(*args, scale=scale,
-                                               sliding_window=sliding_window,
-                                               key_start=key_start, sinks=sinks)
+        return _load_backend("cpu").cascade_attention(q, kv, prefix)
+    if backend != "reference" and _checked(backend, q, kv, lse=True):
+        out, lse = _load_backend(backend).paged_attention(q, kv, lse=True)
+        return cascade_reference.cascade_merge(q, kv, prefix, out, lse)
+    return cascade_reference.cascade_attention(q, kv, prefix)
 
 
-__all__ = ["KERNELS", "cascade_attention", "paged_attention", "resolve_backend", "self_check"]
+__all__ = ["KERNELS", "PagedKV", "cascade_attention", "paged_attention", "resolve_backend",
+           "self_check"]

@@ -10,16 +10,17 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.kernels.cascade_reference import paged_attention_lse
+from mlxpa.kernels.paged_kv import PagedKV
 from mlxpa.kernels.quant import QuantizedPool, quantize
 from mlxpa.kernels.reference import paged_attention
 from mlxpa.utils import cdiv
 
 
 class Case(NamedTuple):
-    """A random decode problem: ``args`` and ``kwargs`` of ``paged_attention``."""
+    """A random decode problem: the arguments of ``paged_attention``."""
 
-    args: tuple  # q, key/value cache (arrays or QuantizedPools), tables, context_lens, q start
-    kwargs: dict
+    q: mx.array  # [B, q_heads, 1, head_dim]
+    kv: PagedKV
 
 
 def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_heads: int,
@@ -57,11 +58,12 @@ def random_case(seed: int, dtype: mx.Dtype, head_dim: int, block_size: int, q_he
         kbits, vbits, group_size = quant
         kc, vc = quantize(kc, kbits, group_size), quantize(vc, vbits, group_size)
     lens_np = np.array(lens, np.int32)
-    kwargs = {"scale": head_dim ** -0.5, "sliding_window": window,
-              "key_start": (mx.array(np.array(starts, np.int32))
-                            if trim or skip_blocks is not None else None)}
-    return Case((normal(len(lens), q_heads, 1, head_dim), kc, vc, mx.array(table),
-                 mx.array(lens_np), mx.array(np.maximum(lens_np - 1, 0))), kwargs)
+    key_start = (mx.array(np.array(starts, np.int32)) if trim or skip_blocks is not None
+                 else None)
+    q = normal(len(lens), q_heads, 1, head_dim)
+    return Case(q, PagedKV(kc, vc, mx.array(table), mx.array(lens_np),
+                           mx.array(np.maximum(lens_np - 1, 0)), head_dim ** -0.5, window,
+                           key_start))
 
 
 def _f32(cache: mx.array | QuantizedPool) -> mx.array | QuantizedPool:
@@ -76,10 +78,11 @@ def _f32(cache: mx.array | QuantizedPool) -> mx.array | QuantizedPool:
 def reference_f32(case: Case, lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """``reference.paged_attention`` of ``case`` in float32 on the CPU (float32 result), or
     with ``lse`` ``cascade_reference.paged_attention_lse``'s output and log-sum-exps."""
-    q, kc, vc, bt, cl, qs = case.args
+    kv = case.kv._replace(key_cache=_f32(case.kv.key_cache),
+                          value_cache=_f32(case.kv.value_cache))
     fn = paged_attention_lse if lse else paged_attention
     with mx.stream(mx.cpu):
-        out = fn(q.astype(mx.float32), _f32(kc), _f32(vc), bt, cl, qs, **case.kwargs)
+        out = fn(case.q.astype(mx.float32), kv)
         mx.eval(out)
     return out
 

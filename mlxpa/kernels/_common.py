@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from mlxpa.kernels.paged_kv import PagedKV
 from mlxpa.kernels.quant import QuantizedPool
 
 PARTITION_SIZE = 512      # tokens per v2 partition
@@ -121,20 +122,18 @@ def pool_quant(key_cache: mx.array | QuantizedPool,
     return key_cache.bits, value_cache.bits, key_cache.group_size
 
 
-def decode_shape(q: mx.array, key_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                 sliding_window: int | None,
-                 value_cache: mx.array | QuantizedPool | None = None) -> DecodeShape:
-    """The static facts of a decode call (``value_cache`` needed for quantized pools)."""
+def decode_shape(q: mx.array, kv: PagedKV) -> DecodeShape:
+    """The static facts of a decode call."""
     b, hq, _, d = q.shape
-    _, hkv, bs, _ = key_cache.shape
-    quant = pool_quant(key_cache, value_cache) or (0, 0, 0)
-    return DecodeShape(b, hq, hkv, d, bs, block_tables.shape[1], sliding_window or 0, q.dtype,
-                       *quant)
+    _, hkv, bs, _ = kv.key_cache.shape
+    quant = pool_quant(kv.key_cache, kv.value_cache) or (0, 0, 0)
+    return DecodeShape(b, hq, hkv, d, bs, kv.block_tables.shape[1], kv.sliding_window or 0,
+                       q.dtype, *quant)
 
 
-def supported(q: mx.array, key_cache: mx.array | QuantizedPool,
-              value_cache: mx.array | QuantizedPool) -> bool:
+def supported(q: mx.array, kv: PagedKV) -> bool:
     """Whether a native decode kernel handles these arrays (else the reference runs)."""
+    key_cache, value_cache = kv.key_cache, kv.value_cache
     if q.ndim != 4 or len(key_cache.shape) != 4 or q.shape[2] != 1 or q.shape[0] == 0:
         return False
     if isinstance(key_cache, QuantizedPool) != isinstance(value_cache, QuantizedPool):
@@ -203,40 +202,34 @@ def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
     ]
 
 
-def decode_inputs(q: mx.array, key_cache: mx.array | QuantizedPool,
-                  value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                  context_lens: mx.array, query_start: mx.array, key_start: mx.array | None,
-                  scale: float, shape: DecodeShape) -> list[mx.array]:
+def decode_inputs(q: mx.array, kv: PagedKV, shape: DecodeShape) -> list[mx.array]:
     """The kernel inputs, in ``INPUT_NAMES`` (``QUANT_INPUT_NAMES``) order; ``meta`` is the
     second to last."""
     i32 = mx.int32
-    if key_start is None:
-        key_start = mx.zeros((shape.batch,), i32)
+    key_start = mx.zeros((shape.batch,), i32) if kv.key_start is None else kv.key_start
     meta = mx.array([shape.max_blocks, shape.num_partitions], dtype=i32)
-    pools = [a for c in (key_cache, value_cache)
+    pools = [a for c in (kv.key_cache, kv.value_cache)
              for a in (c.arrays if isinstance(c, QuantizedPool) else (c,))]
     return [q.reshape(shape.batch, shape.q_heads, shape.head_dim), *pools,
-            block_tables.astype(i32), context_lens.astype(i32), query_start.astype(i32),
-            key_start.astype(i32), meta, mx.array([scale], dtype=mx.float32)]
+            kv.block_tables.astype(i32), kv.context_lens.astype(i32),
+            kv.query_start.astype(i32), key_start.astype(i32), meta,
+            mx.array([kv.scale], dtype=mx.float32)]
 
 
-def run_decode(get_kernel: Callable[[str], Callable], q: mx.array,
-               key_cache: mx.array | QuantizedPool, value_cache: mx.array | QuantizedPool,
-               block_tables: mx.array, context_lens: mx.array, query_start: mx.array, *,
-               scale: float, sliding_window: int | None = None,
-               key_start: mx.array | None = None, variant: str | None = None,
+def run_decode(get_kernel: Callable[[str], Callable], q: mx.array, kv: PagedKV,
+               variant: str | None = None,
                lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """Decode attention through native kernels; arguments as ``reference.paged_attention``
-    with ``L == 1``. ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable.
+    with ``L == 1`` (``kv.sinks`` unsupported: the dispatcher sends those calls elsewhere).
+    ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable.
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; with ``lse``, as
         ``cascade_reference.paged_attention_lse``: that output in float32 and ``[B, q_heads, 1]``
         float32 log-sum-exps (about ``-3e38`` for a row with no visible key).
     """
-    shape = decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
-    inputs = decode_inputs(q, key_cache, value_cache, block_tables, context_lens, query_start,
-                           key_start, scale, shape)
+    shape = decode_shape(q, kv)
+    inputs = decode_inputs(q, kv, shape)
     outs: list[mx.array] = []
     for launch in plan(shape, variant or choose_variant(shape), lse=lse):
         args = inputs if not launch.kind.startswith("reduce") else outs + [inputs[-2]]

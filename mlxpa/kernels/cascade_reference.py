@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from mlxpa.kernels.quant import QuantizedPool, dense
+from mlxpa.kernels.paged_kv import PagedKV
+from mlxpa.kernels.quant import dense
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
 
@@ -61,13 +62,10 @@ def _softmax_lse(s: mx.array, mask: mx.array) -> tuple[mx.array, mx.array]:
     return p / mx.where(total > 0, total, 1.0), lse
 
 
-def paged_attention_lse(q: mx.array, key_cache: mx.array | QuantizedPool,
-                        value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                        context_lens: mx.array, query_start: mx.array, *, scale: float,
-                        sliding_window: int | None = None, key_start: mx.array | None = None,
-                        ) -> tuple[mx.array, mx.array]:
-    """:func:`~mlxpa.kernels.reference.paged_attention` (no sinks) that also returns each
-    query's log-sum-exp: one part of a cascade, its keys starting at ``key_start``.
+def paged_attention_lse(q: mx.array, kv: PagedKV) -> tuple[mx.array, mx.array]:
+    """:func:`~mlxpa.kernels.reference.paged_attention` that also returns each query's
+    log-sum-exp: one part of a cascade, its keys starting at ``kv.key_start`` (``kv.sinks``
+    is not read: the merge counts them).
 
     Arguments as :func:`~mlxpa.kernels.reference.paged_attention`.
 
@@ -76,24 +74,22 @@ def paged_attention_lse(q: mx.array, key_cache: mx.array | QuantizedPool,
         natural log of the softmax denominator over the visible keys of the scaled scores;
         a query with no visible key gets output 0 and ``lse = -inf``.
     """
-    k = dense(gather_kv(key_cache, block_tables)).astype(mx.float32)
-    v = dense(gather_kv(value_cache, block_tables)).astype(mx.float32)
+    k = dense(gather_kv(kv.key_cache, kv.block_tables)).astype(mx.float32)
+    v = dense(gather_kv(kv.value_cache, kv.block_tables)).astype(mx.float32)
     b, heads, length, d = q.shape
     kv_heads, num_keys = k.shape[1], k.shape[2]
     g = heads // kv_heads
-    mask = attention_mask(query_start, length, context_lens, num_keys, key_start,
-                          sliding_window)                                  # [B, 1, L, S]
+    mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
+                          kv.sliding_window)                               # [B, 1, L, S]
     qg = q.astype(mx.float32).reshape(b, kv_heads, g * length, d)
-    s = (qg @ k.swapaxes(-1, -2) * scale).reshape(b, kv_heads, g, length, num_keys)
+    s = (qg @ k.swapaxes(-1, -2) * kv.scale).reshape(b, kv_heads, g, length, num_keys)
     p, lse = _softmax_lse(s, mask[:, :, None])
     out = p.reshape(b, kv_heads, g * length, num_keys) @ v
     return out.reshape(b, heads, length, -1), lse.reshape(b, heads, length)
 
 
-def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                     value_cache: mx.array | QuantizedPool, query_start: mx.array,
-                     prefix: CascadePrefix, *, scale: float,
-                     sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
+def prefix_attention(q: mx.array, kv: PagedKV,
+                     prefix: CascadePrefix) -> tuple[mx.array, mx.array]:
     """Each group's rows over the group's shared keys: the group's blocks gathered (and
     dequantized) once, its queries stacked into one ``[R * q_per_kv * L, D]`` operand per KV
     head, so the scores are one matrix product per group instead of one product per row
@@ -105,24 +101,20 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
             whose shared keys were all written before this step (a row's query ``i`` sits at
             ``query_start + i``; padding queries past a row's chunk compute values no one
             reads).
-        key_cache, value_cache: The layer's pools, as
-            :func:`~mlxpa.kernels.reference.paged_attention`.
-        query_start: ``[B]`` int32 position of each row's first query.
+        kv: The layer's pools, ``query_start``, ``scale`` and ``sliding_window``
+            (:class:`PagedKV`; its rows' own tables are not read).
         prefix: The groups (:class:`CascadePrefix`).
-        scale: Softmax scale.
-        sliding_window: The layer's window: a key at or before ``query - window`` is masked
-            for that query.
 
     Returns:
         ``(out [G, R, q_heads, L, v_dim], lse [G, R, q_heads, L])`` float32, per group slot.
     """
-    k = dense(gather_kv(key_cache, prefix.block_tables)).astype(mx.float32)  # [G, kvh, S, D]
-    v = dense(gather_kv(value_cache, prefix.block_tables)).astype(mx.float32)
+    k = dense(gather_kv(kv.key_cache, prefix.block_tables)).astype(mx.float32)  # [G, kvh, S, D]
+    v = dense(gather_kv(kv.value_cache, prefix.block_tables)).astype(mx.float32)
     qg = stack_queries(q, prefix.rows, k.shape[1])
-    s = qg @ k.swapaxes(-1, -2) * scale                                  # [G, kvh, R*g*L, S]
+    s = qg @ k.swapaxes(-1, -2) * kv.scale                               # [G, kvh, R*g*L, S]
     ng, r = prefix.rows.shape
     length = q.shape[2]
-    mask = prefix_mask(query_start, prefix, k.shape[2], sliding_window, length)
+    mask = prefix_mask(kv.query_start, prefix, k.shape[2], kv.sliding_window, length)
     p, lse = _softmax_lse(s.reshape(ng, k.shape[1], r, -1, length, k.shape[2]), mask)
     return unstack_queries(p.reshape(s.shape) @ v, lse, q.shape[1], length)
 
@@ -208,29 +200,20 @@ def head_sinks(sinks: mx.array | None) -> mx.array | None:
     return None if sinks is None else sinks[:, None]
 
 
-def cascade_merge(q: mx.array, key_cache: mx.array | QuantizedPool,
-                  value_cache: mx.array | QuantizedPool, query_start: mx.array,
-                  prefix: CascadePrefix, suffix_out: mx.array, suffix_lse: mx.array, *,
-                  scale: float, sliding_window: int | None = None,
-                  sinks: mx.array | None = None) -> mx.array:
+def cascade_merge(q: mx.array, kv: PagedKV, prefix: CascadePrefix, suffix_out: mx.array,
+                  suffix_lse: mx.array) -> mx.array:
     """The shared-prefix part of :func:`cascade_attention` (:func:`prefix_attention`) merged
     with a suffix part computed by any back end: ``suffix_out [B, q_heads, L, v_dim]`` and
     ``suffix_lse [B, q_heads, L]`` (float32). Returns ``[B, q_heads, L, v_dim]`` in
-    ``q.dtype``."""
-    out, lse = prefix_attention(q, key_cache, value_cache, query_start, prefix, scale=scale,
-                                sliding_window=sliding_window)
+    ``q.dtype``; ``kv.sinks`` counted once, in the merge."""
+    out, lse = prefix_attention(q, kv, prefix)
     out, lse = slot_rows(out, lse, prefix.row_slot)
     merged = merge_states(suffix_out.astype(mx.float32), suffix_lse.astype(mx.float32), out,
-                          lse, head_sinks(sinks))
+                          lse, head_sinks(kv.sinks))
     return merged.astype(q.dtype)
 
 
-def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix, *,
-                      scale: float, sliding_window: int | None = None,
-                      key_start: mx.array | None = None,
-                      sinks: mx.array | None = None) -> mx.array:
+def cascade_attention(q: mx.array, kv: PagedKV, prefix: CascadePrefix) -> mx.array:
     """Attention in two parts (cascade attention): each group's shared prefix once for
     all its rows (:func:`prefix_attention`), each row's own keys apart
     (:func:`paged_attention_lse`), merged by their log-sum-exp (:func:`merge_states`). Equal
@@ -239,21 +222,15 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     Args:
         q: ``[B, q_heads, L, head_dim]`` queries: decode rows, or prefill chunks whose
             group's shared keys were all written before this step.
-        key_cache, value_cache: The layer's pools (float or quantized).
-        block_tables: ``[B, max_blocks]`` int32 per row, the blocks of its own keys (a group
-            member: from its group's ``prefix_end`` on, or later where its window starts
-            after it; a row in no group: its whole visible context), from ``key_start[b]``.
-        context_lens, query_start, scale, sliding_window, sinks: As
-            :func:`~mlxpa.kernels.reference.paged_attention`.
+        kv: The layer's pools (float or quantized) and the batch's tables
+            (:class:`PagedKV`); ``kv.block_tables`` lists, per row, the blocks of its own
+            keys from ``kv.key_start[b]`` (a group member: from its group's ``prefix_end``
+            on, or later where its window starts after it; a row in no group: its whole
+            visible context).
         prefix: The groups' shared keys (:class:`CascadePrefix`).
-        key_start: ``[B]`` int32 position of the first key in ``block_tables`` (multiples
-            of the block size); None means 0.
 
     Returns:
         ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
-    out, lse = paged_attention_lse(q, key_cache, value_cache, block_tables, context_lens,
-                                   query_start, scale=scale, sliding_window=sliding_window,
-                                   key_start=key_start)
-    return cascade_merge(q, key_cache, value_cache, query_start, prefix, out, lse,
-                         scale=scale, sliding_window=sliding_window, sinks=sinks)
+    out, lse = paged_attention_lse(q, kv)
+    return cascade_merge(q, kv, prefix, out, lse)

@@ -44,6 +44,7 @@ from mlxpa.kernels.cascade_reference import (
 )
 from mlxpa.kernels.cpu_streams import cpu_streams
 from mlxpa.kernels.device import on_cpu
+from mlxpa.kernels.paged_kv import PagedKV
 from mlxpa.kernels.quant import QuantizedPool, dense
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
@@ -222,11 +223,7 @@ def decode_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     return (out, sums.reshape(b, heads)) if lse else out
 
 
-def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                    context_lens: mx.array, query_start: mx.array, *, scale: float,
-                    sliding_window: int | None = None, key_start: mx.array | None = None,
-                    sinks: mx.array | None = None, query_tile: int | None = None) -> mx.array:
+def paged_attention(q: mx.array, kv: PagedKV, query_tile: int | None = None) -> mx.array:
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
     place (:func:`decode_attention`) when the pool is float32 (quantized: float32 scales);
@@ -235,26 +232,24 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     :data:`QUERY_TILE`). Computes in float32 whatever the pool dtype (MLX's CPU
     half-precision matmul is slower and less exact)."""
     length = q.shape[2]
-    num_keys = block_tables.shape[1] * key_cache.shape[2]
-    mask = attention_mask(query_start, length, context_lens, num_keys, key_start,
-                          sliding_window)
-    if length == 1 and key_cache.dtype == mx.float32:
-        out = decode_attention(_f32(q), key_cache, value_cache, block_tables, mask, scale,
-                               sinks)
+    num_keys = kv.block_tables.shape[1] * kv.key_cache.shape[2]
+    mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
+                          kv.sliding_window)
+    if length == 1 and kv.key_cache.dtype == mx.float32:
+        out = decode_attention(_f32(q), kv.key_cache, kv.value_cache, kv.block_tables, mask,
+                               kv.scale, kv.sinks)
     else:
-        k = _f32(dense(gather_kv(key_cache, block_tables)))
-        v = _f32(dense(gather_kv(value_cache, block_tables)))
-        rel = query_start if key_start is None else query_start - key_start
+        k = _f32(dense(gather_kv(kv.key_cache, kv.block_tables)))
+        v = _f32(dense(gather_kv(kv.value_cache, kv.block_tables)))
+        rel = kv.query_start if kv.key_start is None else kv.query_start - kv.key_start
         ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
-                            sliding_window)
-        out = sdpa_exp2_tiled(_f32(q), k, v, mask, scale, ranges, sinks)
+                            kv.sliding_window)
+        out = sdpa_exp2_tiled(_f32(q), k, v, mask, kv.scale, ranges, kv.sinks)
     return out.astype(q.dtype)
 
 
-def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                     value_cache: mx.array | QuantizedPool, query_start: mx.array,
-                     prefix: CascadePrefix, *, scale: float,
-                     sliding_window: int | None = None) -> tuple[mx.array, mx.array]:
+def prefix_attention(q: mx.array, kv: PagedKV,
+                     prefix: CascadePrefix) -> tuple[mx.array, mx.array]:
     """:func:`mlxpa.kernels.cascade_reference.prefix_attention` with the base-2 softmax: each
     group's shared blocks gathered (a quantized pool's dequantized) once, its stacked
     queries one matrix product per KV head, the unnormalised probabilities multiplied by the
@@ -264,8 +259,8 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     tiles of about :data:`PREFIX_TILE` stacked query rows. Same arguments and result."""
     length, heads = q.shape[2], q.shape[1]
     streams, outs, sums = cpu_streams(), [], []
-    pieces = _prefix_pieces(prefix, length, heads // key_cache.shape[1])
-    q2 = q * (scale * _LOG2E)   # base-2 logits, scaled once for every tile
+    pieces = _prefix_pieces(prefix, length, heads // kv.key_cache.shape[1])
+    q2 = q * (kv.scale * _LOG2E)   # base-2 logits, scaled once for every tile
     t = 0
     for a, b, tiles in pieces:
         groups = prefix._replace(block_tables=prefix.block_tables[a:b],
@@ -273,14 +268,15 @@ def prefix_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
                                  prefix_end=prefix.prefix_end[a:b], rows=prefix.rows[a:b])
         with mx.stream(streams[t % len(streams)]):
             k, v = (_f32(dense(gather_kv(c, groups.block_tables)))
-                    for c in (key_cache, value_cache))
+                    for c in (kv.key_cache, kv.value_cache))
         tile_outs, tile_sums = [], []
         for r0, r1 in tiles:
             part = groups._replace(rows=groups.rows[:, r0:r1])
             with mx.stream(streams[t % len(streams)]):
                 qg = stack_queries(q2, part.rows, k.shape[1])
                 s = qg @ k.swapaxes(-1, -2)                              # [g, kvh, R*G*L, S]
-                mask = prefix_mask(query_start, part, k.shape[2], sliding_window, length)
+                mask = prefix_mask(kv.query_start, part, k.shape[2], kv.sliding_window,
+                                   length)
                 p, top, total = _exp2(s.reshape(b - a, k.shape[1], r1 - r0, -1, length,
                                                 k.shape[2]), mask)
                 out = (p.reshape(s.shape) @ v) / total.reshape(*s.shape[:3], 1)
@@ -316,12 +312,7 @@ def _prefix_pieces(prefix: CascadePrefix, length: int,
     return [(g, g + 1, tiles) for g in range(ng)]
 
 
-def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                      value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                      context_lens: mx.array, query_start: mx.array, prefix: CascadePrefix,
-                      *, scale: float, sliding_window: int | None = None,
-                      key_start: mx.array | None = None, sinks: mx.array | None = None,
-                      ) -> mx.array:
+def cascade_attention(q: mx.array, kv: PagedKV, prefix: CascadePrefix) -> mx.array:
     """Cascade attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.cascade_reference.cascade_attention`. The rows' own keys are read in place
     for decode (:func:`decode_attention` with its log-sum-exp), gathered for prefill chunks
@@ -329,22 +320,16 @@ def cascade_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     shared prefixes by :func:`prefix_attention`, merged in float32 with the sinks counted
     once (:func:`~mlxpa.kernels.cascade_reference.merge_states`). A half-precision pool takes the
     reference."""
-    if key_cache.dtype != mx.float32:
-        return cascade_reference.cascade_attention(
-            q, key_cache, value_cache, block_tables, context_lens, query_start, prefix,
-            scale=scale, sliding_window=sliding_window, key_start=key_start, sinks=sinks)
+    if kv.key_cache.dtype != mx.float32:
+        return cascade_reference.cascade_attention(q, kv, prefix)
     if q.shape[2] == 1:
-        num_keys = block_tables.shape[1] * key_cache.shape[2]
-        mask = attention_mask(query_start, 1, context_lens, num_keys, key_start,
-                              sliding_window)
-        own, own_lse = decode_attention(_f32(q), key_cache, value_cache,
-                                        block_tables, mask, scale, lse=True)
+        num_keys = kv.block_tables.shape[1] * kv.key_cache.shape[2]
+        mask = attention_mask(kv.query_start, 1, kv.context_lens, num_keys, kv.key_start,
+                              kv.sliding_window)
+        own, own_lse = decode_attention(_f32(q), kv.key_cache, kv.value_cache,
+                                        kv.block_tables, mask, kv.scale, lse=True)
         own_lse = own_lse[..., None]
     else:
-        own, own_lse = cascade_reference.paged_attention_lse(
-            q, key_cache, value_cache, block_tables, context_lens, query_start, scale=scale,
-            sliding_window=sliding_window, key_start=key_start)
-    out, lse = slot_rows(*prefix_attention(q, key_cache, value_cache, query_start, prefix,
-                                           scale=scale, sliding_window=sliding_window),
-                         prefix.row_slot)
-    return merge_states(own, own_lse, out, lse, head_sinks(sinks)).astype(q.dtype)
+        own, own_lse = cascade_reference.paged_attention_lse(q, kv)
+    out, lse = slot_rows(*prefix_attention(q, kv, prefix), prefix.row_slot)
+    return merge_states(own, own_lse, out, lse, head_sinks(kv.sinks)).astype(q.dtype)

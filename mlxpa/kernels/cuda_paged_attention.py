@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from mlxpa.kernels import _common
 from mlxpa.kernels.paged_attention_source import SOURCES
-from mlxpa.kernels.quant import QuantizedPool
+from mlxpa.kernels.paged_kv import PagedKV
 
 CUDA_HEADER = """
 // mlxpa: the Metal names of the paged-attention bodies, in CUDA (one simdgroup = one warp).
@@ -126,17 +126,11 @@ def generated_source(launch: _common.Launch, source: str | None = None) -> str:
             + "\n}\n\n} // namespace mlx::core::cu\n")
 
 
-def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                    context_lens: mx.array, query_start: mx.array, *, scale: float,
-                    sliding_window: int | None = None, key_start: mx.array | None = None,
-                    variant: str | None = None) -> mx.array:
+def paged_attention(q: mx.array, kv: PagedKV, variant: str | None = None) -> mx.array:
     """Decode attention over a paged K/V pool on an NVIDIA GPU (PagedAttention, Kwon et al.
     2023; vLLM). Arguments, shapes and dtypes as ``metal_paged_attention.paged_attention``.
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; rows with no visible key are zeros.
     """
-    return _common.run_decode(kernel, q, key_cache, value_cache, block_tables, context_lens,
-                              query_start, scale=scale, sliding_window=sliding_window,
-                              key_start=key_start, variant=variant)
+    return _common.run_decode(kernel, q, kv, variant)

@@ -36,7 +36,7 @@ import mlx.core as mx
 
 from mlxpa.kernels import _common
 from mlxpa.kernels.paged_attention_source import SOURCES
-from mlxpa.kernels.quant import QuantizedPool
+from mlxpa.kernels.paged_kv import PagedKV
 
 
 def is_available() -> bool:
@@ -60,18 +60,13 @@ def kernel(kind: str):
     return build_kernel(kind)
 
 
-def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                    context_lens: mx.array, query_start: mx.array, *, scale: float,
-                    sliding_window: int | None = None, key_start: mx.array | None = None,
-                    variant: str | None = None,
+def paged_attention(q: mx.array, kv: PagedKV, variant: str | None = None,
                     lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
     """Decode attention over a paged K/V pool on an Apple GPU (PagedAttention, Kwon et al.
     2023; vLLM). Call only where ``_common.supported`` holds. Arguments as
-    ``reference.paged_attention`` with ``L == 1``: ``q`` ``[B, q_heads, 1, head_dim]`` and
-    pools ``[num_blocks, kv_heads, block_size, head_dim]`` in float32/float16/bfloat16,
-    ``block_tables`` ``[B, max_blocks]``, ``context_lens``/``query_start``/``key_start``
-    ``[B]`` int32. ``variant``: ``v1``, ``v2``, or None to pick (``_common.choose_variant``).
+    ``reference.paged_attention`` with ``L == 1``: ``q`` ``[B, q_heads, 1, head_dim]``, pools
+    in float32/float16/bfloat16 (or quantized), no sinks. ``variant``: ``v1``, ``v2``, or
+    None to pick (``_common.choose_variant``).
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; rows with no visible key are zeros.
@@ -79,6 +74,4 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
         ``[B, q_heads, 1]`` float32 log-sum-exps (``cascade_reference.paged_attention_lse``; about
         ``-3e38`` for a row with no visible key).
     """
-    return _common.run_decode(kernel, q, key_cache, value_cache, block_tables, context_lens,
-                              query_start, scale=scale, sliding_window=sliding_window,
-                              key_start=key_start, variant=variant, lse=lse)
+    return _common.run_decode(kernel, q, kv, variant, lse)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxpa.kernels.device import on_cpu
+from mlxpa.kernels.paged_kv import PagedKV
 from mlxpa.kernels.quant import QuantizedPool, dense
 
 
@@ -78,7 +79,7 @@ def gathered_attention(q: mx.array, k: mx.array, v: mx.array, context_lens: mx.a
         k: ``[B, kv_heads, S, d]`` keys for key positions ``0..S-1`` (beyond
             ``context_lens[b]``: anything finite).
         v: ``[B, kv_heads, S, v_dim]`` values.
-        context_lens, query_start, sliding_window: As :func:`paged_attention`.
+        context_lens, query_start, sliding_window: As :class:`PagedKV`.
         scale: Softmax scale applied to ``q @ k^T``.
         score_bias: ``[B, q_heads, L, S]`` float terms added to the scaled scores before the
             softmax (mlx-lm passes them as an additive ``mask``), or None.
@@ -102,11 +103,7 @@ def gathered_attention(q: mx.array, k: mx.array, v: mx.array, context_lens: mx.a
     return out.astype(dtype)
 
 
-def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
-                    value_cache: mx.array | QuantizedPool, block_tables: mx.array,
-                    context_lens: mx.array, query_start: mx.array, *, scale: float,
-                    sliding_window: int | None = None, key_start: mx.array | None = None,
-                    sinks: mx.array | None = None) -> mx.array:
+def paged_attention(q: mx.array, kv: PagedKV) -> mx.array:
     """Attention of new queries over K/V held in a paged pool (prefill chunks and decode).
 
     The new tokens' K/V must already be written to the pool (the caller writes, then reads).
@@ -114,32 +111,19 @@ def paged_attention(q: mx.array, key_cache: mx.array | QuantizedPool,
     Args:
         q: ``[B, q_heads, L, head_dim]`` queries (RoPE applied); rows shorter than ``L`` are
             right-padded and their padded outputs are garbage but finite.
-        key_cache: ``[num_blocks, kv_heads, block_size, head_dim]`` K pool of this layer, or
-            a :class:`QuantizedPool` of that shape (gathered, then dequantized).
-        value_cache: ``[num_blocks, kv_heads, block_size, v_dim]`` V pool (``v_dim`` may
-            differ from ``head_dim``), or a quantized one.
-        block_tables: ``[B, max_blocks]`` int32; row ``b`` lists the blocks holding its keys
-            from position ``key_start[b]`` on.
-        context_lens: ``[B]`` int32 tokens with K/V in the pool (computed + this step's).
-        query_start: ``[B]`` int32 position of query 0 (the row's ``num_computed_tokens``).
-        scale: Softmax scale (usually ``head_dim ** -0.5``).
-        sliding_window: Keys older than this many positions are masked (Gemma 3 local layers).
-        key_start: ``[B]`` int32 position of the first key in ``block_tables`` (a multiple of
-            the block size); None means 0. Lets window layers gather only recent blocks.
-        sinks: ``[q_heads]`` per-head sink logits (attention sinks, as in gpt-oss: an extra
-            term ``exp(sink)`` in each softmax denominator, attending to nothing), or None.
+        kv: The layer's pools and the batch's tables (:class:`PagedKV`); a quantized pool is
+            gathered, then dequantized.
 
     Returns:
         ``[B, q_heads, L, v_dim]`` in ``q.dtype``.
     """
-    k = dense(gather_kv(key_cache, block_tables))
-    v = dense(gather_kv(value_cache, block_tables))
-    mask = attention_mask(query_start, q.shape[2], context_lens, k.shape[2], key_start,
-                          sliding_window)
+    k = dense(gather_kv(kv.key_cache, kv.block_tables))
+    v = dense(gather_kv(kv.value_cache, kv.block_tables))
+    mask = attention_mask(kv.query_start, q.shape[2], kv.context_lens, k.shape[2],
+                          kv.key_start, kv.sliding_window)
     dtype = q.dtype
     if on_cpu() and dtype != mx.float32:
         q, k, v = q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32)
-    if sinks is not None:
-        sinks = sinks.astype(q.dtype)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    sinks = None if kv.sinks is None else kv.sinks.astype(q.dtype)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=kv.scale, mask=mask, sinks=sinks)
     return out.astype(dtype)

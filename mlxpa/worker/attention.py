@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from mlxpa.kernels import cascade_attention, paged_attention
+from mlxpa.kernels import PagedKV, cascade_attention, paged_attention
 from mlxpa.kernels.quant import dense
 from mlxpa.kernels.reference import gather_kv, gathered_attention
 from mlxpa.worker.cascade import CascadeTables
@@ -133,22 +133,17 @@ class PagedLayerCache:
         quantized (``sinks``: optional ``[q_heads]`` per-head sink logits, as gpt-oss); in
         two parts where the step's metadata has cascade tables for this layer's kind."""
         m, t = self.metadata, self.tables
-        pools = (self.kv_cache.key_caches[self.layer_idx],
-                 self.kv_cache.value_caches[self.layer_idx])
+        kv = PagedKV(self.kv_cache.key_caches[self.layer_idx],
+                     self.kv_cache.value_caches[self.layer_idx], t.block_tables,
+                     m.context_lens, m.offsets, scale, self.sliding_window, sinks=sinks)
         cascade = t.cascade.get(self.sliding_window)
         if cascade is not None:
-            return cascade_attention(
-                queries, *pools, cascade.block_tables, m.context_lens, m.offsets,
-                cascade.prefix, scale=scale, sliding_window=self.sliding_window,
-                key_start=cascade.key_start, kernel=m.kernel, sinks=sinks)
-        tables, key_start = t.block_tables, None
+            kv = kv._replace(block_tables=cascade.block_tables, key_start=cascade.key_start)
+            return cascade_attention(queries, kv, cascade.prefix, kernel=m.kernel)
         if self.sliding_window is not None and self.sliding_window in t.window_tables:
             w = t.window_tables[self.sliding_window]
-            tables, key_start = w.block_tables, w.key_start
-        return paged_attention(
-            queries, *pools, tables, m.context_lens, m.offsets, scale=scale,
-            sliding_window=self.sliding_window, key_start=key_start, kernel=m.kernel,
-            sinks=sinks)
+            kv = kv._replace(block_tables=w.block_tables, key_start=w.key_start)
+        return paged_attention(queries, kv, kernel=m.kernel)
 
     def attend_gathered(self, queries: mx.array, keys: mx.array, values: mx.array,
                         scale: float, mask: mx.array | None,

@@ -82,10 +82,10 @@ def test_aborted_requests_free_their_blocks_and_leave_the_rest_alone(model, step
     doing = {(r.request_id, r.sample_index > 0, r.score_only,
               r.status == RequestStatus.RUNNING) for r in dropped}
     want, unforked = STATES[steps]
-    assert want <= doing and bool(eng._pending_forks) == unforked, doing
+    assert want <= doing and bool(eng.forks) == unforked, doing
     assert len(eng.choice_scores) == (steps < 2)  # "pick" is done after two steps
     eng.abort_request([*DROPPED, *LAST, "no-such-id"])
-    assert not eng._pending_forks and len(eng.choice_scores) == 0  # nothing of theirs kept
+    assert not eng.forks and len(eng.choice_scores) == 0  # nothing of theirs kept
     kept = _held(eng)
     assert {r.request_id for r in kept} == set(KEPT)
     kv = eng.kv_cache_manager
@@ -103,9 +103,9 @@ def test_aborted_requests_free_their_blocks_and_leave_the_rest_alone(model, step
 def test_samples_not_forked_yet_never_start(model):
     eng = LLMEngine(CONFIG, model, TOK)
     _add(eng, {"fork": DROPPED["fork"]})
-    assert eng._pending_forks  # sample 0's prefill has not run: 1 and 2 wait for it
+    assert eng.forks  # sample 0's prefill has not run: 1 and 2 wait for it
     eng.abort_request("fork")
-    assert not eng.has_unfinished_requests() and not eng._pending_forks
+    assert not eng.has_unfinished_requests() and not eng.forks
     assert _finish(eng, []) == {}
     eng.kv_cache_manager.check_invariants([])
 
