@@ -294,7 +294,8 @@ def bench(cp, torch, fns, inst, contexts, batches, copy_bw, quick) -> list[dict]
                    "scale": d ** -0.5}
             shape = C.DecodeShape(b, hq, hkv, d, bs, mb, 0, getattr(mx, dt))
             kv_bytes = 2 * b * ctx * hkv * d * 2
-            row = {"ctx": ctx, "batch": b, "auto": C.choose_variant_cuda(shape), "kv_gb": kv_bytes / 1e9}
+            row = {"ctx": ctx, "batch": b, "auto": C.choose_variant_cuda(shape),
+                   "kv_gb": kv_bytes / 1e9}
             for variant in ("v1", "v2"):
                 plan = prepare(cp, inst, dev, variant)
                 t = time_cuda(cp, lambda p=plan: launch(cp, fns, *p), quick)
