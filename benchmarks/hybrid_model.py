@@ -15,17 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
+from mlxpa.bench.token_draw import byte_level_alphabet
+
 VOCAB = 32000
-
-
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte's printable stand-in."""
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b], extra = chr(256 + extra), extra + 1
-    return chars
 
 
 def tokenizer(folder: Path) -> None:
@@ -40,7 +32,7 @@ def tokenizer(folder: Path) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    bc = _byte_chars()
+    bc = byte_level_alphabet()
     vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2}
     for b in range(256):
         vocab[bc[b]] = len(vocab)

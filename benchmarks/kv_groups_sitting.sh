@@ -38,7 +38,7 @@ for step in $steps; do
       PYTHONPATH=$NEW python workload_file.py /tmp/sp.jsonl --workload shared-prefix
       PYTHONPATH=$NEW python workload_file.py /tmp/random.jsonl --workload random
       for wl in sp random; do
-        python tree_bench.py /tmp/$wl.jsonl --repeats 3 --json $R/kv_groups_same_$wl.json \
+        python tree_bench.py /tmp/$wl.jsonl --repeats ${REPEATS:-3} --json $R/kv_groups_same_$wl.json \
           --runs "mlxpa=$NEW,before=$OLD"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

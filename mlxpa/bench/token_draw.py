@@ -9,14 +9,16 @@ merge into another token; a chat template may trim a message's leading or traili
 So the two servers of a sitting did not prefill the same prompts (643 against 567 tokens).
 
 :class:`TokenDraw` draws from the ordinary vocabulary (no special, added or byte-fallback
-tokens), then re-encodes the text and keeps the result only at a fixed point: ``encode(
-decode(ids)) == ids`` for the piece alone and after the prefix it follows, with no space at
-either end of its text. Each retry keeps the stable part and draws the rest again (bounded).
+tokens, nor byte-level pieces that are part of a character), then re-encodes the text and
+keeps the result only at a fixed point: ``encode(decode(ids)) == ids`` for the piece alone and
+after the prefix it follows, with no space at either end of its text. Each retry keeps the
+stable part and draws the rest again (bounded).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 import numpy as np
@@ -27,7 +29,8 @@ _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 def excluded_ids(tokenizer, vocab: int) -> set[int]:
     """Ids below ``vocab`` a synthetic prompt never draws: special tokens, added tokens (the
-    tokenizer's ``get_added_vocab()``) and SentencePiece byte-fallback pieces (``<0x41>``)."""
+    tokenizer's ``get_added_vocab()``), SentencePiece byte-fallback pieces (``<0x41>``) and,
+    for a byte-level BPE, pieces whose bytes are not whole UTF-8 characters."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
     added = getattr(tokenizer, "get_added_vocab", None)
     if added is not None:
@@ -35,7 +38,37 @@ def excluded_ids(tokenizer, vocab: int) -> set[int]:
     pieces = tokenizer.convert_ids_to_tokens(list(range(vocab)))
     ids.update(i for i, p in enumerate(pieces)
                if isinstance(p, str) and p[:3] == "<0x" and _BYTE_PIECE.match(p))
+    if _byte_level(tokenizer):  # GPT-2's byte-level BPE: pieces that are part of a character
+        to_byte = {c: b for b, c in byte_level_alphabet().items()}
+        for i, p in enumerate(pieces):
+            if isinstance(p, str) and all(c in to_byte for c in p):
+                try:
+                    bytes(to_byte[c] for c in p).decode("utf-8")
+                except UnicodeDecodeError:
+                    ids.add(i)
     return ids
+
+
+def _byte_level(tokenizer) -> bool:
+    """Whether a Hugging Face fast tokenizer decodes with GPT-2's byte-level decoder."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        backend = getattr(getattr(tokenizer, "_tokenizer", None), "backend_tokenizer", None)
+    if backend is None:
+        return False
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    return decoder.get("type") == "ByteLevel"
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte's printable stand-in."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {b: chr(b) for b in kept}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], n = chr(256 + n), n + 1
+    return chars
 
 
 def vocab_size(tokenizer) -> int:

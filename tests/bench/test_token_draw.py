@@ -113,3 +113,34 @@ def test_gemma_prompts_are_read_alike_by_mlx_lm_and_mlxpa(default_model_dir):
                      else [r.row["prompt"]])
             for text in texts:
                 assert not added & set(tok.encode(text, add_special_tokens=False))
+
+
+def test_byte_level_pieces_of_part_of_a_character_are_not_drawn():
+    """A GPT-2 byte-level BPE whose vocabulary has the bytes and two-byte heads of CJK
+    characters as well as the characters (as benchmarks/hybrid_model.py's): the partial
+    pieces are excluded (their bytes do not decode alone), and drawn characters round-trip."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mlxpa.bench.token_draw import byte_level_alphabet
+
+    bc = byte_level_alphabet()
+    vocab = {bc[b]: b for b in range(256)}
+    merges = []
+    for cp in range(0x4E00, 0x4E00 + 300):
+        b1, b2, b3 = (bc[b] for b in chr(cp).encode())
+        if b1 + b2 not in vocab:
+            vocab[b1 + b2] = len(vocab)
+            merges.append((b1, b2))
+        vocab[b1 + b2 + b3] = len(vocab)
+        merges.append((b1 + b2, b3))
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    draw = TokenDraw(fast)
+    whole = {i for piece, i in vocab.items() if len(piece) == 3}
+    partial = {i for piece, i in vocab.items() if len(piece) == 2} | set(range(128, 256))
+    assert partial <= draw.excluded and not whole & draw.excluded
+    ids = draw.draw(np.random.default_rng(0), 64)
+    assert fast.encode(fast.decode(ids), add_special_tokens=False) == ids
