@@ -291,7 +291,14 @@ class LLMEngine:
         output of every running sample whose request asks for ``DELTA`` outputs
         (:mod:`mlxpa.engine.deltas`; ``SampleOutput.finished`` tells them apart)."""
         out = self.scheduler.schedule()
+        start = time.perf_counter()
         result = self.runner.execute(out)
+        gate = self.scheduler.spec_gate
+        if gate is not None and out.requests and all(  # one decode forward: time its tokens
+                n == 1 or r.key in out.spec_token_ids
+                for r, n in zip(out.requests, out.num_scheduled_tokens)):
+            gate.cost.observe(len(out.requests) * max(out.num_scheduled_tokens),
+                              time.perf_counter() - start)
         updated = self._update(out, result)
         outputs = self._check_stops(updated, result.grammar_ended)
         for o in outputs:  # a request id is free again once its last sample is returned
@@ -311,22 +318,26 @@ class LLMEngine:
                 ran[key].prompt_logprobs.update(by_position)
         if self.forks:
             self.forks.on_step(out)
-        for key, lp in result.logprobs.items():
-            ran[key].logprobs.append(lp)
+        for key, lps in result.logprobs.items():
+            ran[key].logprobs.extend(lps)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
         self._count_kv(out)
-        updated = self.scheduler.update_from_output(out, result.sampled)
+        if out.spec_token_ids:
+            self.counters.record_drafts(out, result.sampled)
+        before = sum(r.num_output_tokens for r in out.requests)
+        updated = self.scheduler.update_from_output(out, result.sampled, result.spec_token_ids)
         released = self.choice_scores.on_step(out, result)
         self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
         self._released.extend(released)
-        self.counters.record_step(len(updated), len(out.preempted),
-                                  self.kv_cache_manager.evicted_blocks, result.mask_time_s)
+        self.counters.record_step(sum(r.num_output_tokens for r in out.requests) - before,
+                                  len(out.preempted), self.kv_cache_manager.evicted_blocks,
+                                  result.mask_time_s)
         return updated
 
     def _check_stops(self, updated: list[Request],
                      grammar_ended: dict[int, str | None]) -> list[SampleOutput]:
-        """Stop strings and grammar endings of each request's new token; return the outputs
+        """Stop strings and grammar endings of each request's new tokens; return the outputs
         of the requests that finished (and of those released since the last step), and the
         new output of each running ``DELTA`` request."""
         finished, self._released = self._released, []

@@ -44,6 +44,11 @@ class Counters:
         mask_steps: Steps that filled at least one grammar bitmask.
         scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
             ids (a choice row's label tokens).
+        spec_num_drafts: Request steps that verified draft tokens (speculative decoding;
+            vLLM's ``spec_decode_num_drafts``).
+        spec_num_draft_tokens: Draft tokens verified.
+        spec_num_accepted_tokens: Draft tokens accepted.
+        spec_accepted_per_pos: Per draft position (0 first), the drafts accepted there.
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -66,6 +71,28 @@ class Counters:
     mask_time_s: float = 0.0
     mask_steps: int = 0
     scored_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record_drafts(self, out, sampled: list[list[int]]) -> None:
+        """The drafts a step verified (``out.spec_token_ids``) and what each request emitted
+        (``sampled``, per request that sampled in ``out.requests`` order)."""
+        emitted = iter(sampled)
+        for req, samples in zip(out.requests, out.sampling):
+            tokens = next(emitted) if samples else []
+            drafts = out.spec_token_ids.get(req.key)
+            if not drafts:
+                continue
+            accepted = min(max(len(tokens) - 1, 0), len(drafts))
+            self.spec_num_drafts += 1
+            self.spec_num_draft_tokens += len(drafts)
+            self.spec_num_accepted_tokens += accepted
+            per_pos = self.spec_accepted_per_pos
+            per_pos.extend([0] * (len(drafts) - len(per_pos)))
+            for j in range(accepted):
+                per_pos[j] += 1
 
     def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
                     mask_time_s: float | None) -> None:
@@ -118,6 +145,28 @@ class Stats:
     mask_ms_per_step: float | None = None  # bitmask fill per step with constrained rows
     mask_steps: int = 0
     scored_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record_drafts(self, out, sampled: list[list[int]]) -> None:
+        """The drafts a step verified (``out.spec_token_ids``) and what each request emitted
+        (``sampled``, per request that sampled in ``out.requests`` order)."""
+        emitted = iter(sampled)
+        for req, samples in zip(out.requests, out.sampling):
+            tokens = next(emitted) if samples else []
+            drafts = out.spec_token_ids.get(req.key)
+            if not drafts:
+                continue
+            accepted = min(max(len(tokens) - 1, 0), len(drafts))
+            self.spec_num_drafts += 1
+            self.spec_num_draft_tokens += len(drafts)
+            self.spec_num_accepted_tokens += accepted
+            per_pos = self.spec_accepted_per_pos
+            per_pos.extend([0] * (len(drafts) - len(per_pos)))
+            for j in range(accepted):
+                per_pos[j] += 1
     peak_kv_bytes: int = 0
     peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
 
