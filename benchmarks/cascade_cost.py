@@ -21,7 +21,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.kernels import cascade_attention, paged_attention
+from mlxpa.kernels import PagedKV, cascade_attention, paged_attention
 from mlxpa.worker.cascade import cascade_tables
 
 BS = 16
@@ -57,11 +57,10 @@ def seconds(fn, repeats: int) -> float:
 def time_cell(inputs, scale: float, kernel: str, repeats: int) -> tuple[float, float]:
     """Seconds of one layer's plain and cascade attention of ``inputs`` (:func:`case`)."""
     q, kc, vc, bt, cl, qs, c = inputs
-    plain = seconds(lambda: paged_attention(q, kc, vc, bt, cl, qs, scale=scale, kernel=kernel),
-                    repeats)
-    two = seconds(lambda: cascade_attention(q, kc, vc, c.block_tables, cl, qs, c.prefix,
-                                            scale=scale, key_start=c.key_start, kernel=kernel),
-                  repeats)
+    kv = PagedKV(kc, vc, bt, cl, qs, scale)
+    own = kv._replace(block_tables=c.block_tables, key_start=c.key_start)
+    plain = seconds(lambda: paged_attention(q, kv, kernel=kernel), repeats)
+    two = seconds(lambda: cascade_attention(q, own, c.prefix, kernel=kernel), repeats)
     return plain, two
 
 

@@ -48,13 +48,11 @@ def spies(monkeypatch):
                       np.array(logits[0].astype(mx.float32))))
         return sample(self, logits, reqs, *args, **kwargs)
 
-    def attend_spy(*args, **kwargs):
-        prefix = args[6]
+    def attend_spy(q, kv, prefix, **kwargs):
         sizes = (np.array(prefix.row_slot)[:, None] // prefix.rows.shape[1]
                  == np.arange(prefix.rows.shape[0])[None]).sum(axis=0)
-        calls.append((tuple(sorted(sizes.tolist())), kwargs["sliding_window"],
-                      args[0].shape[2]))
-        return attend(*args, **kwargs)
+        calls.append((tuple(sorted(sizes.tolist())), kv.sliding_window, q.shape[2]))
+        return attend(q, kv, prefix, **kwargs)
 
     monkeypatch.setattr(Sampler, "sample", sample_spy)
     monkeypatch.setattr(attention, "cascade_attention", attend_spy)

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cascade_reference, cpu_paged_attention
+from mlxpa.kernels import PagedKV, cascade_reference, cpu_paged_attention
 from mlxpa.kernels.quant import dense, quantize
 from mlxpa.worker.cascade import cascade_tables
 
@@ -104,11 +104,11 @@ def oracle(case, scale, sinks=None) -> np.ndarray:
 
 def run(impl, case, scale, sinks=None, dtype=mx.float32) -> np.ndarray:
     c = case["cascade"]
-    out = IMPLS[impl](mx.array(case["q"]).astype(dtype), case["kc"], case["vc"],
-                      c.block_tables, mx.array(np.array(case["ctx"], np.int32)),
-                      mx.array(case["starts"]), c.prefix, scale=scale,
-                      sliding_window=case["window"], key_start=c.key_start,
-                      sinks=None if sinks is None else mx.array(sinks.astype(np.float32)))
+    kv = PagedKV(case["kc"], case["vc"], c.block_tables,
+                 mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), scale,
+                 sliding_window=case["window"], key_start=c.key_start,
+                 sinks=None if sinks is None else mx.array(sinks.astype(np.float32)))
+    out = IMPLS[impl](mx.array(case["q"]).astype(dtype), kv, c.prefix)
     assert out.dtype == dtype and out.shape == (*case["q"].shape[:3], case["vc"].shape[-1])
     got = np.array(out.astype(mx.float32))
     for r, n in enumerate(case["counts"]):
@@ -255,10 +255,10 @@ def test_lse_part_matches_float64(impl):
     rng = np.random.default_rng(7)
     case = make_case(rng, [(3, [1, 9, 20])], [5, 33], kv_heads=2)
     c = case["cascade"]
-    out, lse = cascade_reference.paged_attention_lse(
-        mx.array(case["q"]).astype(mx.float32), case["kc"], case["vc"], c.block_tables,
-        mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), scale=0.3,
-        key_start=c.key_start)
+    kv = PagedKV(case["kc"], case["vc"], c.block_tables,
+                 mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), 0.3,
+                 key_start=c.key_start)
+    out, lse = cascade_reference.paged_attention_lse(mx.array(case["q"]).astype(mx.float32), kv)
     kc, vc = (np.array(dense(x), np.float64) for x in (case["kc"], case["vc"]))
     starts = np.array(c.key_start)
     for r, (table, n) in enumerate(zip(case["tables"], case["ctx"])):

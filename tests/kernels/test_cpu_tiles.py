@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cpu_paged_attention
+from mlxpa.kernels import PagedKV, cpu_paged_attention
 from mlxpa.kernels.cpu_paged_attention import key_ranges
 from tests.kernels.test_reference import SCALE, assert_matches, make_case, oracle, window_tables
 
@@ -26,12 +26,13 @@ def test_key_ranges_by_hand():
 
 def _run(case, tile, window=None, key_start=None, tables=None):
     tables = case["block_tables"] if tables is None else tables
-    return cpu_paged_attention.paged_attention(
-        mx.array(case["q"], mx.float32), mx.array(case["key_cache"], mx.float32),
-        mx.array(case["value_cache"], mx.float32), mx.array(tables),
-        mx.array(case["context_lens"]), mx.array(case["query_start"]), scale=SCALE,
-        sliding_window=window, key_start=None if key_start is None else mx.array(key_start),
-        query_tile=tile)
+    kv = PagedKV(mx.array(case["key_cache"], mx.float32),
+                 mx.array(case["value_cache"], mx.float32), mx.array(tables),
+                 mx.array(case["context_lens"]), mx.array(case["query_start"]), SCALE,
+                 sliding_window=window,
+                 key_start=None if key_start is None else mx.array(key_start))
+    return cpu_paged_attention.paged_attention(mx.array(case["q"], mx.float32), kv,
+                                               query_tile=tile)
 
 
 @pytest.mark.parametrize("tile", [1, 3, 8, 64])

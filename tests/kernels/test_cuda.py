@@ -119,16 +119,15 @@ def test_cuda_matches_reference(dtype, variant, d, bs, hq, hkv, window, quant):
     tol = {mx.float32: 1e-4, mx.float16: 2e-3, mx.bfloat16: 4e-3}[dtype]
     case = _cases.random_case(0, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
                               window, trim=window is not None, quant=quant)
-    out = cuda_paged_attention.paged_attention(*case.args, **case.kwargs, variant=variant)
-    why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], tol, tol)
+    out = cuda_paged_attention.paged_attention(case.q, case.kv, variant=variant)
+    why = _cases.mismatch(out, _cases.reference_f32(case), case.kv.context_lens, tol, tol)
     assert why is None, why
     own = _cases.random_case(1, dtype, d, bs, hq, hkv, [0, 1, bs - 1, bs + 1, 700, 1500],
                              window, trim=window is not None, quant=quant,
                              skip_blocks=[0, 0, 0, 1, 3, 2])
-    got = cuda_paged_attention.paged_attention(*own.args, **own.kwargs, variant=variant,
-                                               lse=True)
-    why = _cases.lse_mismatch(got, _cases.reference_f32(own, lse=True), own.args[4], 1e-4,
-                              1e-4)
+    got = cuda_paged_attention.paged_attention(own.q, own.kv, variant=variant, lse=True)
+    why = _cases.lse_mismatch(got, _cases.reference_f32(own, lse=True), own.kv.context_lens,
+                              1e-4, 1e-4)
     assert why is None, why
 
 
@@ -144,16 +143,18 @@ def test_cascade_attention_on_cuda_matches_reference(dtype):
     case = make_case(np.random.default_rng(3), [(40, [1, 9, 20, 33]), (3, [5, 16])], [7, 300],
                      kv_heads=2, q_per_kv=4, head_dim=128, block_size=16, window=None)
     c = case["cascade"]
-    args = (mx.array(case["q"].astype(np.float32)).astype(dtype),
-            case["kc"].astype(dtype), case["vc"].astype(dtype), c.block_tables,
-            mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), c.prefix)
-    got = K.cascade_attention(*args, scale=0.088, key_start=c.key_start, kernel="cuda")
+    q = mx.array(case["q"].astype(np.float32)).astype(dtype)
+    kv = K.PagedKV(case["kc"].astype(dtype), case["vc"].astype(dtype), c.block_tables,
+                   mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), 0.088,
+                   key_start=c.key_start)
+    got = K.cascade_attention(q, kv, c.prefix, kernel="cuda")
     with mx.stream(mx.cpu):
         want = cascade_reference.cascade_attention(
-            *(a.astype(mx.float32) if i < 3 else a for i, a in enumerate(args)),
-            scale=0.088, key_start=c.key_start)
+            q.astype(mx.float32), kv._replace(key_cache=kv.key_cache.astype(mx.float32),
+                                              value_cache=kv.value_cache.astype(mx.float32)),
+            c.prefix)
     tol = 1e-4 if dtype == mx.float32 else 4e-3
-    assert _cases.mismatch(got, want, args[4], tol, tol) is None
+    assert _cases.mismatch(got, want, kv.context_lens, tol, tol) is None
 
 
 def _gpu_check():
@@ -182,17 +183,17 @@ def test_gpu_check_builds_without_mlx():
 
 
 def test_gpu_check_reference_matches_mlxpa_reference():
-    from mlxpa.kernels import reference
+    from mlxpa.kernels import PagedKV, reference
 
     g = _gpu_check()
     inst = ("bfloat16", 64, 8, 4, 2, 6)
     case = g.make_case(np.random.default_rng(0), inst, [0, 1, 7, 9, 40], trim=True)
     want = g.reference_f64(case, inst)
     f = {k: mx.array(case[k][1]) for k in ("q", "kc", "vc")}
-    out = reference.paged_attention(
-        f["q"][:, :, None], f["kc"], f["vc"], mx.array(case["table"]), mx.array(case["lens"]),
-        mx.array(case["qstart"]), scale=case["scale"], sliding_window=6,
-        key_start=mx.array(case["kstart"]))
+    out = reference.paged_attention(f["q"][:, :, None], PagedKV(
+        f["kc"], f["vc"], mx.array(case["table"]), mx.array(case["lens"]),
+        mx.array(case["qstart"]), case["scale"], sliding_window=6,
+        key_start=mx.array(case["kstart"])))
     assert np.allclose(np.array(out)[1:, :, 0], want[1:], atol=1e-5, rtol=1e-5)
 
 

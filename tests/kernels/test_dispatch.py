@@ -33,24 +33,28 @@ def _decode_case(dtype=mx.float32):
 
 
 def _ref(case):
-    return reference.paged_attention(*case.args, **case.kwargs)
+    return reference.paged_attention(case.q, case.kv)
 
 
 def _fake(impl, calls=None, available=True, pass_variant=False):
-    def paged_attention(*args, variant=None, **kwargs):
+    """A back end whose ``paged_attention`` (the real ones' signature) records ``variant``
+    and returns ``impl(q, kv)``, passing ``variant`` on with ``pass_variant`` and ``lse``
+    when set."""
+    def paged_attention(q, kv, variant=None, lse=False):
         if calls is not None:
             calls.append(variant)
-        if pass_variant:
-            kwargs["variant"] = variant
-        return impl(*args, **kwargs)
+        kwargs = {"variant": variant} if pass_variant else {}
+        if lse:
+            kwargs["lse"] = True
+        return impl(q, kv, **kwargs)
 
     return types.SimpleNamespace(is_available=lambda: available, paged_attention=paged_attention)
 
 
-def _zero_empty_rows(*args, **kwargs):
+def _zero_empty_rows(q, kv):
     """A correct 'native kernel': the reference, with rows without keys set to zero."""
-    out = reference.paged_attention(*args, **kwargs)
-    return mx.where((args[4] > 0)[:, None, None, None], out, 0)
+    out = reference.paged_attention(q, kv)
+    return mx.where((kv.context_lens > 0)[:, None, None, None], out, 0)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a Metal or CUDA device")
@@ -59,8 +63,8 @@ def test_auto_is_cpu_kernel_without_gpu():
     case = _decode_case()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="auto")
-    assert mx.array_equal(out, cpu_paged_attention.paged_attention(*case.args, **case.kwargs))
+        out = K.paged_attention(case.q, case.kv, kernel="auto")
+    assert mx.array_equal(out, cpu_paged_attention.paged_attention(case.q, case.kv))
     assert mx.allclose(out, _ref(case), atol=1e-5, rtol=1e-5)
 
 
@@ -69,17 +73,17 @@ def test_auto_is_cpu_kernel_without_gpu():
 def test_unavailable_kernel_warns_once_and_falls_back(kernel):
     case = _decode_case()
     with pytest.warns(RuntimeWarning, match=f"no {kernel} device"):
-        out = K.paged_attention(*case.args, **case.kwargs, kernel=kernel)
+        out = K.paged_attention(case.q, case.kv, kernel=kernel)
     assert mx.array_equal(out, _ref(case))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        K.paged_attention(*case.args, **case.kwargs, kernel=kernel)
+        K.paged_attention(case.q, case.kv, kernel=kernel)
 
 
 def test_unknown_kernel_raises():
     case = _decode_case()
     with pytest.raises(ValueError, match="kernel must be one of"):
-        K.paged_attention(*case.args, **case.kwargs, kernel="triton")
+        K.paged_attention(case.q, case.kv, kernel="triton")
 
 
 def test_correct_native_kernel_is_used_after_its_check(monkeypatch):
@@ -88,32 +92,32 @@ def test_correct_native_kernel_is_used_after_its_check(monkeypatch):
     case = _decode_case()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
-        K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
+        K.paged_attention(case.q, case.kv, kernel="metal")
     assert calls == ["v1", "v2", None, None]   # checked once (both variants), then used
-    assert mx.array_equal(out, _zero_empty_rows(*case.args, **case.kwargs))
+    assert mx.array_equal(out, _zero_empty_rows(case.q, case.kv))
 
 
 @pytest.mark.parametrize("bug", ["wrong", "nan", "nonzero-empty", "raises"])
 def test_bad_native_kernel_warns_once_and_falls_back(monkeypatch, bug):
-    def impl(*args, **kwargs):
+    def impl(q, kv):
         if bug == "raises":
             raise RuntimeError("Unable to build metal library from source")
         if bug == "nonzero-empty":   # rows without keys must be zeros
-            return reference.paged_attention(*args, **kwargs)
-        out = _zero_empty_rows(*args, **kwargs)
+            return reference.paged_attention(q, kv)
+        out = _zero_empty_rows(q, kv)
         if bug == "nan":             # the check case's row of block_size + 1 = 9 keys
-            return mx.where((args[4] == 9)[:, None, None, None], mx.nan, out)
+            return mx.where((kv.context_lens == 9)[:, None, None, None], mx.nan, out)
         return out + 0.01
 
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
     case = _decode_case()
     with pytest.warns(RuntimeWarning, match="failed its check"):
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="cuda")
+        out = K.paged_attention(case.q, case.kv, kernel="cuda")
     assert mx.array_equal(out, _ref(case))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = K.paged_attention(*case.args, **case.kwargs, kernel="cuda")
+        again = K.paged_attention(case.q, case.kv, kernel="cuda")
     assert mx.array_equal(again, _ref(case))
 
 
@@ -121,13 +125,12 @@ def test_prefill_and_unsupported_shapes_stay_on_reference(monkeypatch):
     calls = []
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
     prefill = _cases.random_case(0, mx.float32, 64, 8, 4, 2, [5, 9])
-    q = mx.concatenate([prefill.args[0]] * 3, axis=2)           # L = 3
-    qs = prefill.args[5] - 2
-    args = (q,) + prefill.args[1:5] + (qs,)
-    out = K.paged_attention(*args, **prefill.kwargs, kernel="metal")
-    assert mx.array_equal(out, reference.paged_attention(*args, **prefill.kwargs))
+    q = mx.concatenate([prefill.q] * 3, axis=2)                 # L = 3
+    kv = prefill.kv._replace(query_start=prefill.kv.query_start - 2)
+    out = K.paged_attention(q, kv, kernel="metal")
+    assert mx.array_equal(out, reference.paged_attention(q, kv))
     odd = _cases.random_case(0, mx.float32, 96, 8, 4, 2, [5, 9])  # head_dim 96
-    K.paged_attention(*odd.args, **odd.kwargs, kernel="metal")
+    K.paged_attention(odd.q, odd.kv, kernel="metal")
     assert calls == []
 
 
@@ -136,8 +139,8 @@ def test_self_check_classes_are_separate(monkeypatch):
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
     for window in (None, 4, None):
         case = _decode_case()
-        case.kwargs["sliding_window"] = window
-        K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        case = case._replace(kv=case.kv._replace(sliding_window=window))
+        K.paged_attention(case.q, case.kv, kernel="metal")
     assert calls == ["v1", "v2", None, "v1", "v2", None, None]
 
 
@@ -145,7 +148,7 @@ def test_self_check_skips_v2_where_it_is_never_picked(monkeypatch):
     calls = []
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(_zero_empty_rows, calls))
     case = _cases.random_case(0, mx.float32, 256, 16, 32, 2, [3, 20])   # G=16, D=256
-    K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+    K.paged_attention(case.q, case.kv, kernel="metal")
     assert calls == ["v1", None]
 
 
@@ -172,7 +175,7 @@ def test_emulated_metal_kernel_passes_the_dispatcher_check(monkeypatch):
     case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
     assert calls == ["v1", "v2", None]
     ref = np.array(_ref(case))
     assert np.allclose(np.array(out), ref, atol=1e-5, rtol=1e-5)
@@ -187,13 +190,13 @@ def test_emulated_metal_kernel_with_planted_bug_falls_back(monkeypatch):
     bad = {"v1": SOURCES["v1"].replace("acc[i] = acc[i] * alpha +", "acc[i] = acc[i] +")}
     assert bad["v1"] != SOURCES["v1"]
 
-    def emulate(*args, **kwargs):
-        return H.emulate_decode(*args, **kwargs, sources=bad)
+    def emulate(q, kv, **kwargs):
+        return H.emulate_decode(q, kv, **kwargs, sources=bad)
 
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(emulate, pass_variant=True))
     case = _cases.random_case(7, mx.float32, 64, 32, 1, 1, [3, 40])
     with pytest.warns(RuntimeWarning, match="failed its check.*v1: max error"):
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
     assert mx.array_equal(out, _ref(case))
 
 
@@ -202,15 +205,15 @@ def test_quantized_pools_are_their_own_self_check_class(monkeypatch):
     separately; the check case's pools are quantized the same way."""
     seen = []
 
-    def impl(*args, **kwargs):
-        seen.append(_common.pool_quant(args[1], args[2]))
-        return _zero_empty_rows(*args, **kwargs)
+    def impl(q, kv):
+        seen.append(_common.pool_quant(kv.key_cache, kv.value_cache))
+        return _zero_empty_rows(q, kv)
 
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
     for quant in (None, (8, 8, 64), (8, 4, 64), (8, 8, 64)):
         case = _cases.random_case(0, mx.float32, 64, 8, 4, 2, [0, 1, 9, 20], quant=quant)
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
-        assert mx.allclose(out, _zero_empty_rows(*case.args, **case.kwargs), atol=1e-5)
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
+        assert mx.allclose(out, _zero_empty_rows(case.q, case.kv), atol=1e-5)
     # Two variants checked per new class, then the call itself.
     assert seen == [None, None, None, (8, 8, 64), (8, 8, 64), (8, 8, 64),
                     (8, 4, 64), (8, 4, 64), (8, 4, 64), (8, 8, 64)]
@@ -229,7 +232,7 @@ def test_emulated_quantized_kernel_passes_the_check_and_a_planted_bug_falls_back
                         lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
     assert calls == ["v1", "v2", None]
     assert np.allclose(np.array(out), np.array(_ref(case)), atol=1e-5, rtol=1e-5)
 
@@ -238,9 +241,9 @@ def test_emulated_quantized_kernel_passes_the_check_and_a_planted_bug_falls_back
     bad = {"qv1": SOURCES["qv1"].replace(text, ")")}
     monkeypatch.setattr(K, "_verified", {})
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(
-        lambda *a, **k: H.emulate_decode(*a, **k, sources=bad), pass_variant=True))
+        lambda q, kv, **k: H.emulate_decode(q, kv, **k, sources=bad), pass_variant=True))
     with pytest.warns(RuntimeWarning, match="pools 8-bit K / 4-bit V, group 64.*v1: max error"):
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="metal")
+        out = K.paged_attention(case.q, case.kv, kernel="metal")
     assert mx.array_equal(out, _ref(case))
 
 
@@ -254,19 +257,20 @@ def _cascade_case(quant=None):
     case = make_case(rng, [(3, [1, 9, 20])], [5], kv_heads=1, q_per_kv=2, head_dim=64,
                      block_size=16, quant=quant)
     c = case["cascade"]
-    args = (mx.array(case["q"].astype(np.float32)), case["kc"], case["vc"], c.block_tables,
-            mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), c.prefix)
-    return args, {"scale": 0.125, "key_start": c.key_start}
+    kv = K.PagedKV(case["kc"], case["vc"], c.block_tables,
+                   mx.array(np.array(case["ctx"], np.int32)), mx.array(case["starts"]), 0.125,
+                   key_start=c.key_start)
+    return mx.array(case["q"].astype(np.float32)), kv, c.prefix
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a Metal or CUDA device")
 def test_cascade_auto_is_the_cpu_kernel_without_gpu():
-    args, kwargs = _cascade_case()
+    args = _cascade_case()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.cascade_attention(*args, **kwargs, kernel="auto")
-    assert mx.array_equal(out, cpu_paged_attention.cascade_attention(*args, **kwargs))
-    assert mx.allclose(out, cascade_reference.cascade_attention(*args, **kwargs), atol=1e-5)
+        out = K.cascade_attention(*args, kernel="auto")
+    assert mx.array_equal(out, cpu_paged_attention.cascade_attention(*args))
+    assert mx.allclose(out, cascade_reference.cascade_attention(*args), atol=1e-5)
 
 
 def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
@@ -274,22 +278,22 @@ def test_cascade_lse_twins_are_a_class_of_their_own(monkeypatch):
     variants, with `lse=True`); plain decode of the same shape is checked apart."""
     calls = []
 
-    def impl(*args, lse=False, **kwargs):
+    def impl(q, kv, lse=False):
         calls.append(lse)
-        out = (cascade_reference.paged_attention_lse if lse else _zero_empty_rows)(*args, **kwargs)
+        out = (cascade_reference.paged_attention_lse if lse else _zero_empty_rows)(q, kv)
         if lse:   # rows without keys: zeros and a very negative log-sum-exp, as the kernels
-            empty = (args[4] == 0)[:, None, None]
+            empty = (kv.context_lens == 0)[:, None, None]
             return mx.where(empty[..., None], 0, out[0]), mx.where(empty, -3e38, out[1])
         return out
 
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(impl))
-    args, kwargs = _cascade_case()
+    args = _cascade_case()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.cascade_attention(*args, **kwargs, kernel="cuda")
-        K.cascade_attention(*args, **kwargs, kernel="cuda")
+        out = K.cascade_attention(*args, kernel="cuda")
+        K.cascade_attention(*args, kernel="cuda")
     assert calls == [True, True, True, True]          # v1, v2 checked once, then used twice
-    assert mx.allclose(out, cascade_reference.cascade_attention(*args, **kwargs), atol=1e-5)
+    assert mx.allclose(out, cascade_reference.cascade_attention(*args), atol=1e-5)
     assert len(K._verified) == 1 and list(K._verified)[0][-1] is True
 
 
@@ -301,14 +305,14 @@ def test_emulated_metal_lse_twins_serve_cascade_and_a_planted_bug_falls_back(mon
     returns the reference's numbers."""
     from mlxpa.kernels.paged_attention_source import SOURCES
 
-    args, kwargs = _cascade_case()
-    want = cascade_reference.cascade_attention(*args, **kwargs)
+    args = _cascade_case()
+    want = cascade_reference.cascade_attention(*args)
     calls = []
     monkeypatch.setattr(K, "_load_backend",
                         lambda name: _fake(H.emulate_decode, calls, pass_variant=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.cascade_attention(*args, **kwargs, kernel="metal")
+        out = K.cascade_attention(*args, kernel="metal")
     assert calls == ["v1", "v2", None]
     assert np.allclose(np.array(out), np.array(want), atol=1e-5, rtol=1e-5)
 
@@ -317,7 +321,7 @@ def test_emulated_metal_lse_twins_serve_cascade_and_a_planted_bug_falls_back(mon
     assert bad["v1_lse"] != SOURCES["v1_lse"]
     monkeypatch.setattr(K, "_verified", {})
     monkeypatch.setattr(K, "_load_backend", lambda name: _fake(
-        lambda *a, **k: H.emulate_decode(*a, **k, sources=bad), pass_variant=True))
+        lambda q, kv, **k: H.emulate_decode(q, kv, **k, sources=bad), pass_variant=True))
     with pytest.warns(RuntimeWarning, match="cascade .*failed its check.*v1_lse: log-sum-exp"):
-        out = K.cascade_attention(*args, **kwargs, kernel="metal")
+        out = K.cascade_attention(*args, kernel="metal")
     assert mx.array_equal(out, want)

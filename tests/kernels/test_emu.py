@@ -53,7 +53,7 @@ def lens_for(block_size: int) -> list[int]:
 
 def check(case: _cases.Case, out: mx.array, dtype: mx.Dtype) -> None:
     ref = H.reference_f32(case)
-    why = _cases.mismatch(out, ref, case.args[4], TOL[dtype], TOL[dtype])
+    why = _cases.mismatch(out, ref, case.kv.context_lens, TOL[dtype], TOL[dtype])
     assert why is None, why
 
 
@@ -71,10 +71,10 @@ def _prebuild():
         for inst in INSTANCES:
             case = _param_case(inst)
             for variant in ("v1", "v2"):
-                srcs += H.emulate_decode(*case.args, **case.kwargs, variant=variant,
+                srcs += H.emulate_decode(case.q, case.kv, variant=variant,
                                          v1_simdgroups=4, capture_only=True)
     for case, variant in ((_prod_v1_case(), "v1"), (_prod_v2_case(), "v2")):
-        srcs += H.emulate_decode(*case.args, **case.kwargs, variant=variant, capture_only=True)
+        srcs += H.emulate_decode(case.q, case.kv, variant=variant, capture_only=True)
     H.prebuild(srcs)
 
 
@@ -83,8 +83,8 @@ def _prebuild():
 def test_decode_matches_reference(inst, variant, monkeypatch):
     monkeypatch.setattr(_common, "PARTITION_SIZE", 16)  # several partitions, some empty
     case = _param_case(inst)
-    out = H.emulate_decode(*case.args, **case.kwargs, variant=variant, v1_simdgroups=4)
-    assert out.dtype == inst[0] and out.shape == case.args[0].shape
+    out = H.emulate_decode(case.q, case.kv, variant=variant, v1_simdgroups=4)
+    assert out.dtype == inst[0] and out.shape == case.q.shape
     # Row 0 has no keys: exact zeros, no NaN (``mismatch`` checks it too).
     assert np.all(np.array(out[0].astype(mx.float32)) == 0)
     check(case, out, inst[0])
@@ -101,15 +101,15 @@ def _prod_v2_case() -> _cases.Case:
 def test_v1_production_simdgroups():
     """32 simdgroups (1024 threads) per threadgroup, as on the GPU."""
     case = _prod_v1_case()
-    check(case, H.emulate_decode(*case.args, **case.kwargs, variant="v1"), mx.bfloat16)
+    check(case, H.emulate_decode(case.q, case.kv, variant="v1"), mx.bfloat16)
 
 
 def test_v2_production_partitions():
     """512-token partitions: a 1100-key row spans three, short rows leave partitions empty."""
     case = _prod_v2_case()
-    shape = _common.decode_shape(case.args[0], case.args[1], case.args[3], None)
+    shape = _common.decode_shape(case.q, case.kv)
     assert shape.num_partitions == 3
-    check(case, H.emulate_decode(*case.args, **case.kwargs, variant="v2"), mx.float16)
+    check(case, H.emulate_decode(case.q, case.kv, variant="v2"), mx.float16)
 
 
 @pytest.mark.skipif(not os.environ.get("MLXPA_KERNEL_SWEEP"),
@@ -126,5 +126,5 @@ def test_random_sweep(seed, monkeypatch):
     monkeypatch.setattr(_common, "PARTITION_SIZE", int(rng.choice([16, 64])))
     case = H.make_case(seed, dtype, d, bs, hq, hkv, lens, window, trim=bool(seed % 4 == 1))
     for variant in ("v1", "v2"):
-        out = H.emulate_decode(*case.args, **case.kwargs, variant=variant, v1_simdgroups=4)
+        out = H.emulate_decode(case.q, case.kv, variant=variant, v1_simdgroups=4)
         check(case, out, dtype)

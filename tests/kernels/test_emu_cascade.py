@@ -59,12 +59,12 @@ def _case(inst, seed: int = 1) -> _cases.Case:
 def _emulate(case, variant, sources=None, capture_only=False):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_common, "PARTITION_SIZE", 16)
-        return H.emulate_decode(*case.args, **case.kwargs, variant=variant, v1_simdgroups=4,
+        return H.emulate_decode(case.q, case.kv, variant=variant, v1_simdgroups=4,
                                 sources=sources, capture_only=capture_only, lse=True)
 
 
 def _check(case, got) -> str | None:
-    return _cases.lse_mismatch(got, H.reference_f32(case, lse=True), case.args[4], TOL, TOL)
+    return _cases.lse_mismatch(got, H.reference_f32(case, lse=True), case.kv.context_lens, TOL, TOL)
 
 
 _MUTANT_CASE = (mx.bfloat16, 64, 8, 8, 2, None, False, None)
@@ -104,7 +104,7 @@ def _prebuild():
 
 def test_lse_kinds_are_launched():
     case = _case(INSTANCES[2])
-    shape = _common.decode_shape(case.args[0], case.args[1], case.args[3], 40, case.args[2])
+    shape = _common.decode_shape(case.q, case.kv)
     assert [ln.kind for ln in _common.plan(shape, "v1", lse=True)] == ["qv1_lse"]
     launches = _common.plan(shape, "v2", lse=True)
     assert [ln.kind for ln in launches] == ["qv2", "reduce_lse"]
@@ -117,8 +117,8 @@ def test_lse_kinds_are_launched():
 def test_own_keys_part_matches_reference(inst, variant):
     case = _case(inst)
     out, lse = _emulate(case, variant)
-    assert out.dtype == mx.float32 and out.shape == case.args[0].shape
-    assert lse.shape == (*case.args[0].shape[:2], 1)
+    assert out.dtype == mx.float32 and out.shape == case.q.shape
+    assert lse.shape == (*case.q.shape[:2], 1)
     assert np.all(np.array(out[0]) == 0)                  # row 0 has no keys
     assert _check(case, (out, lse)) is None
 
@@ -128,12 +128,11 @@ def test_cascade_with_the_emulated_part_equals_plain_attention(variant):
     """Rows 2..5 made to share their first block (row 5's): the emulated own-keys part of
     each row merged with the reference's shared part equals plain attention."""
     bs, group = 8, [2, 3, 4, 5]
-    q, kc, vc, tables, lens, qstart = _cases.random_case(
-        4, mx.float32, 64, bs, 8, 2, [0, 1, bs + 1, 3 * bs + 5, 2 * bs, 4 * bs - 1]).args
-    full = np.array(tables)
+    q, kv = _cases.random_case(
+        4, mx.float32, 64, bs, 8, 2, [0, 1, bs + 1, 3 * bs + 5, 2 * bs, 4 * bs - 1])
+    full = np.array(kv.block_tables)
     full[group, 0] = full[5, 0]
-    plain = reference.paged_attention(q, kc, vc, mx.array(full), lens, qstart,
-                                      scale=64 ** -0.5)
+    plain = reference.paged_attention(q, kv._replace(block_tables=mx.array(full)))
     prefix = cascade_reference.CascadePrefix(
         mx.array(full[5:, :1]), mx.array([0], mx.int32), mx.array([bs], mx.int32),
         mx.array([group], mx.int32), mx.array([4, 4, 0, 1, 2, 3], mx.int32))
@@ -142,11 +141,10 @@ def test_cascade_with_the_emulated_part_equals_plain_attention(variant):
     key_start = mx.array([bs if r in group else 0 for r in range(6)], mx.int32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_common, "PARTITION_SIZE", 16)
-        part = H.emulate_decode(q, kc, vc, mx.array(own), lens, qstart, scale=64 ** -0.5,
-                                key_start=key_start, variant=variant, v1_simdgroups=4,
-                                lse=True)
-    got = cascade_reference.cascade_merge(q, kc, vc, qstart, prefix, *part, scale=64 ** -0.5)
-    assert _cases.mismatch(got, plain, lens, 1e-5, 1e-5) is None
+        part = H.emulate_decode(q, kv._replace(block_tables=mx.array(own), key_start=key_start),
+                                variant=variant, v1_simdgroups=4, lse=True)
+    got = cascade_reference.cascade_merge(q, kv, prefix, *part)
+    assert _cases.mismatch(got, plain, kv.context_lens, 1e-5, 1e-5) is None
 
 
 @pytest.mark.parametrize("variant", ["v1", "v2"])

@@ -57,13 +57,13 @@ def _run(variant: str, sources=None, capture_only=False):
     case = _case()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_common, "PARTITION_SIZE", 16)
-        out = H.emulate_decode(*case.args, **case.kwargs, variant=variant, v1_simdgroups=4,
+        out = H.emulate_decode(case.q, case.kv, variant=variant, v1_simdgroups=4,
                                sources=sources, capture_only=capture_only)
     return case, out
 
 
 def _mismatch(case, out):
-    return _cases.mismatch(out, H.reference_f32(case), case.args[4], 1e-5, 1e-5)
+    return _cases.mismatch(out, H.reference_f32(case), case.kv.context_lens, 1e-5, 1e-5)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -87,12 +87,12 @@ def _emulate(case, variant, sources=None, capture_only=False, small=True):
     with pytest.MonkeyPatch.context() as mp:
         if small:
             mp.setattr(_common, "PARTITION_SIZE", 16)
-        return H.emulate_decode(*case.args, **case.kwargs, variant=variant, sources=sources,
+        return H.emulate_decode(case.q, case.kv, variant=variant, sources=sources,
                                 capture_only=capture_only, **kwargs)
 
 
 def check(case: _cases.Case, out: mx.array, dtype: mx.Dtype) -> str | None:
-    return _cases.mismatch(out, H.reference_f32(case), case.args[4], TOL[dtype], TOL[dtype])
+    return _cases.mismatch(out, H.reference_f32(case), case.kv.context_lens, TOL[dtype], TOL[dtype])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,7 +112,7 @@ def _prebuild():
 
 def test_quantized_kinds_are_launched():
     case = _case(INSTANCES[2])
-    shape = _common.decode_shape(case.args[0], case.args[1], case.args[3], None, case.args[2])
+    shape = _common.decode_shape(case.q, case.kv)
     assert shape.quant == (8, 4, 64)
     assert [ln.kind for ln in _common.plan(shape, "v2")] == ["qv2", "reduce"]
     assert dict(_common.plan(shape, "v1")[0].template)["VBITS"] == 4
@@ -123,7 +123,7 @@ def test_quantized_kinds_are_launched():
 def test_quantized_decode_matches_reference(inst, variant):
     case = _case(inst)
     out = _emulate(case, variant)
-    assert out.dtype == inst[0] and out.shape == case.args[0].shape
+    assert out.dtype == inst[0] and out.shape == case.q.shape
     assert np.all(np.array(out[0].astype(mx.float32)) == 0)   # row 0 has no keys
     assert check(case, out, inst[0]) is None
 

@@ -25,10 +25,9 @@ def test_metal_matches_reference(dtype, variant, d, bs, hq, hkv, window):
     lens = [0, 1, bs - 1, bs + 1, 700, 1500]
     for trim in (False, True) if window else (False,):
         case = _cases.random_case(0, dtype, d, bs, hq, hkv, lens, window, trim)
-        out = metal_paged_attention.paged_attention(*case.args, **case.kwargs,
-                                                    variant=variant)
-        why = _cases.mismatch(out, _cases.reference_f32(case), case.args[4], TOL[dtype],
-                               TOL[dtype])
+        out = metal_paged_attention.paged_attention(case.q, case.kv, variant=variant)
+        why = _cases.mismatch(out, _cases.reference_f32(case), case.kv.context_lens,
+                              TOL[dtype], TOL[dtype])
         assert why is None, why
 
 
@@ -37,6 +36,7 @@ def test_dispatcher_uses_metal_without_warning(monkeypatch):
     case = _cases.random_case(1, mx.bfloat16, 256, 16, 4, 1, [1, 33, 600])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = K.paged_attention(*case.args, **case.kwargs, kernel="auto")
+        out = K.paged_attention(case.q, case.kv, kernel="auto")
     assert all(K._verified.values()) and K._verified
-    assert _cases.mismatch(out, _cases.reference_f32(case), case.args[4], 2e-3, 2e-3) is None
+    assert _cases.mismatch(out, _cases.reference_f32(case), case.kv.context_lens, 2e-3,
+                           2e-3) is None

@@ -61,9 +61,8 @@ def generated(inst, lse: bool = False) -> str:
                               window=w or None, quant=quant)
     parts = {}
     for variant in ("v1", "v2"):
-        srcs = H.emulate_decode(*case.args, **case.kwargs, variant=variant, capture_only=True,
-                                lse=lse)
-        shape = _common.decode_shape(*case.args[:2], case.args[3], w or None, case.args[2])
+        srcs = H.emulate_decode(case.q, case.kv, variant=variant, capture_only=True, lse=lse)
+        shape = _common.decode_shape(case.q, case.kv)
         kinds = [ln.kind for ln in _common.plan(shape, variant, lse=lse)]
         parts.update(zip((k.removeprefix("q") for k in kinds), srcs))  # v1 for qv1 too
     if lse:

@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cpu_paged_attention, reference
+from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
 from mlxpa.kernels.quant import QuantizedPool, dense, dequantize, quantize
 from tests.kernels.test_reference import make_case, oracle, window_tables
 
@@ -70,10 +70,10 @@ def _quantized(case: dict, quant: tuple[int, int, int], dtype: mx.Dtype):
 def _run(impl: str, case: dict, kq, vq, scale: float, dtype=mx.float32, **kwargs) -> np.ndarray:
     tables = kwargs.pop("block_tables", case["block_tables"])
     key_start = kwargs.pop("key_start", None)
-    out = IMPLS[impl](mx.array(case["q"]).astype(dtype), kq, vq, mx.array(tables),
-                      mx.array(case["context_lens"]), mx.array(case["query_start"]),
-                      scale=scale, key_start=None if key_start is None else mx.array(key_start),
-                      **kwargs)
+    kv = PagedKV(kq, vq, mx.array(tables), mx.array(case["context_lens"]),
+                 mx.array(case["query_start"]), scale,
+                 key_start=None if key_start is None else mx.array(key_start), **kwargs)
+    out = IMPLS[impl](mx.array(case["q"]).astype(dtype), kv)
     assert out.dtype == dtype
     got = np.array(out.astype(mx.float32)).astype(np.float64)
     assert np.isfinite(got).all()

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cpu_paged_attention, reference
+from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
 from mlxpa.kernels.reference import attention_mask, gather_kv
 
 BS = 16
@@ -119,12 +119,12 @@ def run(case: dict, scale: float, *, dtype=mx.float32, sliding_window: int | Non
         key_start: np.ndarray | None = None, block_tables: np.ndarray | None = None
         ) -> mx.array:
     tables = case["block_tables"] if block_tables is None else block_tables
-    return _impl[0](
-        mx.array(case["q"]).astype(dtype), mx.array(case["key_cache"]).astype(dtype),
-        mx.array(case["value_cache"]).astype(dtype), mx.array(tables),
-        mx.array(case["context_lens"]), mx.array(case["query_start"]), scale=scale,
-        sliding_window=sliding_window,
-        key_start=None if key_start is None else mx.array(key_start))
+    kv = PagedKV(mx.array(case["key_cache"]).astype(dtype),
+                 mx.array(case["value_cache"]).astype(dtype), mx.array(tables),
+                 mx.array(case["context_lens"]), mx.array(case["query_start"]), scale,
+                 sliding_window=sliding_window,
+                 key_start=None if key_start is None else mx.array(key_start))
+    return _impl[0](mx.array(case["q"]).astype(dtype), kv)
 
 
 def assert_matches(out: mx.array, case: dict, ref: list[np.ndarray], rtol: float = 1e-5,

@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxpa.kernels import cpu_paged_attention, reference
+from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
 
 BS, KVH, G, D, DV = 4, 2, 2, 8, 6  # V narrower than K: per-layer geometry too
 
@@ -48,11 +48,10 @@ def test_sinks_match_float64(kernel, length):
     q = rng.standard_normal((2, KVH * G, length, D))
     sinks = rng.standard_normal(KVH * G) * 2
     f32 = lambda a: mx.array(a.astype(np.float32))  # noqa: E731
-    out = kernel.paged_attention(f32(q), f32(kpool), f32(vpool), mx.array(tables),
-                                 mx.array(lens), mx.array(starts), scale=D ** -0.5,
-                                 sinks=f32(sinks))
+    kv = PagedKV(f32(kpool), f32(vpool), mx.array(tables), mx.array(lens), mx.array(starts),
+                 D ** -0.5)
+    out = kernel.paged_attention(f32(q), kv._replace(sinks=f32(sinks)))
     want = numpy_oracle(q, k, v, sinks, starts, lens, D ** -0.5)
     np.testing.assert_allclose(np.array(out), want, atol=2e-5)
-    no_sink = kernel.paged_attention(f32(q), f32(kpool), f32(vpool), mx.array(tables),
-                                     mx.array(lens), mx.array(starts), scale=D ** -0.5)
+    no_sink = kernel.paged_attention(f32(q), kv)
     assert np.abs(np.array(no_sink) - want).max() > 1e-2  # the sink term matters here

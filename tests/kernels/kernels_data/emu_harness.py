@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.kernels import _cases, _common, metal_paged_attention
+from mlxpa.kernels.paged_kv import PagedKV
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
@@ -130,10 +131,7 @@ def run_launch(src: str, launch: _common.Launch, inputs: list[np.ndarray]) -> li
     return outs
 
 
-def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
-                   block_tables: mx.array, context_lens: mx.array, query_start: mx.array, *,
-                   scale: float, sliding_window: int | None = None,
-                   key_start: mx.array | None = None, variant: str | None = None,
+def emulate_decode(q: mx.array, kv: PagedKV, *, variant: str | None = None,
                    v1_simdgroups: int = _common.V1_SIMDGROUPS,
                    v2_simdgroups: int = _common.V2_SIMDGROUPS,
                    sources: dict[str, str] | None = None,
@@ -143,9 +141,8 @@ def emulate_decode(q: mx.array, key_cache: mx.array, value_cache: mx.array,
     kernel bodies by kind. Returns ``[B, q_heads, 1, head_dim]`` in ``q.dtype`` (``lse``: the
     ``_lse`` twins' float32 output and ``[B, q_heads, 1]`` log-sum-exps), or with
     ``capture_only`` the generated sources of the launches without running them."""
-    shape = _common.decode_shape(q, key_cache, block_tables, sliding_window, value_cache)
-    inputs = _common.decode_inputs(q, key_cache, value_cache, block_tables, context_lens,
-                                   query_start, key_start, scale, shape)
+    shape = _common.decode_shape(q, kv)
+    inputs = _common.decode_inputs(q, kv, shape)
     launches = _common.plan(shape, variant or _common.choose_variant(shape), v1_simdgroups,
                             v2_simdgroups, lse=lse)
     if capture_only:
