@@ -149,24 +149,6 @@ class Stats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
-
-    def record_drafts(self, out, sampled: list[list[int]]) -> None:
-        """The drafts a step verified (``out.spec_token_ids``) and what each request emitted
-        (``sampled``, per request that sampled in ``out.requests`` order)."""
-        emitted = iter(sampled)
-        for req, samples in zip(out.requests, out.sampling):
-            tokens = next(emitted) if samples else []
-            drafts = out.spec_token_ids.get(req.key)
-            if not drafts:
-                continue
-            accepted = min(max(len(tokens) - 1, 0), len(drafts))
-            self.spec_num_drafts += 1
-            self.spec_num_draft_tokens += len(drafts)
-            self.spec_num_accepted_tokens += accepted
-            per_pos = self.spec_accepted_per_pos
-            per_pos.extend([0] * (len(drafts) - len(per_pos)))
-            for j in range(accepted):
-                per_pos[j] += 1
     peak_kv_bytes: int = 0
     peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
 
@@ -201,4 +183,7 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         failed_rows=c.failed_rows,
         mask_ms_per_step=1e3 * c.mask_time_s / c.mask_steps if c.mask_steps else None,
         mask_steps=c.mask_steps, scored_tokens=c.scored_tokens, peak_kv_bytes=c.peak_kv_bytes,
-        peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group))
+        peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group),
+        spec_num_drafts=c.spec_num_drafts, spec_num_draft_tokens=c.spec_num_draft_tokens,
+        spec_num_accepted_tokens=c.spec_num_accepted_tokens,
+        spec_accepted_per_pos=list(c.spec_accepted_per_pos))

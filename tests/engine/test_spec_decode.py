@@ -239,9 +239,10 @@ def test_streams_carry_several_tokens_a_step(monkeypatch, forced):
     assert eng.counters.spec_num_accepted_tokens > 0
 
 
-def test_ngram_drafts_from_the_request_alone(model, monkeypatch):
-    """The real n-gram proposer, the gate deciding: identical outputs, drafts accepted on
-    repetitive text, and every token the proposer saw was its own request's."""
+def test_ngram_drafts_from_the_request_alone(model, monkeypatch, forced):
+    """The real n-gram proposer, every draft it has verified (the gate would often skip rows
+    this tiny model rarely repeats in): identical outputs, drafts accepted on repetitive text,
+    and every token the proposer saw was its own request's."""
     from mlxpa.spec_decode import make_proposer
 
     params = SamplingParams(max_tokens=32)
@@ -279,3 +280,21 @@ def test_recurrent_models_are_not_drafted():
     same(plain, spec)
     assert eng.scheduler.spec_gate is None and eng.runner.drafter is None
     assert eng.counters.spec_num_drafts == 0
+
+
+def test_suffix_drafts_from_earlier_outputs(model, forced):
+    """The real suffix proposer, one row at a time over a repeated prompt: outputs equal the
+    plain engine's, and the later rows' drafts come from the first row's finished output, so
+    nearly all of them are accepted (greedy: the same continuation)."""
+    params = SamplingParams(max_tokens=24)
+    prompts = ["hello world, say it"] * 4
+    config = {"max_num_seqs": 1}
+    plain, _ = run(model, params, config=config, prompts=prompts)
+    spec, eng = run(model, params, {"method": "suffix", "num_speculative_tokens": 4},
+                    config=config, prompts=prompts)
+    same(plain, spec)
+    c = eng.counters
+    # Rows 2-4 emit 23 tokens each after their first; a draft's length is capped by its match
+    # length (max_spec_factor 1), which grows from 1 as each row runs.
+    assert c.spec_num_accepted_tokens >= 40
+    assert c.spec_num_accepted_tokens >= 0.8 * c.spec_num_draft_tokens
