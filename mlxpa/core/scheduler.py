@@ -67,6 +67,9 @@ class SchedulerOutput:
     # (speculative decoding; vLLM's scheduled_spec_decode_tokens): counted in its
     # num_scheduled_tokens; requests without drafts are absent.
     spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # Whether the runner proposes drafts after this step's sampling: the gate found that its
+    # sampling rows, decoding next, could gain from them (SpecGate.worth_proposing).
+    propose_drafts: bool = False
 
 
 class Scheduler:
@@ -165,6 +168,9 @@ class Scheduler:
         out.sampling = [last and not r.score_only
                         for r, last in zip(out.requests, out.last_chunk)]
         out.finished, self._finished = self._finished, []
+        if self.spec_gate is not None:
+            out.propose_drafts = self.spec_gate.worth_proposing(
+                [r.key for r, s in zip(out.requests, out.sampling) if s])
         if self.enable_cascade_attention:
             out.cascade_groups = self._cascade_groups(out)
         return out

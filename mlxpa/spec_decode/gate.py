@@ -17,8 +17,13 @@ from collections import deque
 
 # Cost ratio a / b (tokens) assumed until steps of different sizes were timed.
 PRIOR_RATIO = 16.0
-# Acceptance assumed for a row's first drafts, as prior counts (accepted, rejected).
+# Acceptance assumed for a row's first drafts, as prior counts (accepted, rejected); once the
+# batch's rows have been verified at a higher rate, PRIOR_WEIGHT counts at that rate (never
+# lower: a row's own rejections lower its estimate, other rows' never stop it drafting).
 PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 1.0
+PRIOR_WEIGHT = 2.0
+# Weight of all rows' earlier verifications after each new one (the prior's forgetting).
+GLOBAL_DECAY = 0.98
 # Weight of a row's earlier verifications after each new one (exponential forgetting).
 DECAY = 0.8
 # Speculate only when the best k gives at least this much more throughput than k = 0.
@@ -73,11 +78,23 @@ class SpecGate:
         self.disable_by_batch_size = disable_by_batch_size
         self.cost = StepCost()
         self._counts: dict[int, list[float]] = {}  # key -> [accepted, rejected], decayed
+        self._all = [0.0, 0.0]  # every row's, decayed by GLOBAL_DECAY
+
+    def _prior(self) -> tuple[float, float]:
+        """Prior counts (accepted, rejected) of a row: the batch's recent rate once known, if
+        above the fixed prior's."""
+        acc, rej = self._all
+        p = acc / (acc + rej) if acc + rej >= PRIOR_WEIGHT else 0.0
+        if p <= PRIOR_ACCEPTED / (PRIOR_ACCEPTED + PRIOR_REJECTED):
+            return PRIOR_ACCEPTED, PRIOR_REJECTED
+        return PRIOR_WEIGHT * p, PRIOR_WEIGHT * (1 - p)
 
     def acceptance(self, key: int) -> float:
-        """Estimated probability that a row's next draft token is accepted."""
+        """Estimated probability that a row's next draft token is accepted: its own recent
+        verifications over a prior at every row's recent rate (at least 1/2)."""
         acc, rej = self._counts.get(key, (0.0, 0.0))
-        return (acc + PRIOR_ACCEPTED) / (acc + rej + PRIOR_ACCEPTED + PRIOR_REJECTED)
+        pa, pr = self._prior()
+        return (acc + pa) / (acc + rej + pa + pr)
 
     def observe(self, key: int, num_drafts: int, num_accepted: int) -> None:
         """A row verified ``num_drafts`` drafts and accepted the first ``num_accepted``."""
@@ -86,6 +103,9 @@ class SpecGate:
         c = self._counts.setdefault(key, [0.0, 0.0])
         c[0] = c[0] * DECAY + num_accepted
         c[1] = c[1] * DECAY + (num_accepted < num_drafts)
+        g = self._all
+        g[0] = g[0] * GLOBAL_DECAY + num_accepted
+        g[1] = g[1] * GLOBAL_DECAY + (num_accepted < num_drafts)
 
     def forget(self, key: int) -> None:
         self._counts.pop(key, None)
@@ -103,8 +123,23 @@ class SpecGate:
         if not b or not top or (self.disable_by_batch_size is not None
                                 and b > self.disable_by_batch_size):
             return 0
+        return self._best_k([(self.acceptance(key), d) for key, d in rows if d], b, top)
+
+    def worth_proposing(self, keys: list[int]) -> bool:
+        """Whether rows ``keys`` (the next step's decode rows) could draft at all: some k
+        would pay if every row had ``num_speculative_tokens`` drafts at its estimated
+        acceptance. When not, the runner skips the proposer (its cost is per row)."""
+        b = len(keys)
+        if not b or (self.disable_by_batch_size is not None and b > self.disable_by_batch_size):
+            return False
+        return self._best_k([(self.acceptance(key), self.max_k) for key in keys], b,
+                            self.max_k) > 0
+
+    def _best_k(self, probs: list[tuple[float, int]], b: int, top: int) -> int:
+        """The k of the best expected tokens per unit of cost for ``b`` decode rows, those
+        with drafts being ``probs`` (acceptance, drafts available); 0 unless it beats plain
+        decoding by :data:`MIN_GAIN`."""
         r = self.cost.ratio
-        probs = [(self.acceptance(key), d) for key, d in rows if d]
         best_k, best = 0, b / (r + b)
         for k in range(1, min(self.max_k, top) + 1):
             tokens = b + sum(sum(p ** j for j in range(1, min(k, d) + 1)) for p, d in probs)

@@ -308,8 +308,8 @@ class ModelRunner:
             scored=self._scored(reads.owners[ReadKind.SCORE], scored),
             targets=_by_request(reads.owners[ReadKind.TARGET], targets),
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s,
-            spec_token_ids=(self.drafter.propose(reqs, res.tokens) if self.drafter is not None
-                            else {}))
+            spec_token_ids=(self.drafter.propose(reqs, res.tokens)
+                            if self.drafter is not None and out.propose_drafts else {}))
 
     def _targets(self, reads: StepReads) -> LogprobGather | None:
         """The log-probabilities of the target requests' ``target_token_ids`` at their last

@@ -75,6 +75,7 @@ def refs_of(outs, tok=None):
 def forced(monkeypatch):
     """Every decode row gets its full draft count, whatever the gate would pick."""
     monkeypatch.setattr(SpecGate, "num_drafts", lambda self, rows: self.max_k)
+    monkeypatch.setattr(SpecGate, "worth_proposing", lambda self, keys: True)
 
 
 def with_proposer(monkeypatch, proposer):

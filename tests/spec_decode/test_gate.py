@@ -36,13 +36,15 @@ def test_cost_keeps_the_prior_without_spread_or_with_a_senseless_fit():
 def test_acceptance_by_hand():
     gate = SpecGate(4)
     assert gate.acceptance(1) == 0.5  # the prior, 1 accepted and 1 rejected
-    gate.observe(1, 4, 4)  # all accepted
-    assert gate.acceptance(1) == pytest.approx(5 / 6)
+    gate.observe(1, 4, 4)  # all accepted: the row's and every row's rate are 1
+    assert gate.acceptance(1) == pytest.approx(1.0)
+    assert gate.acceptance(2) == pytest.approx(1.0)  # a new row starts at the batch's rate
     gate.observe(1, 4, 1)  # one, then a rejection
     acc, rej = 4 * 0.8 + 1, 0 * 0.8 + 1
-    assert gate.acceptance(1) == pytest.approx((acc + 1) / (acc + rej + 2))
+    rate = (4 * 0.98 + 1) / (4 * 0.98 + 1 + 1)
+    assert gate.acceptance(1) == pytest.approx((acc + 2 * rate) / (acc + rej + 2))
     gate.forget(1)
-    assert gate.acceptance(1) == 0.5
+    assert gate.acceptance(1) == pytest.approx(rate)
 
 
 def brute(gate: SpecGate, rows) -> int:
@@ -78,3 +80,31 @@ def test_small_batches_speculate_and_large_ones_do_not():
     assert 1 <= gate.num_drafts([(key, 4) for key in range(8)]) <= 2
     assert gate.num_drafts([(key, 4) for key in range(128)]) == 0
     assert SpecGate(4, disable_by_batch_size=2).num_drafts([(0, 4), (1, 4), (2, 4)]) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 6), st.integers(0, 6)),
+                max_size=40),
+       st.integers(1, 8), st.integers(1, 160))
+def test_proposing_is_worth_it_when_full_drafts_would_be(rows, k, batch):
+    gate = SpecGate(k)
+    for key, drafted, accepted in rows:
+        gate.observe(key, drafted, min(accepted, drafted))
+    keys = list(range(batch))
+    assert gate.worth_proposing(keys) == (brute(gate, [(key, k) for key in keys]) > 0)
+
+
+def test_other_rows_rejections_never_lower_a_new_rows_prior():
+    gate = SpecGate(4)
+    for key in range(10):
+        gate.observe(key, 4, 0)
+    assert gate.acceptance(99) == 0.5
+    assert gate.acceptance(0) == pytest.approx(1 / 3)  # its own rejection counts
+    assert gate.worth_proposing([99])
+
+
+def test_a_fresh_gate_proposes_for_one_row_not_for_128():
+    gate = SpecGate(4)
+    assert gate.worth_proposing([0])
+    assert not gate.worth_proposing(list(range(128)))
+    assert not SpecGate(4, disable_by_batch_size=2).worth_proposing([0, 1, 2])
