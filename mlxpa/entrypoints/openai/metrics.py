@@ -8,9 +8,11 @@ Read from the engine thread's :class:`~mlxpa.engine.async_llm.EngineStats` at ea
 ``mlxpa:kv_blocks_total``, and the counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` (prompt tokens looked up)
 and ``vllm:prefix_cache_hits_total`` (of those, served from the cache),
-``vllm:num_preemptions_total``, and speculative decoding's ``vllm:spec_decode_num_drafts_total``,
-``vllm:spec_decode_num_draft_tokens_total``, ``vllm:spec_decode_num_accepted_tokens_total``
-and ``vllm:spec_decode_num_accepted_tokens_per_pos_total`` (by ``position``). Observed as each sample finishes: the histograms
+``vllm:num_preemptions_total``, and speculative decoding's
+``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
+``vllm:spec_decode_num_accepted_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_per_pos_total`` (by ``position``). Observed as each
+sample finishes: the histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``, and ``vllm:request_success_total`` by
 ``finished_reason``.
