@@ -61,7 +61,8 @@ def serve(
         help="Seed of the prompts (each endpoint and level its own) and of the arrivals.")] = 0,
     baselines: Annotated[str | None, typer.Option(
         show_default=False, metavar="NAME,...", help="Systems, comma-separated: mlxpa "
-        "(mlxpa serve), mlx-lm-server, llama-server (llama.cpp), mlxpa-offline (default: "
+        "(mlxpa serve), mlxpa-nospec (the same without --speculative-config), mlx-lm-server, "
+        "llama-server (llama.cpp), mlxpa-offline (default: "
         "mlxpa,mlx-lm-server,mlxpa-offline).")] = None,
     llama_server: Annotated[str | None, typer.Option(
         metavar="PATH", help="llama-server: its executable (default: on PATH, or the "
@@ -127,7 +128,10 @@ def serve(
     _say_plan(console, info, levels, systems)
     with BenchProgress(console, enabled=not quiet) as progress:
         bench = ServeBench(levels, warmup, token_counter(tokenizer), ignore_eos, progress,
-                           server_args={"mlxpa": opt.engine_argv(engine)},
+                           server_args={"mlxpa": opt.engine_argv(engine),
+                                        "mlxpa-nospec": opt.engine_argv(
+                                            engine, skip=("model", "revision",
+                                                          "speculative_config"))},
                            offline_args=_engine_kwargs(config))
         if url:
             bench.drive(systems[0], url.rstrip("/"), served_model_name or _model_name(url, folder),
