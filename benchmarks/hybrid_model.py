@@ -2,9 +2,9 @@
 
 Qwen 3.5's text architecture (mlx-lm's ``qwen3_5``: gated-delta linear attention, every
 fourth layer full attention) at about 340M parameters, weights drawn at random and scaled so
-greedy tokens vary, with a word-level tokenizer of 32,000 ids (``w0`` ... ``w31999``, every
-id one word: any id sequence round-trips through its text). Random weights time honestly:
-the same FLOPs as a trained model of the shape.
+greedy tokens vary, with a byte-level BPE tokenizer of 32,000 ids whose tokens are single
+CJK characters (see :func:`tokenizer`), so drawn ids round-trip through their text. Random
+weights time honestly: the same FLOPs as a trained model of the shape.
 
     python benchmarks/hybrid_model.py OUT_FOLDER [--layers 16 --hidden 1024]
 """
@@ -18,17 +18,48 @@ from pathlib import Path
 VOCAB = 32000
 
 
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte's printable stand-in."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = chr(256 + extra), extra + 1
+    return chars
+
+
 def tokenizer(folder: Path) -> None:
-    """Write a word-level tokenizer (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``w3``...)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """Write a byte-level BPE tokenizer whose tokens are single CJK characters.
+
+    Transformers loads a ``qwen3_5`` folder's tokenizer as its own byte-level BPE class
+    (from ``tokenizer.json``'s vocabulary and merges, not its pre-tokenizer), so the vocabulary
+    is made for that class: ``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, the 256 bytes, the
+    two-byte heads of U+4E00... and the characters themselves (two merges each), 32,000 ids in
+    all. Any run of whole characters encodes to one id per character and decodes back.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece()  # words joined by spaces: ids round-trip
+    bc = _byte_chars()
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2}
+    for b in range(256):
+        vocab[bc[b]] = len(vocab)
+    merges, cp = [], 0x4E00
+    while len(vocab) < VOCAB:
+        b1, b2, b3 = (bc[b] for b in chr(cp).encode())
+        if b1 + b2 not in vocab:
+            vocab[b1 + b2] = len(vocab)
+            merges.append((b1, b2))
+        if len(vocab) < VOCAB:
+            vocab[b1 + b2 + b3] = len(vocab)
+            merges.append((b1 + b2, b3))
+        cp += 1
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<pad>", "<eos>", "<bos>")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>")
+                                   pad_token="<pad>", unk_token="<pad>")
     fast.save_pretrained(str(folder))
 
 

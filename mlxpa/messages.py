@@ -85,15 +85,12 @@ def token_id_problem(field: str, ids: Iterable[object], vocab_size: int) -> str 
             f"vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
 
 
-def request_token_id_problem(prompt_token_ids: list[int], params: Any,
-                             vocab_size: int) -> str | None:
-    """:func:`token_id_problem` of every id a request gives: its prompt, its
-    ``SamplingParams``' ``stop_token_ids`` and ``logit_bias`` keys (an id out of range would
-    read another row of the embedding, or scatter into another request's logits)."""
-    for name, ids in (("prompt_token_ids", prompt_token_ids),
-                      ("stop_token_ids", params.stop_token_ids),
-                      ("logit_bias", params.logit_bias or ())):
-        problem = token_id_problem(name, ids, vocab_size)
+def request_token_id_problem(ids: dict[str, Any], vocab_size: int) -> str | None:
+    """:func:`token_id_problem` of every id a request gives, by field name (its prompt, its
+    ``stop_token_ids``, its ``logit_bias`` keys): an id out of range would read another row
+    of the embedding, or scatter into another request's logits."""
+    for name, values in ids.items():
+        problem = token_id_problem(name, values or (), vocab_size)
         if problem is not None:
             return problem
     return None

@@ -248,8 +248,10 @@ class LLMEngine:
     def _check_token_ids(self, req: Request) -> None:
         """Raises ValueError naming the first id of the request outside the vocabulary
         (:func:`mlxpa.messages.request_token_id_problem`)."""
-        problem = request_token_id_problem(req.prompt_token_ids, req.sampling_params,
-                                           self.runner.vocab_size)
+        params = req.sampling_params
+        problem = request_token_id_problem(
+            {"prompt_token_ids": req.prompt_token_ids, "stop_token_ids": params.stop_token_ids,
+             "logit_bias": params.logit_bias}, self.runner.vocab_size)
         if problem is not None:
             raise ValueError(problem)
 
