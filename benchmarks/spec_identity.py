@@ -67,7 +67,7 @@ def main() -> None:
             want = plain.generate(prompts, params, use_tqdm=False)
             t1 = time.perf_counter()
             c0 = fast.llm_engine.counters
-            before = (c0.spec_num_draft_tokens, c0.spec_num_accepted_tokens)
+            before = (c0.spec.num_draft_tokens, c0.spec.num_accepted_tokens)
             got = fast.generate(prompts, params, use_tqdm=False)
             t2 = time.perf_counter()
             c = fast.llm_engine.counters
@@ -88,8 +88,8 @@ def main() -> None:
                 "rows": len(rows), "identical": same, "ties": ties, "differ": mismatches,
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in want),
                 "plain_s": t1 - t0, "spec_s": t2 - t1,
-                "draft_tokens": c.spec_num_draft_tokens - before[0],
-                "accepted_tokens": c.spec_num_accepted_tokens - before[1]}
+                "draft_tokens": c.spec.num_draft_tokens - before[0],
+                "accepted_tokens": c.spec.num_accepted_tokens - before[1]}
             print(name, kind, result[kind], flush=True)
         summary["workloads"][name] = result
     if args.json:

@@ -159,10 +159,7 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
                "peak_running_requests": c.peak_running,
                "speculative_config": (None if config.speculative_config is None else
                                       dataclasses.asdict(config.speculative_config)),
-               "spec_num_drafts": c.spec_num_drafts,
-               "spec_num_draft_tokens": c.spec_num_draft_tokens,
-               "spec_num_accepted_tokens": c.spec_num_accepted_tokens,
-               "spec_accepted_per_pos": list(c.spec_accepted_per_pos),
+               "spec_decoding": s.spec_decoding,
                "decode_steps": decode_steps, "decode_s": decode_s,
                "decode_output_tokens_per_s": decode_tokens / decode_s if decode_s else None})
 

@@ -295,12 +295,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         start = time.perf_counter()
         result = self.runner.execute(out)
-        gate = self.scheduler.spec_gate
-        if gate is not None and out.requests and all(  # one decode forward: time its tokens
-                n == 1 or r.key in out.spec_token_ids
-                for r, n in zip(out.requests, out.num_scheduled_tokens)):
-            gate.cost.observe(len(out.requests) * max(out.num_scheduled_tokens),
-                              time.perf_counter() - start)
+        if self.scheduler.spec_gate is not None:
+            self.scheduler.spec_gate.observe_step(out, time.perf_counter() - start)
         updated = self._update(out, result)
         outputs = self._check_stops(updated, result.grammar_ended)
         for o in outputs:  # a request id is free again once its last sample is returned
@@ -324,9 +320,10 @@ class LLMEngine:
             ran[key].logprobs.extend(lps)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
-        self._count_kv(out)
+        self.counters.record_kv(out, self.kv_cache_manager, self.scheduler.running,
+                                self.runner.block_bytes, self.runner.kv_storage.snapshot_bytes)
         if out.spec_token_ids:
-            self.counters.record_drafts(out, result.sampled)
+            self.counters.spec.record(out, result.sampled)
         before = sum(r.num_output_tokens for r in out.requests)
         updated = self.scheduler.update_from_output(out, result.sampled, result.spec_token_ids)
         released = self.choice_scores.on_step(out, result)
@@ -352,17 +349,6 @@ class LLMEngine:
             elif wants_deltas(req):
                 finished.append(step_delta(req, detok))
         return finished
-
-    def _count_kv(self, out: SchedulerOutput) -> None:
-        """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
-        in it: a choice row's requests hold their blocks for one step or a few)."""
-        kv, running = self.kv_cache_manager, self.scheduler.running
-        scheduled = dict(zip(out.requests, out.num_scheduled_tokens))
-        tokens, slots = kv.held_tokens_and_slots(
-            running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
-        held = kv.held_bytes(self.runner.block_bytes,
-                             len(running) * self.runner.kv_storage.snapshot_bytes)
-        self.counters.record_kv(kv.num_active_blocks, tokens, slots, held, len(running))
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         out = sample_output(req, text, self.scheduler.eos_token_ids, sample_index)

@@ -107,6 +107,14 @@ class SpecGate:
         g[0] = g[0] * GLOBAL_DECAY + num_accepted
         g[1] = g[1] * GLOBAL_DECAY + (num_accepted < num_drafts)
 
+    def observe_step(self, out, seconds: float) -> None:
+        """Time scheduler step ``out`` (a ``SchedulerOutput``) into :attr:`cost` if it ran
+        as one decode forward (every row one token or verifying drafts): its padded tokens."""
+        counts = out.num_scheduled_tokens
+        if counts and all(n == 1 or r.key in out.spec_token_ids
+                          for r, n in zip(out.requests, counts)):
+            self.cost.observe(len(counts) * max(counts), seconds)
+
     def forget(self, key: int) -> None:
         self._counts.pop(key, None)
 

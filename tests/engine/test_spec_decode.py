@@ -107,13 +107,13 @@ def test_greedy_identical_and_rollback(model, monkeypatch, forced, shift):
     spec, eng = run(model, params, SPEC)
     same(plain, spec, logprobs=True)
     c = eng.counters
-    assert c.spec_num_draft_tokens > 40
+    assert c.spec.num_draft_tokens > 40
     if shift:  # rejected drafts' K/V were written and then written over
-        assert c.spec_num_accepted_tokens == 0
+        assert c.spec.num_accepted_tokens == 0
     else:
-        assert c.spec_num_accepted_tokens == c.spec_num_draft_tokens
+        assert c.spec.num_accepted_tokens == c.spec.num_draft_tokens
         assert c.num_steps < 20 / 2  # five tokens a step after the prefill
-    assert c.spec_accepted_per_pos[0] == (0 if shift else c.spec_num_drafts)
+    assert c.spec.num_accepted_tokens_per_pos[0] == (0 if shift else c.spec.num_drafts)
 
 
 @pytest.mark.parametrize("sampling", [
@@ -125,7 +125,7 @@ def test_seeded_sampled_rows_identical(model, monkeypatch, forced, sampling):
     with_proposer(monkeypatch, Oracle(refs_of(plain)))
     spec, eng = run(model, params, SPEC)
     same(plain, spec)
-    assert eng.counters.spec_num_accepted_tokens > 30
+    assert eng.counters.spec.num_accepted_tokens > 30
     with_proposer(monkeypatch, Oracle(refs_of(plain), shift=5))  # rejected: drawn again
     same(plain, run(model, params, SPEC)[0])
 
@@ -142,7 +142,7 @@ def test_penalties_and_logit_bias_count_accepted_drafts(model, monkeypatch, forc
         with_proposer(monkeypatch, Oracle(refs_of(plain), shift))
         spec, eng = run(model, params, SPEC)
         same(plain, spec, logprobs=True)
-        assert eng.counters.spec_num_draft_tokens > 20
+        assert eng.counters.spec.num_draft_tokens > 20
 
 
 def test_stops_inside_an_accepted_run(monkeypatch, forced):
@@ -164,7 +164,7 @@ def test_stops_inside_an_accepted_run(monkeypatch, forced):
     with_proposer(monkeypatch, Oracle(refs_of(free)))  # drafts run past each stop
     spec, eng = run(model, params, SPEC, tok=tok)
     same(plain, spec)
-    assert eng.counters.spec_num_accepted_tokens > 10
+    assert eng.counters.spec.num_accepted_tokens > 10
 
 
 def test_eos_inside_an_accepted_run(monkeypatch, forced):
@@ -197,7 +197,7 @@ def test_grammar_masks_each_draft_position(model, monkeypatch, forced, shift):
     spec, eng = run(model, params, SPEC, tok=tok)
     same(plain, spec)
     jsonschema.validate(json.loads(spec[0][0].text), SCHEMA)
-    assert eng.counters.spec_num_draft_tokens > 0
+    assert eng.counters.spec.num_draft_tokens > 0
 
 
 def test_forks_prefix_hits_and_preemption(model, monkeypatch, forced):
@@ -207,7 +207,7 @@ def test_forks_prefix_hits_and_preemption(model, monkeypatch, forced):
     with_proposer(monkeypatch, Oracle(refs_of(plain)))
     spec, eng = run(model, params, SPEC, config=small)
     same(plain, spec)
-    assert eng.counters.spec_num_accepted_tokens > 20
+    assert eng.counters.spec.num_accepted_tokens > 20
     big, _ = run(model, params)
     same(big, spec)
     twice = PROMPTS + PROMPTS  # the second copy hits the prefix cache
@@ -237,7 +237,7 @@ def test_streams_carry_several_tokens_a_step(monkeypatch, forced):
         assert "".join(p.text for p in pieces) == final[i][0].text
         assert sum((p.token_ids for p in pieces), []) == final[i][0].token_ids
         assert max(len(p.token_ids) for p in pieces) > 1
-    assert eng.counters.spec_num_accepted_tokens > 0
+    assert eng.counters.spec.num_accepted_tokens > 0
 
 
 def test_ngram_drafts_from_the_request_alone(model, monkeypatch, forced):
@@ -268,7 +268,7 @@ def test_ngram_drafts_from_the_request_alone(model, monkeypatch, forced):
     with_proposer(monkeypatch, Watch())
     spec, eng = run(model, params, SPEC)
     same(plain, spec)
-    assert eng.counters.spec_num_accepted_tokens > 0
+    assert eng.counters.spec.num_accepted_tokens > 0
 
 
 def test_recurrent_models_are_not_drafted():
@@ -280,7 +280,7 @@ def test_recurrent_models_are_not_drafted():
     spec, eng = run(model, params, SPEC, prompts=PROMPTS[:2])
     same(plain, spec)
     assert eng.scheduler.spec_gate is None and eng.runner.drafter is None
-    assert eng.counters.spec_num_drafts == 0
+    assert eng.counters.spec.num_drafts == 0
 
 
 def test_suffix_drafts_from_earlier_outputs(model, forced):
@@ -297,5 +297,5 @@ def test_suffix_drafts_from_earlier_outputs(model, forced):
     c = eng.counters
     # Rows 2-4 emit 23 tokens each after their first; a draft's length is capped by its match
     # length (max_spec_factor 1), which grows from 1 as each row runs.
-    assert c.spec_num_accepted_tokens >= 40
-    assert c.spec_num_accepted_tokens >= 0.8 * c.spec_num_draft_tokens
+    assert c.spec.num_accepted_tokens >= 40
+    assert c.spec.num_accepted_tokens >= 0.8 * c.spec.num_draft_tokens

@@ -64,11 +64,11 @@ class _EngineCollector(Collector):
                      c.cached_prompt_tokens),
                     ("vllm:num_preemptions", "Requests preempted.", c.num_preemptions),
                     ("vllm:spec_decode_num_drafts", "Request steps that verified draft "
-                     "tokens.", c.spec_num_drafts),
+                     "tokens.", c.spec.num_drafts),
                     ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
-                     c.spec_num_draft_tokens),
+                     c.spec.num_draft_tokens),
                     ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                     c.spec_num_accepted_tokens))
+                     c.spec.num_accepted_tokens))
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(self.labels, value)
@@ -77,7 +77,7 @@ class _EngineCollector(Collector):
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted at each draft position (0 first).",
             labels=["model_name", "position"])
-        for pos, value in enumerate(c.spec_accepted_per_pos):
+        for pos, value in enumerate(c.spec.num_accepted_tokens_per_pos):
             per_pos.add_metric([*self.labels, str(pos)], value)
         yield per_pos
 
