@@ -22,6 +22,7 @@ from mlxpa.spec_decode.token_index import TokenIndex
 
 _SMALL = 32  # occurrence sets up to this size are counted in Python, larger ones in numpy
 _MEMO_SIZE = 4096  # shared speculation results memoized at most (then the memo restarts)
+_BUCKETS = 1 << 16  # token ids share the memo's change marks modulo this (ids reach 2**31)
 
 
 class SuffixDecodingProposer:
@@ -38,12 +39,14 @@ class SuffixDecodingProposer:
     count(p) = occurrences of pattern p (|p| <= ``max_tree_depth``; in the request's own
     structure, the context's suffix itself is one): for each match length m = 1 ..
     len(c) - 1 while count(c[-m:]) > 0, start at p = c[-m:] and prob = 1, and repeat at most
-    min(k, floor(m * ``max_spec_factor`` + 1e-6)) times: take the continuation x with the
-    largest count(p + x) (ties: the one occurring earliest; Arctic takes its sibling list's
-    head, which depends on update order), set prob *= count(p + x) / count(p), stop if prob <
-    ``min_token_prob``, else draft x and p = p + x. A draft's score is the sum of its tokens'
-    prob; the best score over m wins (ties: the longer m), then the better structure (ties:
-    the request's own), as in Arctic. Probabilities are float64 (Arctic: float32).
+    min(k, floor(m * ``max_spec_factor`` + 1e-6), ``max_tree_depth`` - m) times (Arctic's
+    tree ends at that depth): take the continuation x with the largest count(p + x) (ties:
+    the one occurring earliest; Arctic's pick depends on its tree's layout: its sibling
+    list's head, or in later versions its children map's order), set prob *= count(p + x) /
+    count(p), stop if prob < ``min_token_prob``, else draft x and p = p + x. A draft's score
+    is the sum of its tokens' prob; the best score over m wins (ties: the longer m), then the
+    better structure (ties: the request's own), as in Arctic. Probabilities are float64
+    (Arctic: float32).
 
     Cost (``benchmarks/proposer_cost.py``, 2-core VM): ~20-30 bytes per context token;
     ``add_request`` of an 8k-token prompt ~1 ms; ``propose`` at 8k context and depth 24
@@ -129,7 +132,8 @@ class SuffixDecodingProposer:
             KeyError: ``key`` is not tracked.
         """
         del self._requests[key]
-        if self._shared is not None and output_token_ids:
+        if self._shared is not None and output_token_ids is not None \
+                and len(output_token_ids):
             self._shared.add(output_token_ids)
 
     def _speculate(self, index: TokenIndex, context: list[int], k: int,
@@ -235,7 +239,9 @@ class _SharedOutputs:
         self.index = TokenIndex(reach)
         self.starts: deque[int] = deque()  # first position of each output, oldest first
         self.version = 0  # changes so far
-        self.changed = np.zeros(0, np.int64)  # [token]: the change that last added/evicted it
+        # [token % _BUCKETS]: the change that last added/evicted a token there (ids sharing a
+        # slot only forget memo entries early)
+        self.changed = np.zeros(_BUCKETS, np.int64)
         self.memo: dict[tuple[int, ...], tuple[int, tuple[float, list[int]]]] = {}
 
     def add(self, output_token_ids: Sequence[int]) -> None:
@@ -254,8 +260,7 @@ class _SharedOutputs:
         entry = self.memo.get(key)
         if entry is None:
             return None
-        last = key[-1]
-        if last < len(self.changed) and self.changed[last] > entry[0]:
+        if self.changed[key[-1] % _BUCKETS] > entry[0]:
             return None
         return entry[1]
 
@@ -267,13 +272,7 @@ class _SharedOutputs:
 
     def _changed(self, tokens: np.ndarray) -> None:
         self.version += 1
-        if len(tokens):
-            top = int(tokens.max())
-            if top >= len(self.changed):
-                grown = np.zeros(max(top + 1, 2 * len(self.changed)), np.int64)
-                grown[:len(self.changed)] = self.changed
-                self.changed = grown
-            self.changed[tokens] = self.version
+        self.changed[tokens % _BUCKETS] = self.version
 
 
 def _most_frequent(values: np.ndarray) -> tuple[int, int, np.ndarray | None]:
