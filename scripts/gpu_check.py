@@ -12,11 +12,11 @@ MLX, a stand-in ``mlx.core`` (dtype names only) lets the kernel modules load.
    ``qv1_lse``, ``reduce_lse``: keys from a block offset, float32 output and log-sum-exp)
    against the float64 output and log-sum-exp of the same keys.
 2. Timing: decode at contexts 512..32k and batch 1..256 (bfloat16), v1, v2 and the variant
-   ``choose_variant`` picks, against gather + SDPA (PyTorch), with bandwidth (K/V bytes read)
+   ``choose_variant_cuda`` picks, against gather + SDPA (PyTorch), with bandwidth (K/V bytes read)
    as a fraction of a measured device-to-device copy (bytes read + written).
 
 Usage: ``python scripts/gpu_check.py [--quick] [--json PATH]``; ``--build-only`` compiles the
-kernels and exits (runs without a GPU). Written without access to a GPU: unrun on one so far.
+kernels and exits (runs without a GPU). First run on an H200 on 2026-12-04 (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def prepare(xp, inst, dev, variant, quant=None, lse=False):
              for a in (dev[k] if isinstance(dev[k], tuple) else (dev[k],))]
     inputs = [dev["q"], *pools, dev["table"], dev["lens"], dev["qstart"], dev["kstart"], meta,
               xp.asarray(np.array([dev["scale"]], np.float32))]
-    return C.plan(shape, variant or C.choose_variant(shape), lse=lse), inputs
+    return C.plan(shape, variant or C.choose_variant_cuda(shape), lse=lse), inputs
 
 
 def launch(xp, fns, launches, inputs):
@@ -294,7 +294,8 @@ def bench(cp, torch, fns, inst, contexts, batches, copy_bw, quick) -> list[dict]
                    "scale": d ** -0.5}
             shape = C.DecodeShape(b, hq, hkv, d, bs, mb, 0, getattr(mx, dt))
             kv_bytes = 2 * b * ctx * hkv * d * 2
-            row = {"ctx": ctx, "batch": b, "auto": C.choose_variant(shape), "kv_gb": kv_bytes / 1e9}
+            row = {"ctx": ctx, "batch": b, "auto": C.choose_variant_cuda(shape),
+                   "kv_gb": kv_bytes / 1e9}
             for variant in ("v1", "v2"):
                 plan = prepare(cp, inst, dev, variant)
                 t = time_cuda(cp, lambda p=plan: launch(cp, fns, *p), quick)

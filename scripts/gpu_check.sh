@@ -7,7 +7,7 @@
 # Needs nvcc and CuPy (PyTorch for the gather + SDPA baseline); MLX is optional: with an MLX
 # CUDA build it also runs the CUDA kernel tests through mx.fast.cuda_kernel.
 # Usage: scripts/gpu_check.sh [--quick] [--json PATH] [--arch sm_90a]
-# NOTE: written without access to a GPU; not yet run on one.
+# First run on an NVIDIA H200 on 2026-12-04 (docs/kernels.md has the figures).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

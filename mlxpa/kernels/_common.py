@@ -173,6 +173,22 @@ def choose_variant(shape: DecodeShape) -> str:
     return "v1" if shape.batch * shape.q_heads >= FILL_THREADGROUPS else "v2"
 
 
+# Blocks that fill a large NVIDIA GPU (an H200 has 132 streaming multiprocessors).
+CUDA_FILL_BLOCKS = 132
+
+
+def choose_variant_cuda(shape: DecodeShape) -> str:
+    """v1 or v2 for a decode call on CUDA, from an H200 sitting (``scripts/gpu_check.sh``,
+    docs/kernels.md): v2 whenever the keys span more than one partition (2-4x faster at 8,192
+    keys, batch 1 and 64); at one partition v1 only while v2's ``batch * kv_heads`` blocks
+    would not fill the GPU. Variants v2 cannot run (large GQA heads) stay on v1."""
+    if "v2" not in variants(shape.q_heads, shape.kv_heads, shape.head_dim):
+        return "v1"
+    if shape.num_partitions > 1:
+        return "v2"
+    return "v1" if shape.batch * shape.kv_heads < CUDA_FILL_BLOCKS else "v2"
+
+
 def plan(shape: DecodeShape, variant: str, v1_simdgroups: int = V1_SIMDGROUPS,
          v2_simdgroups: int = V2_SIMDGROUPS, lse: bool = False) -> list[Launch]:
     """The launches of one decode call, in order (``lse``: the ``_lse`` twins, whose last
@@ -217,11 +233,13 @@ def decode_inputs(q: mx.array, kv: PagedKV, shape: DecodeShape) -> list[mx.array
 
 
 def run_decode(get_kernel: Callable[[str], Callable], q: mx.array, kv: PagedKV,
-               variant: str | None = None,
-               lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+               variant: str | None = None, lse: bool = False,
+               choose: Callable[[DecodeShape], str] = choose_variant,
+               ) -> mx.array | tuple[mx.array, mx.array]:
     """Decode attention through native kernels; arguments as ``reference.paged_attention``
     with ``L == 1`` (``kv.sinks`` unsupported: the dispatcher sends those calls elsewhere).
-    ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable.
+    ``get_kernel(kind)`` returns a ``metal_kernel``/``cuda_kernel`` callable; ``choose``
+    picks the variant when ``variant`` is None (the back end's rule).
 
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; with ``lse``, as
@@ -231,7 +249,7 @@ def run_decode(get_kernel: Callable[[str], Callable], q: mx.array, kv: PagedKV,
     shape = decode_shape(q, kv)
     inputs = decode_inputs(q, kv, shape)
     outs: list[mx.array] = []
-    for launch in plan(shape, variant or choose_variant(shape), lse=lse):
+    for launch in plan(shape, variant or choose(shape), lse=lse):
         args = inputs if not launch.kind.startswith("reduce") else outs + [inputs[-2]]
         outs = get_kernel(launch.kind)(
             inputs=args, template=list(launch.template), grid=launch.grid,

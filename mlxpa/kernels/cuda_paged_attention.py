@@ -133,4 +133,4 @@ def paged_attention(q: mx.array, kv: PagedKV, variant: str | None = None) -> mx.
     Returns:
         ``[B, q_heads, 1, head_dim]`` in ``q.dtype``; rows with no visible key are zeros.
     """
-    return _common.run_decode(kernel, q, kv, variant)
+    return _common.run_decode(kernel, q, kv, variant, choose=_common.choose_variant_cuda)

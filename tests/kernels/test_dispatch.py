@@ -165,6 +165,22 @@ def test_choose_variant():
     assert _common.choose_variant(shape(1, 32, 2, 256, 1024)) == "v1"       # G=16, D=256
 
 
+def test_choose_variant_cuda_follows_the_h200_sitting():
+    """The H200 timings of docs/kernels.md: (ctx, batch) -> the faster variant, for
+    Llama 3 8B's heads (32 q, 8 kv, D 128) and Gemma 3 270M's (4 q, 1 kv, D 256)."""
+    def shape(batch, q_heads, kv_heads, d, ctx):
+        return _common.DecodeShape(batch, q_heads, kv_heads, d, 16, ctx // 16, 0,
+                                   mx.bfloat16)
+
+    faster = {(32, 8, 128, 512, 1): "v1", (32, 8, 128, 512, 64): "v2",
+              (32, 8, 128, 8192, 1): "v2", (32, 8, 128, 8192, 64): "v2",
+              (4, 1, 256, 512, 1): "v1", (4, 1, 256, 512, 64): "v1",  # 0.084 / 0.087 ms
+              (4, 1, 256, 8192, 1): "v2", (4, 1, 256, 8192, 64): "v2"}
+    for (hq, hkv, d, ctx, batch), variant in faster.items():
+        assert _common.choose_variant_cuda(shape(batch, hq, hkv, d, ctx)) == variant
+    assert _common.choose_variant_cuda(shape(1, 32, 2, 256, 16384)) == "v1"  # no v2: G=16
+
+
 @pytest.mark.skipif(H.unavailable_reason() is not None, reason=str(H.unavailable_reason()))
 def test_emulated_metal_kernel_passes_the_dispatcher_check(monkeypatch):
     """The real Metal bodies (production 32 simdgroups, 512-token partitions) run in the
