@@ -299,3 +299,43 @@ def test_suffix_drafts_from_earlier_outputs(model, forced):
     # length (max_spec_factor 1), which grows from 1 as each row runs.
     assert c.spec.num_accepted_tokens >= 40
     assert c.spec.num_accepted_tokens >= 0.8 * c.spec.num_draft_tokens
+
+
+def test_abort_while_verifying_leaks_nothing_and_shares_nothing(monkeypatch, forced):
+    """Requests aborted between steps that verify drafts: their blocks come back, the rest
+    finish as without speculation, and the proposer hears None for each aborted one (its
+    tokens are kept for nobody)."""
+    model = tiny_llama()
+    params = SamplingParams(max_tokens=20)
+    plain, _ = run(model, params)
+    oracle = Oracle(refs_of(plain))
+    finished = {}
+    real_finish = oracle.finish_request
+
+    def finish(key, output):
+        finished[key] = output
+        real_finish(key, output)
+
+    oracle.finish_request = finish
+    with_proposer(monkeypatch, oracle)
+    tok = byte_tokenizer(eos_id=-1)
+    eng = LLMEngine(EngineConfig(num_blocks=256, speculative_config=SPEC), model, tok)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), tok.encode(p), params)
+    outs = {}
+    for step in range(40):
+        if step == 3:
+            eng.abort_request(["1", "3"])
+        for o in eng.step():
+            if o.finished:
+                outs[int(o.request_id)] = o
+        if not eng.has_unfinished_requests():
+            break
+    eng.step()  # the runner frees the aborted requests' state at the next step
+    assert sorted(outs) == [0, 2, 4]
+    for i in outs:
+        assert outs[i].token_ids == plain[i][0].token_ids
+    assert eng.counters.spec.num_accepted_tokens > 0
+    assert sum(v is None for v in finished.values()) == 2
+    eng.kv_cache_manager.check_invariants([])
+    assert eng.kv_cache_manager.num_active_blocks == 0
