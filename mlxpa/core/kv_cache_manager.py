@@ -92,6 +92,19 @@ class KVCacheManager:
         evictable = self.tree.evictable_blocks if self.tree is not None else 0
         return self.num_used_blocks - evictable
 
+    def blocks_to_finish(self, req: Request, chunk: int) -> int:
+        """Blocks ``req`` still needs, over every group, to reach its ``max_tokens`` computing
+        at most ``chunk`` tokens a step (window groups at their cap; the blocks it holds
+        counted off; snapshots not included)."""
+        held = sum(b != NULL_BLOCK for table in req.block_tables for b in table)
+        total = self.layout.blocks_needed(req.num_prompt_tokens + req.max_tokens, chunk)
+        return max(total - held, 0)
+
+    @property
+    def num_available_blocks(self) -> int:
+        """Free blocks and those only the prefix cache holds (evictable on demand)."""
+        return self.pool.num_free_blocks + (self.tree.evictable_blocks if self.tree else 0)
+
     def active_blocks_by_group(self) -> list[int]:
         """:attr:`num_active_blocks` per group, then for recurrent snapshots."""
         used = self.pool.used_by_group(self.num_groups + 1)

@@ -234,7 +234,10 @@ class Scheduler:
                 for r, n in zip(out.requests, out.num_scheduled_tokens)}
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
-            req = self.waiting.popleft()
+            req = self.waiting[0]
+            if req.num_preemptions and self.running and not self._room_to_finish(req):
+                break
+            self.waiting.popleft()
             computed = kv.get_computed_blocks(req)
             if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
                 deferred.append(req)
@@ -261,6 +264,19 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _room_to_finish(self, req: Request) -> bool:
+        """Whether preempted ``req`` may come back: the available blocks cover what it and
+        every running request need to reach their ``max_tokens``, or the running requests
+        cannot all finish in them anyway (long ``max_tokens``: holding it back would only
+        drain the batch). Re-admitted earlier, it would prefill its prompt again and be
+        preempted again while the pool stays a little short: each round recomputes a whole
+        prompt (thrashing)."""
+        kv = self.kv_cache_manager
+        available = kv.num_available_blocks
+        need = sum(kv.blocks_to_finish(r, 1) for r in self.running)
+        return need > available or \
+            need + kv.blocks_to_finish(req, self.max_num_batched_tokens) <= available
 
     def expect_forks(self, parent: Request, position: int) -> None:
         """Requests will fork from ``parent`` at ``position`` once its prefill has run

@@ -369,7 +369,7 @@ def test_preemption_skips_admission_in_that_step():
     assert b.block_tables[0] == [9, 8, 7, 6, 10, 5]
 
 
-def test_preempted_mid_prefill_is_readmitted_next_step_in_chunks():
+def test_preempted_mid_prefill_waits_until_it_can_finish():
     sched = make_scheduler(max_num_batched_tokens=8)
     a = make_request("a", 8, max_tokens=20)
     b = make_request("b", 32, max_tokens=2)
@@ -384,9 +384,15 @@ def test_preempted_mid_prefill_is_readmitted_next_step_in_chunks():
     assert s == [("a", 1, True)] and out.preempted == [b]
     assert a.block_tables[0] == [1, 2, 3, 10]
     assert b.num_computed_tokens == 0 and b.output_token_ids == []
-    out, s = step(sched)
-    assert s == [("a", 1, True), ("b", 7, False)]
-    assert b.block_tables[0] == [9, 8]
+    # b needs 9 blocks to finish beside the 3 more a needs, 6 being free: re-admitted now, it
+    # would prefill again and be preempted again as a grows. It waits for a, then runs in
+    # chunks, preempted no more.
+    while not a.is_finished:
+        assert step(sched)[1] == [("a", 1, True)]
+    assert a.num_output_tokens == 20
+    assert step(sched)[1] == [("b", 8, False)]
+    run_to_completion(sched)
+    assert b.num_output_tokens == 2 and sched.num_preemptions == 1
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -682,3 +688,48 @@ def test_fork_request_refuses_a_full_batch():
         sched.fork_request(parent, make_request("c", 6))
     sched.add_samples(parent, [make_request("c", 6)])
     assert [r.request_id for r in sched.waiting] == ["c"]
+
+
+def _run_all(sched: Scheduler) -> int:
+    """Steps until every request finished; the tokens computed on the way."""
+    computed = 0
+    for _ in range(2000):
+        if not (sched.waiting or sched.running):
+            return computed
+        out, s = step(sched)
+        check(sched)
+        computed += sum(n for _, n, _ in s)
+    raise AssertionError("did not finish")
+
+
+def _thrash_case(budget: int, max_tokens: int) -> Scheduler:
+    sched = make_scheduler(num_blocks=40, max_num_batched_tokens=budget)
+    add(sched, *[make_request(str(i), 32, max_tokens=max_tokens, ignore_eos=True)
+                 for i in range(4)])
+    return sched
+
+
+def test_a_preempted_request_waits_for_room_to_finish(monkeypatch):
+    """4 prompts of 32 tokens, 16 output tokens each, 39 usable blocks of 4 tokens: 48 blocks
+    to finish all, so one is preempted. Re-admitted as soon as its first 16-token chunk
+    fits (the unguarded rule, the oracle here), it prefills again and is preempted again;
+    held back until it and the running requests can finish, it is preempted once, and its
+    recompute is the only work beyond the 4 x 47 tokens every request computes."""
+    guarded = _thrash_case(16, 16)
+    computed = _run_all(guarded)
+    assert guarded.num_preemptions == 1
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req: True)
+    unguarded = _thrash_case(16, 16)
+    assert _run_all(unguarded) > computed and unguarded.num_preemptions == 2
+    assert computed > 4 * 47
+
+
+def test_the_guard_never_starves_and_never_adds_work(monkeypatch):
+    """Outputs far too long for the pool (4 x 112 tokens in 156 token slots): every request
+    still finishes, and the guarded scheduler computes no more than the unguarded one."""
+    guarded = _thrash_case(16, 80)
+    computed = _run_all(guarded)
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req: True)
+    unguarded = _thrash_case(16, 80)
+    assert _run_all(unguarded) >= computed
+    assert guarded.num_preemptions <= unguarded.num_preemptions
