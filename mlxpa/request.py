@@ -153,6 +153,8 @@ class Request:
             choice row's requests share ``request_id``): what the engine's, the KV cache
             manager's and the runner's side tables are keyed by (vLLM keys them by its
             per-request ``req_id``).
+        spec_token_ids: Draft tokens proposed to follow its output (speculative decoding),
+            verified in its next step as far as the scheduler takes them (vLLM's).
     """
 
     request_id: str
@@ -176,6 +178,7 @@ class Request:
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     score_only: bool = False
     key: int = field(default_factory=lambda: next(_KEYS))
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -63,14 +63,26 @@ def _kv_per_token(f: dict) -> str:
 def cascade_line(figures: dict[str, dict]) -> str | None:
     """The gain of cascade attention, ``mlxpa`` over ``mlxpa-nocascade`` (decode phase and
     end to end), or None when the run lacks either system."""
-    on, off = figures.get("mlxpa"), figures.get("mlxpa-nocascade")
+    return _versus_line(figures, "mlxpa-nocascade", "cascade attention")
+
+
+def speculation_line(figures: dict[str, dict]) -> str | None:
+    """The gain of speculative decoding, ``mlxpa`` (with ``--speculative-config``) over
+    ``mlxpa-nospec``, or None when the run lacks either system."""
+    return _versus_line(figures, "mlxpa-nospec", "speculative decoding")
+
+
+def _versus_line(figures: dict[str, dict], other: str, what: str) -> str | None:
+    """``mlxpa`` over ``other``: decode-phase output tok/s, end-to-end total and output
+    tok/s."""
+    on, off = figures.get("mlxpa"), figures.get(other)
     if on is None or off is None:
         return None
-    decode = on.get("decode_output_tokens_per_s_ratio_to_mlxpa-nocascade")
-    return ("cascade attention (mlxpa / mlxpa-nocascade): decode-phase output tok/s "
+    decode = on.get(f"decode_output_tokens_per_s_ratio_to_{other}")
+    return (f"{what} (mlxpa / {other}): decode-phase output tok/s "
             f"{_fmt(decode, digits=2)}x, end-to-end total tok/s "
-            f"{on['total_tokens_per_s_ratio_to_mlxpa-nocascade']:.2f}x, output tok/s "
-            f"{on['output_tokens_per_s_ratio_to_mlxpa-nocascade']:.2f}x")
+            f"{on[f'total_tokens_per_s_ratio_to_{other}']:.2f}x, output tok/s "
+            f"{on[f'output_tokens_per_s_ratio_to_{other}']:.2f}x")
 
 
 def throughput_line(f: dict) -> str:

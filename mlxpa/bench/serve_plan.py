@@ -25,7 +25,8 @@ def endpoints_of(workload: str, endpoint: str | None) -> tuple[str | None, ...]:
     """The endpoints a workload is measured on: ``--endpoint``'s (``both``: chat, then
     completions); by default both for ``shared-prefix`` (mlx_lm.server reuses a chat system
     message but no completions prefix on Gemma 3: one endpoint hides half of it), chat for
-    ``random``; ``(None,)`` for ``file`` (its rows pick theirs).
+    ``random``, completions for the text workloads (few-shot prompts for a base model);
+    ``(None,)`` for ``file`` (its rows pick theirs).
 
     Raises:
         ValueError: ``--endpoint`` with ``--workload file``.
@@ -36,7 +37,7 @@ def endpoints_of(workload: str, endpoint: str | None) -> tuple[str | None, ...]:
                              "theirs)")
         return (None,)
     if endpoint is None:
-        endpoint = BOTH if workload == "shared-prefix" else "chat"
+        endpoint = {"shared-prefix": BOTH, "random": "chat"}.get(workload, "completions")
     return ("chat", "completions") if endpoint == BOTH else (endpoint,)
 
 

@@ -87,6 +87,8 @@ def mlx_lm_server_argv(model: str, port: int) -> list[str]:
 # with under the name "default_model" (its /v1/models lists the Hugging Face cache instead).
 SERVERS: dict[str, ServerSpec] = {
     "mlxpa": ServerSpec("mlxpa", mlxpa_serve_argv, ignore_eos=True),
+    # the same server without --speculative-config: speculative decoding's A/B
+    "mlxpa-nospec": ServerSpec("mlxpa-nospec", mlxpa_serve_argv, ignore_eos=True),
     "mlx-lm-server": ServerSpec("mlx-lm-server", mlx_lm_server_argv, ignore_eos=False,
                                 model_name="default_model"),
 }

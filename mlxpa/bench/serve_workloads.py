@@ -9,6 +9,9 @@ template read it, is checked to hold them (``params["not_round_trip"]`` counts t
 do not). ``file`` sends every valid row of an input ``mlxpa run`` reads (its
 ``messages`` to the chat endpoint, its ``prompt`` or ``prompt_token_ids`` to the
 completions endpoint; an OpenAI Batch line to its ``url``), with the row's sampling fields.
+The text workloads (:mod:`~mlxpa.bench.text_workloads`, ``copy-heavy`` among them) send their
+few-shot prompts as a completions prompt or as one user message, with their own
+``max_tokens``, ``stop`` strings and ``ignore_eos: false``: their rows end by themselves.
 Every request is greedy unless its row says otherwise.
 """
 
@@ -17,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mlxpa.bench.text_workloads import TEXT_NAMES, text_params, text_prompts
 from mlxpa.bench.workloads import random_workload, shared_prefix_workload
 from mlxpa.data.rows import Row
 from mlxpa.inputs.schema import SAMPLING_FIELDS
 
 ENDPOINTS = ("chat", "completions")
-SERVE_WORKLOADS = ("shared-prefix", "random", "file")
+SERVE_WORKLOADS = ("shared-prefix", "random", "file", *TEXT_NAMES)
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,30 @@ def synthetic_requests(name: str, tokenizer, endpoint: str = "chat", *, num_prom
         requests.append(ServeRequest(i, endpoint, fields, len(read)))
     return ServeWorkload(name, requests, {**wl.params, "endpoint": endpoint,
                                           "not_round_trip": mismatched})
+
+
+def text_requests(name: str, tokenizer, endpoint: str = "completions", *,
+                  num_prompts: int = 64, seed: int = 0) -> ServeWorkload:
+    """The text workload or mix ``name`` (:data:`~mlxpa.bench.text_workloads.TEXT_NAMES`) as
+    greedy requests to ``endpoint``: each prompt as the completions ``prompt`` or as one
+    user message, its ``max_tokens`` and ``stop`` strings, ``ignore_eos`` false.
+
+    Raises:
+        ValueError: An unknown name or endpoint, ``num_prompts`` < 1, or ``chat`` to a model
+            without a chat template.
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    requests = []
+    for i, row in enumerate(text_prompts(name, num_prompts, seed)):
+        fields: dict = ({"prompt": row.text} if endpoint == "completions" else
+                        {"messages": [{"role": "user", "content": row.text}]})
+        fields.update(max_tokens=row.max_tokens, temperature=0.0, ignore_eos=False)
+        if row.stop:
+            fields["stop"] = list(row.stop)
+        requests.append(_request(i, endpoint, fields, tokenizer))
+    return ServeWorkload(name, requests, {**text_params(name, num_prompts, seed),
+                                          "endpoint": endpoint})
 
 
 def file_requests(tokenizer, path: str, output_len: int = 32) -> ServeWorkload:

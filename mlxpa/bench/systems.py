@@ -7,13 +7,23 @@ first; figures are medians over repeats):
 - ``mlxpa-noprefix``: the same with prefix caching off;
 - ``mlxpa-nocascade``: the same with cascade attention off (``--disable-cascade-attn``: each
   decode row reads a shared prefix itself);
+- ``mlxpa-nospec``: the same with speculative decoding off (the A/B of
+  ``--speculative-config``);
 - ``mlx-lm``: ``mlx_lm.batch_generate``'s loop (a ``BatchGenerator``, its default batch sizes)
   on the same token ids and model object;
 - ``static``: one contiguous KV cache per request, requests one after another with
   ``mlx_lm.stream_generate`` (static allocation).
 
-Every system generates exactly ``output_len`` tokens per request (EOS ignored), and reports
-each token to an ``advance(n)`` callback as it comes (the progress bar of ``mlxpa bench``).
+Every system generates exactly ``output_len`` tokens per request (EOS ignored) or, for a
+workload whose rows end by themselves (:attr:`~mlxpa.bench.workloads.Workload.exact_lengths`
+False), at most that many: a row ends at an EOS token unless the workload ignores EOS, and at
+the token whose text completes one of its stop strings. Every system finds stop strings with
+the engine's own :class:`~mlxpa.engine.detokenizer.IncrementalDetokenizer` (mlx-lm's
+``BatchGenerator`` matches them as token ids, which misses a stop string the model writes with
+other tokens than its encoding; so the bench matches the text and removes the row, as mlxpa
+ends it). Every token generated counts, an EOS or the stopping token included, as the engine
+counts them; each is reported to an ``advance(n)`` callback as it comes (the progress bar of
+``mlxpa bench``).
 """
 
 from __future__ import annotations
@@ -72,16 +82,27 @@ class SystemResult:
         }
 
 
-def _no_eos(tokenizer):
-    """Context: the tokenizer reports no EOS ids (mlx-lm's generators then never stop early)."""
+def _no_eos(tokenizer, ignore: bool = True):
+    """Context: the tokenizer reports no EOS ids (mlx-lm's generators then never stop early);
+    with ``ignore`` False, nothing changes."""
     class _Ctx:
         def __enter__(self):
             self.saved = set(tokenizer.eos_token_ids)
-            tokenizer.eos_token_ids = set()
+            if ignore:
+                tokenizer.eos_token_ids = set()
 
         def __exit__(self, *exc):
             tokenizer.eos_token_ids = self.saved
     return _Ctx()
+
+
+def _stop_checks(tokenizer, wl: Workload) -> list[Callable[[int], bool] | None]:
+    """Per row, ``check(token) -> True`` once the row's text completes one of its stop
+    strings (the engine's detokenizer and rule), or None for a row without any."""
+    from mlxpa.engine.detokenizer import IncrementalDetokenizer
+
+    return [IncrementalDetokenizer(tokenizer, stop).add_token if stop else None
+            for stop in wl.stop or [()] * len(wl.prompts)]
 
 
 def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
@@ -105,7 +126,8 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
              else range(len(wl.prompts)))
     for i in order:
         engine.add_request(str(i), wl.prompts[i], SamplingParams(
-            max_tokens=max_tokens[i], ignore_eos=True, structured_outputs=wl.structured),
+            max_tokens=max_tokens[i], ignore_eos=wl.ignore_eos,
+            stop=wl.stop[i] if wl.stop else (), structured_outputs=wl.structured),
             None if wl.questions is None else wl.questions[i])
     series, shown = [], 0
     decode_only = _watch_decode_steps(engine)
@@ -135,6 +157,9 @@ def run_mlxpa(model, tokenizer, wl: Workload, config: EngineConfig,
                "kv_bytes_per_token": engine.runner.kv_storage.token_bytes,
                "peak_kv_bytes_by_group": dict(c.peak_kv_bytes_by_group),
                "peak_running_requests": c.peak_running,
+               "speculative_config": (None if config.speculative_config is None else
+                                      dataclasses.asdict(config.speculative_config)),
+               "spec_decoding": s.spec_decoding,
                "decode_steps": decode_steps, "decode_s": decode_s,
                "decode_output_tokens_per_s": decode_tokens / decode_s if decode_s else None})
 
@@ -170,20 +195,27 @@ def _watch_decode_steps(engine) -> list[bool]:
 def run_mlx_lm(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> SystemResult:
     """mlx-lm's batched generation: ``mlx_lm.batch_generate``'s own loop (mlx-lm 0.32: a
     ``BatchGenerator`` with its default batch sizes, texts decoded at the end), written out
-    so that tokens can be counted as they come."""
+    so that tokens can be counted as they come, and a row that reaches a stop string removed
+    (``BatchGenerator.remove``)."""
     from mlx_lm.generate import BatchGenerator
 
     _no_questions("mlx-lm", wl)
-    with _no_eos(tokenizer):
+    checks = _stop_checks(tokenizer, wl)
+    with _no_eos(tokenizer, wl.ignore_eos):
         t0 = time.perf_counter()
         gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
-        tokens: dict[int, list[int]] = {uid: [] for uid in gen.insert(wl.prompts,
-                                                                      wl.output_lens)}
+        uids = gen.insert(wl.prompts, wl.output_lens)
+        check = dict(zip(uids, checks))
+        tokens: dict[int, list[int]] = {uid: [] for uid in uids}
         while responses := gen.next_generated():
-            kept = [r for r in responses if r.finish_reason != "stop"]
-            for r in kept:
-                tokens[r.uid].append(r.token)
-            advance(len(kept))
+            stopped = []
+            for r in responses:
+                tokens[r.uid].append(r.token)  # an EOS too: generated, as mlxpa counts it
+                if r.finish_reason is None and check[r.uid] and check[r.uid](r.token):
+                    stopped.append(r.uid)
+            if stopped:
+                gen.remove(stopped)
+            advance(len(responses))
         gen.close()
         _texts = [tokenizer.decode(t) for t in tokens.values()]  # as batch_generate does
         elapsed = time.perf_counter() - t0
@@ -199,18 +231,21 @@ def run_static(model, tokenizer, wl: Workload, advance: Advance = _ignore) -> Sy
 
     _no_questions("static", wl)
     ttft, itl, generated, kv = [], [], 0, 0
-    with _no_eos(tokenizer):
+    checks = _stop_checks(tokenizer, wl)
+    with _no_eos(tokenizer, wl.ignore_eos):
         t0 = time.perf_counter()
-        for ids, n in zip(wl.prompts, wl.output_lens):
+        for ids, n, check in zip(wl.prompts, wl.output_lens, checks):
             cache = make_prompt_cache(model)
             start = last = time.perf_counter()
-            for k, _ in enumerate(stream_generate(model, tokenizer, mx.array(ids), max_tokens=n,
+            for k, r in enumerate(stream_generate(model, tokenizer, mx.array(ids), max_tokens=n,
                                                   prompt_cache=cache)):
                 now = time.perf_counter()
                 (ttft.append(now - start) if k == 0 else itl.append(now - last))
                 last = now
                 generated += 1
                 advance(1)
+                if r.finish_reason is None and check is not None and check(r.token):
+                    break
             kv = max(kv, sum(c.nbytes for c in cache))
         elapsed = time.perf_counter() - t0
     return SystemResult(elapsed, wl.num_prompt_tokens, generated, len(wl.prompts),
@@ -245,12 +280,19 @@ def _run_mlxpa_nocascade(model, tokenizer, wl: Workload, config: EngineConfig,
                      dataclasses.replace(config, disable_cascade_attn=True), advance)
 
 
+def _run_mlxpa_nospec(model, tokenizer, wl: Workload, config: EngineConfig,
+                      advance: Advance) -> SystemResult:
+    return run_mlxpa(model, tokenizer, wl, dataclasses.replace(config, speculative_config=None),
+                     advance)
+
+
 # Every system by name, in report order: ``(model, tokenizer, workload, config, advance)`` to
 # a result.
 SYSTEMS: dict[str, Callable[..., SystemResult]] = {
     "mlxpa": run_mlxpa,
     "mlxpa-noprefix": _run_mlxpa_noprefix,
     "mlxpa-nocascade": _run_mlxpa_nocascade,
+    "mlxpa-nospec": _run_mlxpa_nospec,
     "mlx-lm": lambda model, tokenizer, wl, config, advance: run_mlx_lm(model, tokenizer, wl,
                                                                         advance),
     "static": lambda model, tokenizer, wl, config, advance: run_static(model, tokenizer, wl,
@@ -281,8 +323,7 @@ def run_bench(model, tokenizer, wl: Workload, config: EngineConfig,
     """
     progress = progress or BenchProgress(enabled=False)
     if warmup:
-        small = wl._replace(prompts=wl.prompts[:2],  # constrained too: builds llguidance's
-                            output_lens=[min(4, n) for n in wl.output_lens[:2]])  # tokenizer
+        small = wl.head(2, 4)  # constrained too: builds llguidance's tokenizer
         bar = progress.bar(f"warm-up ({plural(len(small.prompts), 'prompt')} each)",
                            len(systems) * sum(small.output_lens))
         for name in systems:

@@ -7,7 +7,10 @@ dataset (groups sharing a system prompt, each prompt adding its own question), `
 labels synthetic product reviews with a ``choice`` constraint (a shared few-shot chat prefix,
 as in ``examples/annotation.jsonl``), ``long-document`` gives each of a few long documents a
 summary to write or, with ``questions``, typed questions to answer (the sliding-window KV
-cache's case), and ``file`` takes any input ``mlxpa run`` accepts.
+cache's case), and ``file`` takes any input ``mlxpa run`` accepts. The text workloads
+(:mod:`~mlxpa.bench.text_workloads`: ``extraction``, ``summarise``, ``code-edit``,
+``quote-qa``, ``labelling``, ``continue`` and the ``copy-heavy`` mix) are few-shot prompts of
+real text whose rows end by themselves: at a stop string or EOS, within a most output length.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mlxpa.bench.text_workloads import TEXT_NAMES, text_params, text_prompts
 from mlxpa.bench.token_draw import TokenDraw, token_draw
 from mlxpa.request import QuestionPrompt
 from mlxpa.sampling_params import StructuredOutput
@@ -34,10 +38,16 @@ _REVIEW_PARTS = (
 
 
 class Workload(NamedTuple):
-    """Prompts (token ids) and the exact number of tokens each must generate (at most, for a
-    constrained workload: a row ends when its grammar completes); with ``questions``, each
-    prompt is a document and its typed questions (a question group: scored, nothing
-    generated, its output length 0)."""
+    """Prompts (token ids) and the number of tokens each generates: exactly that many (EOS
+    ignored), unless the row can end by itself; with ``questions``, each prompt is a document
+    and its typed questions (a question group: scored, nothing generated, its output length
+    0).
+
+    A row ends by itself, ``output_lens`` being its most tokens, when the workload is
+    constrained (its grammar completes), has ``stop`` strings (the token whose text completes
+    one ends it, as vLLM's ``stop``) or does not ``ignore_eos`` (an EOS token ends it, and is
+    counted). Every system of :mod:`~mlxpa.bench.systems` ends rows the same way.
+    """
 
     name: str
     prompts: list[list[int]]
@@ -45,6 +55,8 @@ class Workload(NamedTuple):
     params: dict
     structured: StructuredOutput | None = None
     questions: list[tuple[QuestionPrompt, ...]] | None = None
+    stop: list[tuple[str, ...]] | None = None  # each row's stop strings
+    ignore_eos: bool = True
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -52,7 +64,21 @@ class Workload(NamedTuple):
 
     @property
     def num_output_tokens(self) -> int:
+        """Output tokens asked for: exact, or the most when :attr:`exact_lengths` is False."""
         return sum(self.output_lens)
+
+    @property
+    def exact_lengths(self) -> bool:
+        """Every row generates exactly its ``output_lens`` tokens."""
+        return (self.ignore_eos and self.structured is None
+                and not any(self.stop or ()))
+
+    def head(self, n: int, max_tokens: int) -> Workload:
+        """The first ``n`` rows, each generating at most ``max_tokens`` (a warm-up)."""
+        cut = [min(max_tokens, m) for m in self.output_lens[:n]]
+        return self._replace(prompts=self.prompts[:n], output_lens=cut,
+                             questions=None if self.questions is None else self.questions[:n],
+                             stop=None if self.stop is None else self.stop[:n])
 
 
 def _draw(rng: np.random.Generator, draw: TokenDraw, n: int, bos: int | None,
@@ -227,7 +253,24 @@ def long_document_workload(tokenizer, num_prompts: int = 16, input_len: int = 81
     return Workload("long-document", docs, [0] * len(docs), params, questions=groups)
 
 
-WORKLOADS = ("random", "shared-prefix", "annotation", "long-document", "file")
+def text_workload(tokenizer, name: str, num_prompts: int = 24, seed: int = 0) -> Workload:
+    """The text workload or mix ``name`` (:data:`~mlxpa.bench.text_workloads.TEXT_NAMES`):
+    ``num_prompts`` rows tokenized as ``mlxpa run`` tokenizes a text prompt, each ending at
+    its stop strings or EOS within its most output tokens.
+
+    Raises:
+        ValueError: An unknown name or ``num_prompts`` < 1.
+    """
+    from mlxpa.inputs import InputProcessor
+
+    rows = text_prompts(name, num_prompts, seed)
+    processor = InputProcessor(tokenizer)
+    return Workload(name, [processor.prompt_token_ids(r.text) for r in rows],
+                    [r.max_tokens for r in rows], text_params(name, num_prompts, seed),
+                    stop=[r.stop for r in rows], ignore_eos=False)
+
+
+WORKLOADS = ("random", "shared-prefix", "annotation", "long-document", "file", *TEXT_NAMES)
 
 
 def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts: int = 128,
@@ -236,7 +279,8 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
                   question_len: int = 64, questions: int = 0, seed: int = 0,
                   vocab_size: int | None = None) -> Workload:
     """The workload ``name`` (one of :data:`WORKLOADS`) with the parameters that apply to it
-    (``vocab_size``: the model's, for the token ids a ``file`` row gives; None: unchecked).
+    (``vocab_size``: the model's, for the token ids a ``file`` row gives; None: unchecked; a
+    text workload takes ``num_prompts`` and ``seed``, its output lengths are its own).
 
     Raises:
         ValueError: An unknown name, or ``file`` without ``input``.
@@ -258,4 +302,6 @@ def make_workload(name: str, tokenizer, *, input: str | None = None, num_prompts
         if not input:
             raise ValueError("--workload file needs --input PATH")
         return file_workload(tokenizer, input, output_len, vocab_size)
+    if name in TEXT_NAMES:
+        return text_workload(tokenizer, name, num_prompts, seed)
     raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from mlxpa.bench.text_workloads import TEXT_NAMES
 from mlxpa.bench.workloads import WORKLOADS
 from mlxpa.cli import options as opt
 from mlxpa.cli import workload_options as wo
@@ -28,19 +29,22 @@ Examples:
   mlxpa bench --workload long-document --num-prompts 16 --input-len 8192 \\
       --output-len 256 --baselines mlxpa,mlx-lm
   mlxpa bench --workload long-document --questions 5 --baselines mlxpa
+  mlxpa bench --workload copy-heavy --num-prompts 24 \\
+      --speculative-config "$SPEC" --baselines mlxpa,mlxpa-nospec
   mlxpa bench --workload limits
   mlxpa bench serve --concurrency 1,16 --baselines mlx-lm-server
 """
 
 LIMITS = "limits"
 Workload = opt.choices("Workload", (*WORKLOADS, LIMITS))
-ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade on request
+ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade, mlxpa-nospec on request
 
 
 # The engine options bench takes (its --seed is the workload's).
 BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", "block_size",
                 "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
-                "attention_backend", "kv_cache_dtype", "kv_group_size", "disable_cascade_attn")
+                "attention_backend", "kv_cache_dtype", "kv_group_size", "disable_cascade_attn",
+                "speculative_config")
 
 
 @opt.engine_options(*BENCH_ENGINE)
@@ -49,7 +53,10 @@ BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", 
                      question_len=64)
 def bench(
     ctx: typer.Context,
-    workload: Annotated[Workload, typer.Option(help="Prompts to time.")] = Workload.random,
+    workload: Annotated[Workload, typer.Option(
+        metavar="NAME", help="Prompts to time: random, shared-prefix, annotation, "
+        "long-document, file, limits; or text, whose rows end at a stop string or EOS: "
+        f"{', '.join(TEXT_NAMES)}.")] = Workload.random,
     engine: dict | None = None,  # the engine options (BENCH_ENGINE) stand here
     input: Annotated[str | None, typer.Option(help="Input for --workload file.")] = None,
     shape: dict | None = None,  # the workload options (workload_options) stand here
@@ -59,7 +66,8 @@ def bench(
     seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
     baselines: Annotated[str, typer.Option(
         show_default=False, help="Systems to run, comma-separated: mlxpa, mlxpa-noprefix, "
-        "mlxpa-nocascade, mlx-lm, static (default: all but mlxpa-nocascade).")] = ALL_SYSTEMS,
+        "mlxpa-nocascade, mlxpa-nospec (speculative decoding off), mlx-lm, static (default: "
+        "all but mlxpa-nocascade and mlxpa-nospec).")] = ALL_SYSTEMS,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per system (median).")] = 1,
     json_path: Annotated[str | None, typer.Option("--json", help="Write figures here.")] = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG plot here.")] = None,
@@ -160,6 +168,7 @@ def _say_workload(console, wl, systems: tuple[str, ...], repeats: int) -> None:
                       highlight=False, soft_wrap=True)
     console.print(f"{wl.name}: {plural(len(wl.prompts), 'prompt')}, "
                   f"{plural(wl.num_prompt_tokens, 'prompt token')}, "
+                  f"{'' if wl.exact_lengths else 'at most '}"
                   f"{plural(wl.num_output_tokens, 'output token')}; systems: "
                   f"{', '.join(systems)}; repeats: {repeats}", markup=False, highlight=False)
 
@@ -182,21 +191,25 @@ def _report(console, model, wl, figures: dict, last: dict, json_path: str | None
             f, wl.num_prompt_tokens, len(wl.prompts), flops, rate)
     console.print(report.figures_table(figures, f"mlxpa bench: {wl.name}"))
     console.print(report.limit_line(fractions, flops, rate), markup=False)
-    if (line := report.cascade_line(figures)) is not None:
-        console.print(line, markup=False)
+    for line in (report.cascade_line(figures), report.speculation_line(figures)):
+        if line is not None:
+            console.print(line, markup=False)
     console.print(f"machine: {machine['cpu']}, {machine['cores']} cores, BLAS {machine['blas']}, "
                   f"mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, {dtype}", markup=False)
     if "mlxpa" in figures:
         print(report.throughput_line(figures["mlxpa"]))
     workload_info = {"name": wl.name, **wl.params, "num_prompts": len(wl.prompts),
                      "prompt_tokens": wl.num_prompt_tokens,
-                     "output_tokens": wl.num_output_tokens}
+                     "output_tokens": wl.num_output_tokens,  # the most, unless exact
+                     "exact_output_lens": wl.exact_lengths}
     if json_path:
         report.write_json(json_path, workload_info, machine, figures)
     if plot:
+        most = "" if wl.exact_lengths else "at most "
         report.write_plot(plot, figures, last, f"mlxpa bench: {wl.name}, {len(wl.prompts)} "
-                          f"prompts, {wl.num_prompt_tokens} prompt + {wl.num_output_tokens} "
-                          f"output tokens (BLAS: {machine['blas']}, {dtype})")
+                          f"prompts, {wl.num_prompt_tokens} prompt + {most}"
+                          f"{wl.num_output_tokens} output tokens (BLAS: {machine['blas']}, "
+                          f"{dtype})")
 
 
 def _need_matplotlib() -> None:

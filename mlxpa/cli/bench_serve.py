@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mlxpa.bench.serve_workloads import ENDPOINTS, SERVE_WORKLOADS
+from mlxpa.bench.text_workloads import TEXT_NAMES
 from mlxpa.cli import options as opt
 from mlxpa.cli import workload_options as wo
 from mlxpa.data.reader_options import plural
@@ -21,6 +22,8 @@ Examples:
       --baselines mlxpa,llama-server --llama-server ~/llama/bin/llama-server
   mlxpa bench serve --workload random --request-rate 1,2,4 --seed 1
   mlxpa bench serve --workload file --input examples/prompts.jsonl
+  mlxpa bench serve --workload copy-heavy --num-prompts 24 --concurrency 1,4 \\
+      --speculative-config "$SPEC" --baselines mlxpa,mlxpa-offline
   mlxpa bench serve --url http://127.0.0.1:8000 --concurrency 16
 """
 
@@ -38,13 +41,16 @@ SERVE_ENGINE = tuple(name for name in opt.ENGINE_FLAGS if name != "seed")
                      question_len=32)
 def serve(
     workload: Annotated[ServeWorkloadChoice, typer.Option(
-        help="Requests to send.")] = ServeWorkloadChoice.shared_prefix,
+        metavar="NAME", help="Requests to send: shared-prefix, random, file; or text, "
+        "whose rows end at a stop string or EOS within their own lengths: "
+        f"{', '.join(TEXT_NAMES)}.")
+    ] = ServeWorkloadChoice.shared_prefix,
     engine: dict | None = None,  # the engine options (SERVE_ENGINE) stand here
     input: Annotated[str | None, typer.Option(
         help="Input for --workload file (any input mlxpa run reads).")] = None,
     endpoint: Annotated[Endpoint | None, typer.Option(
-        show_default=False, help="shared-prefix, random: the route(s) measured (default: "
-        "both for shared-prefix, chat for random; file rows pick theirs).")] = None,
+        show_default=False, help="The route(s) measured (default: both for shared-prefix, "
+        "chat for random, completions for the text workloads; file rows pick theirs).")] = None,
     shape: dict | None = None,  # the workload options (workload_options) stand here
     concurrency: Annotated[str | None, typer.Option(
         show_default=False, metavar="N,...", help="Load levels: requests in flight, "
@@ -55,7 +61,8 @@ def serve(
         help="Seed of the prompts (each endpoint and level its own) and of the arrivals.")] = 0,
     baselines: Annotated[str | None, typer.Option(
         show_default=False, metavar="NAME,...", help="Systems, comma-separated: mlxpa "
-        "(mlxpa serve), mlx-lm-server, llama-server (llama.cpp), mlxpa-offline (default: "
+        "(mlxpa serve), mlxpa-nospec (the same without --speculative-config), mlx-lm-server, "
+        "llama-server (llama.cpp), mlxpa-offline (default: "
         "mlxpa,mlx-lm-server,mlxpa-offline).")] = None,
     llama_server: Annotated[str | None, typer.Option(
         metavar="PATH", help="llama-server: its executable (default: on PATH, or the "
@@ -121,7 +128,10 @@ def serve(
     _say_plan(console, info, levels, systems)
     with BenchProgress(console, enabled=not quiet) as progress:
         bench = ServeBench(levels, warmup, token_counter(tokenizer), ignore_eos, progress,
-                           server_args={"mlxpa": opt.engine_argv(engine)},
+                           server_args={"mlxpa": opt.engine_argv(engine),
+                                        "mlxpa-nospec": opt.engine_argv(
+                                            engine, skip=("model", "revision",
+                                                          "speculative_config"))},
                            offline_args=_engine_kwargs(config))
         if url:
             bench.drive(systems[0], url.rstrip("/"), served_model_name or _model_name(url, folder),
@@ -156,15 +166,16 @@ def _systems(baselines: str | None, url: str | None) -> tuple[str, ...]:
 
 def _engine_kwargs(config) -> dict:
     """The engine settings given (those that differ from the defaults), as ``LLM`` takes
-    them, for ``mlxpa-offline``."""
+    them (a nested config as its dict), for ``mlxpa-offline``."""
     import dataclasses
 
     from mlxpa.config import EngineConfig
 
     defaults = EngineConfig()
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+    return {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+            for f in dataclasses.fields(config)
             if f.name not in ("model", "revision")
-            and getattr(config, f.name) != getattr(defaults, f.name)}
+            and (v := getattr(config, f.name)) != getattr(defaults, f.name)}
 
 
 def _llama_spec(binary: str | None, gguf: str | None, model: str | None, specs, levels,
@@ -214,11 +225,15 @@ def _check_outputs(workload: str, input: str | None, json_path: str | None,
 
 def _workload_maker(name, tokenizer, input, shape: dict):
     """``make(endpoint, seed)`` -> the workload (a file workload is the same for every seed)."""
-    from mlxpa.bench.serve_workloads import file_requests, synthetic_requests
+    from mlxpa.bench.serve_workloads import file_requests, synthetic_requests, text_requests
+    from mlxpa.bench.text_workloads import TEXT_NAMES
 
     if name == "file":
         wl = file_requests(tokenizer, input, shape["output_len"])
         return lambda endpoint, seed: wl
+    if name in TEXT_NAMES:
+        return lambda endpoint, seed: text_requests(name, tokenizer, endpoint,
+                                                    num_prompts=shape["num_prompts"], seed=seed)
     return lambda endpoint, seed: synthetic_requests(name, tokenizer, endpoint, **shape,
                                                      seed=seed)
 

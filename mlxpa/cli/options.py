@@ -111,12 +111,15 @@ class EngineFlag:
             ``--no-<field-name>``).
         choices: The values a ``str`` field takes (an enum in ``--help``).
         metavar: The value's name in ``--help`` (default: from its type).
+        kind: The option's type where it is not the field's (``str | None``: a nested
+            config's JSON text, which the config parses and checks).
     """
 
     help: str
     decls: tuple[str, ...] = ()
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    kind: Any = None
 
 
 # EngineConfig field -> its option. Types and defaults are the fields' own.
@@ -138,7 +141,7 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
                                  "token as mlx-lm does (k8v4: 8-bit K, 4-bit V).",
                                  choices=KV_CACHE_DTYPES),
     "kv_group_size": EngineFlag("Quantized KV: elements per scale and bias (32, 64, 128)."),
-    "max_num_seqs": EngineFlag("Most requests decoding at once."),
+    "max_num_seqs": EngineFlag("Most running requests."),
     "max_num_batched_tokens": EngineFlag("Token budget of one step (prefill chunks + "
                                          "decodes); longer prompts are chunked."),
     "max_model_len": EngineFlag("Longest prompt + completion in tokens (default: the model's "
@@ -149,6 +152,8 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
                                        "shared prefix read it once per step where that "
                                        "pays)."),
     "attention_backend": EngineFlag("Paged attention kernels.", choices=KERNELS),
+    "speculative_config": EngineFlag("Draft-free speculation: vLLM's JSON object.",
+                                     metavar="JSON", kind=str | None),
 }
 # The GiB spelling of --kv-cache-memory-bytes (a parameter of every command that takes that).
 KV_MEMORY = "kv_memory"
@@ -161,7 +166,7 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 def _flag_parameter(name: str) -> inspect.Parameter:
     """The Typer parameter of ``ENGINE_FLAGS[name]``."""
     flag = ENGINE_FLAGS[name]
-    kind, default = _FIELD_TYPES[name], _DEFAULTS[name]
+    kind, default = flag.kind or _FIELD_TYPES[name], _DEFAULTS[name]
     decls = flag.decls or ("--" + name.replace("_", "-"),)
     if kind is bool and default and not flag.decls:
         decls = (f"{decls[0]}/--no-{decls[0][2:]}",)
@@ -293,7 +298,8 @@ def engine_config(engine: dict[str, Any]) -> EngineConfig:
 
     Raises:
         ValueError: A field out of range (named by its option: ``--max-num-seqs must be an
-            integer >= 1, got 0``), ``--kv-memory`` not > 0 or given with
+            integer >= 1, got 0``; a nested config's field after it:
+            ``--speculative-config: method must be ...``), ``--kv-memory`` not > 0 or given with
             ``--kv-cache-memory-bytes``, or an ``--adapter-path`` that is not an mlx-lm
             adapter folder (checked here, before any input is read).
     """
@@ -308,9 +314,10 @@ def engine_config(engine: dict[str, Any]) -> EngineConfig:
     try:
         config = EngineConfig(**fields)
     except FieldError as e:
-        decls = ENGINE_FLAGS[e.field].decls if e.field in ENGINE_FLAGS else ()
-        flag = (decls or ("--" + e.field.replace("_", "-"),))[0]
-        raise ValueError(f"{flag}{str(e)[len(e.field):]}") from None
+        top, dot, inner = e.field.partition(".")
+        decls = ENGINE_FLAGS[top].decls if top in ENGINE_FLAGS else ()
+        flag = (decls or ("--" + top.replace("_", "-"),))[0]
+        raise ValueError(f"{flag}{': ' + inner if dot else ''}{str(e)[len(e.field):]}") from None
     if config.adapter_path is not None:
         from mlxpa.loader.adapters import check_adapter_path
 

@@ -20,12 +20,13 @@ def _below_one(value: float) -> float:
 
 
 _NUM_PROMPTS = Annotated[int, typer.Option(
-    min=1, help="random, annotation: prompts (file: every valid row).")]
+    min=1, help="random, annotation, the text workloads: prompts (file: every valid row).")]
 _INPUT_LEN = Annotated[int, typer.Option(min=1, help="random: mean prompt tokens.")]
 _RANGE_RATIO = Annotated[float, typer.Option(
     min=0, callback=_below_one, help="random: length spread.")]
 _OUTPUT_LEN = Annotated[int, typer.Option(
-    min=1, help="Tokens per prompt, max_tokens (file: rows without max_tokens).")]
+    min=1, help="Tokens per prompt, max_tokens (file: rows without max_tokens; the text "
+    "workloads: their own most, ending at a stop string or EOS).")]
 _NUM_GROUPS = Annotated[int, typer.Option(min=1, help="shared-prefix: system prompts.")]
 _PROMPTS_PER_GROUP = Annotated[int, typer.Option(
     min=1, help="shared-prefix: prompts per system prompt.")]

@@ -20,6 +20,7 @@ from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.shared_prefix import shares_uncached_prefix, snapshot_points
 from mlxpa.request import Request, RequestStatus
+from mlxpa.spec_decode.gate import SpecGate
 
 # How many waiting requests admission may pass over while they wait for a shared prefix.
 _ADMISSION_LOOKAHEAD = 256
@@ -62,6 +63,13 @@ class SchedulerOutput:
     # over a group's prefix once for all its rows (cascade attention). Empty when cascade
     # attention is off.
     cascade_groups: list[CascadeGroup] = field(default_factory=list)
+    # Per request key, the draft tokens it verifies this step after its last sampled token
+    # (speculative decoding; vLLM's scheduled_spec_decode_tokens): counted in its
+    # num_scheduled_tokens; requests without drafts are absent.
+    spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # Whether the runner proposes drafts after this step's sampling: the gate found that its
+    # sampling rows, decoding next, could gain from them (SpecGate.worth_proposing).
+    propose_drafts: bool = False
 
 
 class Scheduler:
@@ -87,6 +95,11 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._finished: list[Request] = []  # since the last schedule()
+        spec = config.speculative_config
+        # Drafts are verified only where rejected tokens roll back for free: paged K/V. A
+        # recurrent state has taken the drafts in when they are rejected.
+        self.spec_gate = (SpecGate(spec.num_speculative_tokens, spec.disable_by_batch_size)
+                          if spec is not None and not kv_cache_manager.recurrent else None)
 
     def add_request(self, req: Request) -> None:
         """Queue ``req``; clamp its output so prompt + output fits ``max_model_len``.
@@ -119,11 +132,17 @@ class Scheduler:
         """Build one step: running requests first, then admissions from ``waiting``."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        k = self._num_drafts()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._chunk(req, req.num_computed_tokens, budget)
+            drafts = self._drafts(req, k, budget - n) if n == 1 else []
+            n += len(drafts)
             while self.kv_cache_manager.allocate_slots(req, n) is None:
+                if drafts:
+                    n, drafts = n - len(drafts), []  # no drafts before preempting anyone
+                    continue
                 if self.running[-1] is req and n > 1:
                     n = (n + 1) // 2  # a smaller chunk before preempting itself
                     continue
@@ -134,6 +153,8 @@ class Scheduler:
             else:
                 out.requests.append(req)
                 out.num_scheduled_tokens.append(n)
+                if drafts:
+                    out.spec_token_ids[req.key] = drafts
                 budget -= n
                 i += 1
         if not out.preempted:
@@ -141,14 +162,36 @@ class Scheduler:
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
         out.state_saves, out.state_restores = self.kv_cache_manager.take_state_ops()
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens)
-        out.last_chunk = [r.num_computed_tokens + n == r.num_tokens
-                          for r, n in zip(out.requests, out.num_scheduled_tokens)]
+        out.last_chunk = [
+            r.num_computed_tokens + n - len(out.spec_token_ids.get(r.key, ())) == r.num_tokens
+            for r, n in zip(out.requests, out.num_scheduled_tokens)]
         out.sampling = [last and not r.score_only
                         for r, last in zip(out.requests, out.last_chunk)]
         out.finished, self._finished = self._finished, []
+        if self.spec_gate is not None:
+            out.propose_drafts = self.spec_gate.worth_proposing(
+                [r.key for r, s in zip(out.requests, out.sampling) if s])
         if self.enable_cascade_attention:
             out.cascade_groups = self._cascade_groups(out)
         return out
+
+    def _num_drafts(self) -> int:
+        """This step's most drafts per decode row (:class:`SpecGate`), 0 without speculation.
+        Each running request's proposal is consumed here: a request left out of the step
+        proposes again after its next sampled token."""
+        if self.spec_gate is None:
+            return 0
+        rows = [(r.key, len(r.spec_token_ids)) for r in self.running
+                if r.num_computed_tokens == r.num_tokens - 1]
+        return self.spec_gate.num_drafts(rows)
+
+    def _drafts(self, req: Request, k: int, budget: int) -> list[int]:
+        """The drafts ``req`` verifies this step after its last token: at most ``k``, the
+        token budget left and what its ``max_tokens`` leaves room for (each accepted draft is
+        an output token, and one more token follows them)."""
+        room = min(k, budget, req.max_tokens - req.num_output_tokens - 1)
+        drafts, req.spec_token_ids = req.spec_token_ids[:max(room, 0)], []
+        return drafts
 
     def _chunk(self, req: Request, start: int, budget: int) -> int:
         """Tokens ``req`` computes this step from position ``start``: the rest of it, at most
@@ -160,18 +203,21 @@ class Scheduler:
     def _cascade_groups(self, out: SchedulerOutput) -> list[CascadeGroup]:
         """The step's requests grouped by the leading full blocks they share
         (:func:`common_prefix_groups`) in the first full-attention group, as indices into
-        ``out.requests``: decode requests among themselves and prefill chunks among
-        themselves (the runner runs the two kinds in separate batches). Only blocks written
-        before this step count (a request's ``num_computed_tokens``), so a chunk never
-        shares a block its own step computes. None without a full-attention group."""
+        ``out.requests``: decode requests (with their drafts) among themselves and prefill
+        chunks among themselves (the runner runs the two kinds in separate batches). Only
+        blocks written before this step count (a request's ``num_computed_tokens``), so a
+        chunk never shares a block its own step computes. None without a full-attention
+        group."""
         bs = self.kv_cache_manager.block_size
         full = self.kv_cache_manager.windows.index(None) if (
             None in self.kv_cache_manager.windows) else None
         if full is None:
             return []
         groups: list[CascadeGroup] = []
+        verify = [n == 1 or r.key in out.spec_token_ids  # the runner's decode batch
+                  for r, n in zip(out.requests, out.num_scheduled_tokens)]
         for decode in (True, False):
-            kind = [i for i, n in enumerate(out.num_scheduled_tokens) if (n == 1) == decode]
+            kind = [i for i, v in enumerate(verify) if v == decode]
             if len(kind) < 2:
                 continue
             reqs = [out.requests[i] for i in kind]
@@ -288,6 +334,7 @@ class Scheduler:
         self.running.append(child)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        req.spec_token_ids = []
         self.kv_cache_manager.free(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
@@ -296,45 +343,61 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted.append(req)
 
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled_token_ids: list[int]) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[list[int]],
+                           spec_token_ids: dict[int, list[int]] | None = None) -> list[Request]:
         """Advance computed tokens, append sampled tokens, finish on EOS or length.
 
         Args:
             out: The step that ran.
-            sampled_token_ids: One id per request whose ``out.sampling`` flag is True, in
-                order.
+            sampled_token_ids: Per request whose ``out.sampling`` flag is True, in order, the
+                tokens it emitted: one, or after drafts (``out.spec_token_ids``) the accepted
+                drafts and the token after them (speculative decoding; vLLM's).
+            spec_token_ids: Per request key, the drafts it proposes for its next step.
 
+        Only the K/V of the last sampled token and the accepted drafts count as computed
+        (the rejected drafts' slots are written over later, and only computed blocks enter
+        the prefix cache). Tokens after an EOS, a stop token id or ``max_tokens`` are dropped.
         A ``score_only`` request whose prompt is computed finishes here (``stop``).
 
         Returns:
-            Requests that received a token this step (finished ones included; their blocks
+            Requests that received tokens this step (finished ones included; their blocks
             are already freed).
         """
-        tokens = iter(sampled_token_ids)
+        emitted = iter(sampled_token_ids)
         now = time.perf_counter()
         updated = []
         for req, n, last, samples in zip(out.requests, out.num_scheduled_tokens,
                                          out.last_chunk, out.sampling):
-            req.num_computed_tokens += n
+            drafts = out.spec_token_ids.get(req.key, ())
+            tokens = next(emitted) if samples else []
+            req.num_computed_tokens += n - len(drafts) + max(len(tokens) - 1, 0)
+            if drafts and self.spec_gate is not None:
+                self.spec_gate.observe(req.key, len(drafts), len(tokens) - 1)
             self.kv_cache_manager.cache_blocks(req)
             if last and req.score_only:
                 self.finish_request(req, RequestStatus.FINISHED_STOPPED)
             if not samples:
                 continue
-            tok = next(tokens)
-            req.output_token_ids.append(tok)
-            req.token_times.append(now)
             updated.append(req)
-            sp = req.sampling_params
-            if req.num_output_tokens > sp.min_tokens - 1 and (
-                    tok in sp.stop_token_ids
-                    or (tok in self.eos_token_ids and not sp.ignore_eos)):
-                req.stop_reason = tok
-                self.finish_request(req, RequestStatus.FINISHED_STOPPED)
-            elif req.num_output_tokens >= req.max_tokens:
-                self.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+            for tok in tokens:
+                if self._append(req, tok, now):
+                    break
+            if spec_token_ids and not req.is_finished:
+                req.spec_token_ids = spec_token_ids.get(req.key, [])
         return updated
+
+    def _append(self, req: Request, tok: int, now: float) -> bool:
+        """Append one sampled token; return whether it finished ``req``."""
+        req.output_token_ids.append(tok)
+        req.token_times.append(now)
+        sp = req.sampling_params
+        if req.num_output_tokens > sp.min_tokens - 1 and (
+                tok in sp.stop_token_ids or (tok in self.eos_token_ids and not sp.ignore_eos)):
+            req.stop_reason = tok
+            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif req.num_output_tokens >= req.max_tokens:
+            self.finish_request(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+        return req.is_finished
 
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         """Mark ``req`` finished and free its blocks (stop string, EOS, length, abort); the
@@ -346,5 +409,8 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = status
+        req.spec_token_ids = []
+        if self.spec_gate is not None:
+            self.spec_gate.forget(req.key)
         self.kv_cache_manager.free(req)
         self._finished.append(req)

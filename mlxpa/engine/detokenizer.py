@@ -42,6 +42,11 @@ class IncrementalDetokenizer:
         self._taken = ""  # the text handed out by take_text
         self.num_tokens_taken = 0  # output tokens handed out in outputs so far (DELTA)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens read so far."""
+        return self._num_tokens
+
     def add_token(self, token: int) -> bool:
         """Append one token; return True when a stop string now appears in the text."""
         self._detok.add_token(token)
@@ -98,15 +103,31 @@ class IncrementalDetokenizer:
 
 def check_stop(req: Request, detok: IncrementalDetokenizer, sched: Scheduler,
                grammar_ended: dict[int, str | None]) -> None:
-    """Stop strings (``detok``) and grammar completion or failure of ``req``'s new token
-    (``grammar_ended``: the runner's report by request key, :attr:`StepResult.grammar_ended`);
-    a request
-    that stops is finished through ``sched``.
+    """Stop strings (``detok``) and grammar completion or failure of ``req``'s new tokens
+    (those ``detok`` has not read: one, or several after accepted draft tokens;
+    ``grammar_ended``: the runner's report by request key, :attr:`StepResult.grammar_ended`,
+    which concerns the last); a request that stops is finished through ``sched``. A stop
+    string completed inside the new tokens drops the tokens after it (sequential decoding
+    would have stopped there).
 
     An EOS sampled below ``min_tokens`` (allowed only when the grammar admitted nothing
     else) that completes the grammar ends the row as an EOS does: ``stop``, no text.
     """
-    tok = req.output_token_ids[-1]
+    start = detok.num_tokens
+    new = req.output_token_ids[start:]
+    for i, tok in enumerate(new[:-1]):
+        if detok.add_token(tok):
+            end = start + i + 1
+            del req.output_token_ids[end:], req.token_times[end:], req.logprobs[end:]
+            req.stop_reason = detok.stop_string
+            if req.is_finished:  # EOS or max_tokens later in the run: the string came first
+                req.status = RequestStatus.FINISHED_STOPPED
+            else:
+                sched.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            return
+    if not new:
+        return
+    tok = new[-1]
     ended = req.key in grammar_ended
     if (not req.is_finished and tok in sched.eos_token_ids and ended
             and grammar_ended[req.key] is None):

@@ -293,7 +293,10 @@ class LLMEngine:
         output of every running sample whose request asks for ``DELTA`` outputs
         (:mod:`mlxpa.engine.deltas`; ``SampleOutput.finished`` tells them apart)."""
         out = self.scheduler.schedule()
+        start = time.perf_counter()
         result = self.runner.execute(out)
+        if self.scheduler.spec_gate is not None:
+            self.scheduler.spec_gate.observe_step(out, time.perf_counter() - start)
         updated = self._update(out, result)
         outputs = self._check_stops(updated, result.grammar_ended)
         for o in outputs:  # a request id is free again once its last sample is returned
@@ -313,22 +316,27 @@ class LLMEngine:
                 ran[key].prompt_logprobs.update(by_position)
         if self.forks:
             self.forks.on_step(out)
-        for key, lp in result.logprobs.items():
-            ran[key].logprobs.append(lp)
+        for key, lps in result.logprobs.items():
+            ran[key].logprobs.extend(lps)
         self.counters.scored_tokens += (sum(map(len, result.scored.values()))
                                         + sum(map(len, result.targets.values())))
-        self._count_kv(out)
-        updated = self.scheduler.update_from_output(out, result.sampled)
+        self.counters.record_kv(out, self.kv_cache_manager, self.scheduler.running,
+                                self.runner.block_bytes, self.runner.kv_storage.snapshot_bytes)
+        if out.spec_token_ids:
+            self.counters.spec.record(out, result.sampled)
+        before = sum(r.num_output_tokens for r in out.requests)
+        updated = self.scheduler.update_from_output(out, result.sampled, result.spec_token_ids)
         released = self.choice_scores.on_step(out, result)
         self.counters.generation_tokens += sum(len(o.token_ids) for o in released)
         self._released.extend(released)
-        self.counters.record_step(len(updated), len(out.preempted),
-                                  self.kv_cache_manager.evicted_blocks, result.mask_time_s)
+        self.counters.record_step(sum(r.num_output_tokens for r in out.requests) - before,
+                                  len(out.preempted), self.kv_cache_manager.evicted_blocks,
+                                  result.mask_time_s)
         return updated
 
     def _check_stops(self, updated: list[Request],
                      grammar_ended: dict[int, str | None]) -> list[SampleOutput]:
-        """Stop strings and grammar endings of each request's new token; return the outputs
+        """Stop strings and grammar endings of each request's new tokens; return the outputs
         of the requests that finished (and of those released since the last step), and the
         new output of each running ``DELTA`` request."""
         finished, self._released = self._released, []
@@ -341,17 +349,6 @@ class LLMEngine:
             elif wants_deltas(req):
                 finished.append(step_delta(req, detok))
         return finished
-
-    def _count_kv(self, out: SchedulerOutput) -> None:
-        """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
-        in it: a choice row's requests hold their blocks for one step or a few)."""
-        kv, running = self.kv_cache_manager, self.scheduler.running
-        scheduled = dict(zip(out.requests, out.num_scheduled_tokens))
-        tokens, slots = kv.held_tokens_and_slots(
-            running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
-        held = kv.held_bytes(self.runner.block_bytes,
-                             len(running) * self.runner.kv_storage.snapshot_bytes)
-        self.counters.record_kv(kv.num_active_blocks, tokens, slots, held, len(running))
 
     def _output(self, req: Request, text: str, sample_index: int | None = None) -> SampleOutput:
         out = sample_output(req, text, self.scheduler.eos_token_ids, sample_index)

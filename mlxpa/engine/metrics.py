@@ -15,6 +15,41 @@ import numpy as np
 
 
 @dataclass(slots=True)
+class SpecDecodingStats:
+    """Speculative decoding's counts (vLLM's ``SpecDecodingStats``).
+
+    Attributes:
+        num_drafts: Request steps that verified draft tokens.
+        num_draft_tokens: Draft tokens verified.
+        num_accepted_tokens: Draft tokens accepted.
+        num_accepted_tokens_per_pos: Per draft position (0 first), the drafts accepted there.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, out, sampled: list[list[int]]) -> None:
+        """The drafts a step verified (``out.spec_token_ids``) and what each request emitted
+        (``sampled``, per request that sampled in ``out.requests`` order)."""
+        emitted = iter(sampled)
+        for req, samples in zip(out.requests, out.sampling):
+            tokens = next(emitted) if samples else []
+            drafts = out.spec_token_ids.get(req.key)
+            if not drafts:
+                continue
+            accepted = min(max(len(tokens) - 1, 0), len(drafts))
+            self.num_drafts += 1
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_tokens += accepted
+            per_pos = self.num_accepted_tokens_per_pos
+            per_pos.extend([0] * (len(drafts) - len(per_pos)))
+            for j in range(accepted):
+                per_pos[j] += 1
+
+
+@dataclass(slots=True)
 class Counters:
     """Counters the engine increments (never decrements).
 
@@ -44,6 +79,7 @@ class Counters:
         mask_steps: Steps that filled at least one grammar bitmask.
         scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
             ids (a choice row's label tokens).
+        spec: Speculative decoding's counts (:class:`SpecDecodingStats`).
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -66,6 +102,7 @@ class Counters:
     mask_time_s: float = 0.0
     mask_steps: int = 0
     scored_tokens: int = 0
+    spec: SpecDecodingStats = field(default_factory=lambda: SpecDecodingStats())
 
     def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
                     mask_time_s: float | None) -> None:
@@ -79,12 +116,17 @@ class Counters:
             self.mask_time_s += mask_time_s
             self.mask_steps += 1
 
-    def record_kv(self, active_blocks: int, tokens: int, slots: int,
-                  held: dict[str, int], running: int) -> None:
-        """KV use during one step: blocks held by requests, tokens with K/V and the token
-        slots of their blocks, bytes held per kind of KV cache group, requests running."""
-        self.peak_kv_blocks = max(self.peak_kv_blocks, active_blocks)
-        self.peak_running = max(self.peak_running, running)
+    def record_kv(self, out, kv, running: list, block_bytes: int, snapshot_bytes: int) -> None:
+        """KV use while step ``out`` runs (before ``update_from_output`` frees what finishes
+        in it: a choice row's requests hold their blocks for one step or a few): ``kv`` the
+        KV cache manager, ``running`` its running requests, the bytes of a block and of a
+        live recurrent state."""
+        scheduled = dict(zip(out.requests, out.num_scheduled_tokens))
+        tokens, slots = kv.held_tokens_and_slots(
+            running, [r.num_computed_tokens + scheduled.get(r, 0) for r in running])
+        held = kv.held_bytes(block_bytes, len(running) * snapshot_bytes)
+        self.peak_kv_blocks = max(self.peak_kv_blocks, kv.num_active_blocks)
+        self.peak_running = max(self.peak_running, len(running))
         self.kv_tokens_held += tokens
         self.kv_slots_in_use += slots
         self.peak_kv_bytes = max(self.peak_kv_bytes, sum(held.values()))
@@ -118,6 +160,7 @@ class Stats:
     mask_ms_per_step: float | None = None  # bitmask fill per step with constrained rows
     mask_steps: int = 0
     scored_tokens: int = 0
+    spec_decoding: dict | None = None  # SpecDecodingStats' fields; None without drafts
     peak_kv_bytes: int = 0
     peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
 
@@ -152,4 +195,5 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         failed_rows=c.failed_rows,
         mask_ms_per_step=1e3 * c.mask_time_s / c.mask_steps if c.mask_steps else None,
         mask_steps=c.mask_steps, scored_tokens=c.scored_tokens, peak_kv_bytes=c.peak_kv_bytes,
-        peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group))
+        peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group),
+        spec_decoding=asdict(c.spec) if c.spec.num_drafts else None)

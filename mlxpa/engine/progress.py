@@ -126,6 +126,12 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
     if stats.itl_p50_s is not None:
         rows.append(("ITL p50 / p99", f"{stats.itl_p50_s * 1e3:.1f} / "
                      f"{stats.itl_p99_s * 1e3:.1f} ms"))
+    if stats.spec_decoding:
+        spec = stats.spec_decoding
+        accepted, drafted = spec["num_accepted_tokens"], spec["num_draft_tokens"]
+        rows.append(("draft tokens accepted",
+                     f"{accepted} of {drafted} ({accepted / drafted:.1%}; "
+                     f"{accepted / spec['num_drafts']:.2f} per verify step)"))
     for k, v in rows:
         t.add_row(f"[bold]{k}", v)
     return t

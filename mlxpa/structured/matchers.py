@@ -145,7 +145,7 @@ class Bitmask(NamedTuple):
     """One step's token bitmask (llguidance's layout).
 
     Attributes:
-        rows: Indices of the constrained requests among the step's sampling requests.
+        rows: Indices of the constrained requests' rows among the step's sampling rows.
         words: ``[S, ceil(V / 32)]`` int32: bit ``t % 32`` of word ``t // 32`` set = token
             ``t`` allowed (every bit of an unconstrained request; the bits past ``V`` clear).
         fill_s: Seconds spent syncing the matchers and filling it (grammar compiles
@@ -221,47 +221,79 @@ class Grammars:
             st.consumed = len(out)
         return st
 
-    def fill(self, reqs: list[Request]) -> Bitmask | None:
-        """The bitmask of the step's sampling requests ``reqs``: each constrained request's
-        from its matcher, every token for the others; None when none is constrained."""
-        rows = [i for i, r in enumerate(reqs)
-                if r.sampling_params.structured_outputs is not None]
-        if not rows:
+    def fill(self, rows, drafts: list[list[int]] | None = None) -> Bitmask | None:
+        """The bitmask of a step's sampling rows (:class:`~mlxpa.worker.sampler.Rows`):
+        each constrained request's from its matcher, its draft rows' after the drafts before
+        them (llguidance's draft-token fill, which rolls the matcher back; rows after a draft
+        the grammar refuses stay open: they are rejected there), every token for the others;
+        None when no request is constrained."""
+        reqs = [rows.reqs[f] for f in rows.first]
+        cons = [i for i, r in enumerate(reqs) if r.sampling_params.structured_outputs is not None]
+        if not cons:
             return None
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+        from llguidance.numpy import (
+            allocate_token_bitmask,
+            fill_next_token_bitmask_par,
+            fill_next_token_bitmask_par_with_draft_tokens,
+        )
 
         self.prepare()
         t0 = time.perf_counter()
-        states = [self._state(reqs[i]) for i in rows]
-        bitmask = allocate_token_bitmask(len(reqs), self.vocab_size)  # all allowed
-        fill_next_token_bitmask_par(self._executor, [(s.matcher, i) for i, s in
-                                                     zip(rows, states)], bitmask)
+        states = [(i, self._state(reqs[i])) for i in cons]
+        bitmask = allocate_token_bitmask(len(rows.reqs), self.vocab_size)  # all allowed
+        plain = [(st.matcher, rows.first[i]) for i, st in states if not drafts or not drafts[i]]
+        if plain:
+            fill_next_token_bitmask_par(self._executor, plain, bitmask)
+        drafted = [(st.matcher, rows.first[i], list(drafts[i])) for i, st in states
+                   if drafts and drafts[i]]
+        if drafted:
+            fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
         if self.vocab_size % 32:
             bitmask[:, -1] &= (1 << self.vocab_size % 32) - 1
-        return Bitmask(rows, bitmask, time.perf_counter() - t0)
+        covered = [k for k, o in enumerate(rows.owner) if o in set(cons)]
+        return Bitmask(covered, bitmask, time.perf_counter() - t0)
 
-    def advance(self, reqs: list[Request], tokens: list[int]) -> dict[int, str | None]:
-        """Consume each constrained request's sampled token (``tokens[i]`` for ``reqs[i]``).
+    def advance(self, reqs: list[Request], tokens: list[list[int]]) -> dict[int, str | None]:
+        """Consume each constrained request's emitted tokens (``tokens[i]`` for ``reqs[i]``),
+        cutting the list after a token that ends its grammar.
 
         Returns:
-            The keys of the requests whose grammar ended with that token: None when it is
-            complete
-            (satisfied, admitting nothing but EOS), else the matcher's error (a token outside
-            the grammar). Requests whose grammar goes on are absent.
+            The keys of the requests whose grammar ended with their last kept token: None
+            when it is complete (satisfied, admitting nothing but EOS), else the matcher's
+            error (a token outside the grammar). Requests whose grammar goes on are absent.
         """
         ended: dict[int, str | None] = {}
-        for req, tok in zip(reqs, tokens):
+        for req, toks in zip(reqs, tokens):
             st = self._states.get(req.key)
-            if st is None:
+            if st is None or st.consumed != req.num_output_tokens:
                 continue
-            if st.consumed == req.num_output_tokens:
+            for j, tok in enumerate(toks):
                 st.matcher.consume_token(tok)
                 st.consumed += 1
-            if st.matcher.is_error():
-                ended[req.key] = st.matcher.get_error() or "the output left the grammar"
-            elif st.matcher.is_stopped():
-                ended[req.key] = None
+                if st.matcher.is_error():
+                    ended[req.key] = st.matcher.get_error() or "the output left the grammar"
+                elif st.matcher.is_stopped():
+                    ended[req.key] = None
+                if req.key in ended:
+                    del toks[j + 1:]
+                    break
         return ended
+
+    def draft_prefix(self, req: Request, num_output_tokens: int,
+                     drafts: list[int]) -> list[int]:
+        """``drafts`` cut before the first token ``req``'s grammar refuses after its first
+        ``num_output_tokens`` output tokens (the matcher's state after :meth:`advance`; all
+        of them for an unconstrained request); where the grammar forces the next tokens
+        (llguidance's fast-forward tokens), those instead: jump-forward as drafts."""
+        st = self._states.get(req.key)
+        if st is None:
+            return drafts
+        if st.consumed != num_output_tokens or st.matcher.is_stopped():
+            return []
+        forced = st.matcher.compute_ff_tokens()
+        if forced:
+            return list(forced)
+        return drafts[:st.matcher.validate_tokens(drafts)]
 
     def release(self, req: Request) -> None:
         """Drop ``req``'s matcher (finished)."""

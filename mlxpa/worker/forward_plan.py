@@ -24,7 +24,7 @@ from mlxpa.worker.logprobs import score_columns
 class ReadKind(enum.Enum):
     """What a position of a forward pass is read for."""
 
-    SAMPLE = "sample"  # the last scheduled token of a request that samples
+    SAMPLE = "sample"  # the last scheduled token of a request that samples (and its drafts)
     SCORE = "score"  # a position whose logits score the next prompt token
     TARGET = "target"  # the last prompt token of a request with target token ids
 
@@ -58,7 +58,8 @@ class ForwardPlan:
 
 
 def group_reads(group: list[int], reqs: list[Request], counts: list[int], starts: list[int],
-                sampling: list[bool]) -> tuple[dict[ReadKind, Positions], dict[ReadKind, list]]:
+                sampling: list[bool], drafts: dict[int, list[int]] | None = None,
+                ) -> tuple[dict[ReadKind, Positions], dict[ReadKind, list]]:
     """One group's reads and, per kind, what each read position belongs to
     (:attr:`StepReads.owners`).
 
@@ -68,17 +69,21 @@ def group_reads(group: list[int], reqs: list[Request], counts: list[int], starts
         counts: Tokens each computes in the step.
         starts: ``num_computed_tokens`` of each.
         sampling: Per request of the step, whether it samples (``SchedulerOutput.sampling``).
+        drafts: Per request key, the draft tokens ending its chunk: a request that samples
+            is read at its last token before them and at each of them.
     """
-    sample = [k for k, i in enumerate(group) if sampling[i]]
+    sample = [(k, c) for k, i in enumerate(group) if sampling[i]
+              for c in range(counts[k] - 1 - len((drafts or {}).get(reqs[k].key, ())),
+                             counts[k])]
     score = [(k, col, token, position) for k, r in enumerate(reqs)
              for col, token, position in score_columns(r, starts[k], counts[k])]
     # targets: read where the chunk ends the prompt (the last prompt token)
     target = [k for k, r in enumerate(reqs)
               if r.target_token_ids and starts[k] + counts[k] == r.num_prompt_tokens]
-    reads = {ReadKind.SAMPLE: Positions(sample, [counts[k] - 1 for k in sample]),
+    reads = {ReadKind.SAMPLE: Positions([k for k, _ in sample], [c for _, c in sample]),
              ReadKind.SCORE: Positions([k for k, *_ in score], [c for _, c, *_ in score]),
              ReadKind.TARGET: Positions(target, [counts[k] - 1 for k in target])}
-    owners = {ReadKind.SAMPLE: [group[k] for k in sample],
+    owners = {ReadKind.SAMPLE: [group[k] for k, _ in sample],
               ReadKind.SCORE: [(reqs[k], position, token) for k, _, token, position in score],
               ReadKind.TARGET: [reqs[k] for k in target]}
     return reads, owners
@@ -89,8 +94,9 @@ class StepReads:
 
     Attributes:
         owners: Per kind, what each read position belongs to, in order: ``SAMPLE``, the
-            request's index in ``out.requests``; ``SCORE``, ``(request, position, token id)``
-            of the scored prompt token; ``TARGET``, the request whose targets are read.
+            request's index in ``out.requests`` (a request's positions in a run);
+            ``SCORE``, ``(request, position, token id)`` of the scored prompt token;
+            ``TARGET``, the request whose targets are read.
     """
 
     def __init__(self) -> None:

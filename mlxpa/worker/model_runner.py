@@ -43,8 +43,10 @@ from mlxpa.config import EngineConfig, kv_budget_bytes
 from mlxpa.core.kv_sizing import num_kv_blocks
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
+from mlxpa.spec_decode import make_proposer
 from mlxpa.structured.matchers import Grammars
 from mlxpa.worker.block_tables import BlockTableCopies
+from mlxpa.worker.drafter import Drafter
 from mlxpa.worker.forward_plan import ForwardPlan, ReadKind, StepReads, group_reads
 from mlxpa.worker.kv_cache import PagedKVCache
 from mlxpa.worker.kv_storage import kv_storage
@@ -60,7 +62,7 @@ from mlxpa.worker.paged_forward import (
     paged_context,
 )
 from mlxpa.worker.penalties import PenaltyState
-from mlxpa.worker.sampler import NOTHING_SAMPLED, Sampler, sampling_metadata
+from mlxpa.worker.sampler import NOTHING_SAMPLED, Sampler
 from mlxpa.worker.state_snapshots import StateCodec, restore_states, save_states
 from mlxpa.worker.state_store import RecurrentStateStore
 
@@ -88,13 +90,16 @@ def token_slice(req: Request, start: int, end: int) -> list[int]:
     return p[start:] + req.output_token_ids[:end - n]
 
 
-def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS) -> list[list[int]]:
+def group_by_length(num_tokens: list[int], max_pad: int = _MAX_PAD_TOKENS,
+                    verify: frozenset[int] = frozenset()) -> list[list[int]]:
     """Split the indices of the scheduled requests into groups run as one padded batch:
-    decodes together, prefill chunks by similar length (sorted, longest first; a chunk joins
-    a group while its padding stays within ``max_pad`` tokens; 0: equal lengths only, as
-    recurrent-state models run)."""
-    decode = [i for i, n in enumerate(num_tokens) if n == 1]
-    prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1), key=lambda i: -num_tokens[i])
+    decodes together, with the requests that verify drafts (``verify``: one forward streams
+    the weights once for all of them), prefill chunks by similar length (sorted, longest
+    first; a chunk joins a group while its padding stays within ``max_pad`` tokens; 0:
+    equal lengths only, as recurrent-state models run)."""
+    decode = [i for i, n in enumerate(num_tokens) if n == 1 or i in verify]
+    prefill = sorted((i for i, n in enumerate(num_tokens) if n > 1 and i not in verify),
+                     key=lambda i: -num_tokens[i])
     groups = [decode] if decode else []
     for i in prefill:
         if groups and groups[-1] is not decode and (
@@ -180,6 +185,9 @@ class ModelRunner:
         self._tables = BlockTableCopies(self.block_size)
         self.states = RecurrentStateStore.for_geometry(self.geometry)
         self._codec = StateCodec(self.geometry) if self.states is not None else None
+        spec = config.speculative_config
+        self.drafter = (Drafter(make_proposer(spec), spec.num_speculative_tokens, self.grammars)
+                        if spec is not None and self.states is None else None)
 
     def kv_blocks_for(self, kv_blocks_needed: int | None) -> int:
         """Blocks of the pool (null block included) for work that can use at most
@@ -217,11 +225,13 @@ class ModelRunner:
 
     def _metadata(self, reqs: list[Request], counts: list[int],
                   cascade_groups: list[tuple[list[int], int]] | None = None,
-                  ) -> tuple[mx.array, object]:
+                  drafts: dict[int, list[int]] | None = None) -> tuple[mx.array, object]:
         tokens = np.zeros((len(reqs), max(counts)), np.int32)
         starts = np.array([r.num_computed_tokens for r in reqs], np.int32)
         for row, (req, n) in enumerate(zip(reqs, counts)):
-            tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n)
+            d = drafts.get(req.key, []) if drafts else []
+            tokens[row, :n] = token_slice(req, int(starts[row]), int(starts[row]) + n - len(d)
+                                          ) + d
         per_row = [self._tables.get(r) for r in reqs]
         tables = [[t[g] for t in per_row] for g in range(len(self.layers.group_windows))]
         return build_metadata(tokens, counts, starts, tables, self.block_size,
@@ -249,6 +259,8 @@ class ModelRunner:
         preempted request recomputes from position 0)."""
         self._tables.drop([*finished, *preempted])
         self.penalties.drop([*finished, *preempted])
+        if self.drafter is not None:
+            self.drafter.finish(finished)
         if self.grammars is not None:
             for req in finished:
                 self.grammars.release(req)
@@ -278,12 +290,13 @@ class ModelRunner:
         # head inputs, the targets' log-probabilities
         pending = [*self._pools(), *([scored] if scored is not None else []),
                    *(targets.arrays if targets is not None else [])]
-        order = reads.owners[ReadKind.SAMPLE]
+        order = list(dict.fromkeys(reads.owners[ReadKind.SAMPLE]))  # a request's rows: in a run
         reqs = [out.requests[i] for i in order]
+        drafts = [out.spec_token_ids.get(r.key, []) for r in reqs]
         if reqs:  # one evaluation: tokens, pools and the reads
-            metadata = sampling_metadata(reqs, [self.seed_for(r) for r in reqs])
-            res = self.sampler.sample([self._head(reads.take(ReadKind.SAMPLE))], reqs, metadata,
-                                      pending)
+            res = self.sampler.sample([self._head(reads.take(ReadKind.SAMPLE))], reqs,
+                                      [self.seed_for(r) for r in reqs], pending,
+                                      drafts if any(drafts) else None)
         else:
             mx.eval(*pending)
             res = NOTHING_SAMPLED
@@ -294,7 +307,9 @@ class ModelRunner:
             logprobs={reqs[j].key: lp for j, lp in res.logprobs.items()},
             scored=self._scored(reads.owners[ReadKind.SCORE], scored),
             targets=_by_request(reads.owners[ReadKind.TARGET], targets),
-            grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s)
+            grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s,
+            spec_token_ids=(self.drafter.propose(reqs, res.tokens)
+                            if self.drafter is not None and out.propose_drafts else {}))
 
     def _targets(self, reads: StepReads) -> LogprobGather | None:
         """The log-probabilities of the target requests' ``target_token_ids`` at their last
@@ -326,7 +341,8 @@ class ModelRunner:
         """Run the step's groups (lazily) and collect their reads (:class:`StepReads`)."""
         reads = StepReads()
         pad = _MAX_PAD_TOKENS if self.states is None else 0
-        groups = group_by_length(out.num_scheduled_tokens, pad)
+        verify = frozenset(i for i, r in enumerate(out.requests) if r.key in out.spec_token_ids)
+        groups = group_by_length(out.num_scheduled_tokens, pad, verify)
         with paged_context(self.model, self.config.fused_cpu_ops, self.geometry.has_kv):
             for g, group in enumerate(groups):
                 reqs = [out.requests[i] for i in group]
@@ -351,8 +367,10 @@ class ModelRunner:
               counts: list[int], starts: list[int]) -> tuple[ForwardPlan, dict[ReadKind, list]]:
         """One group's :class:`ForwardPlan` (``group``: its indices in ``out.requests``), and
         per kind what each read position belongs to (:func:`group_reads`)."""
-        tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group))
-        reads, owners = group_reads(group, reqs, counts, starts, out.sampling)
+        tokens, meta = self._metadata(reqs, counts, _rows_of(out.cascade_groups, group),
+                                      out.spec_token_ids)
+        reads, owners = group_reads(group, reqs, counts, starts, out.sampling,
+                                    out.spec_token_ids)
         states = (self.states.caches([r.key for r in reqs], starts, counts)
                   if self.states is not None else None)
         return ForwardPlan(tokens, meta, reads, states), owners

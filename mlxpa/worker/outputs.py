@@ -14,9 +14,10 @@ class StepResult(NamedTuple):
     Every table is keyed by the request's ``key`` (vLLM's ``req_id``).
 
     Attributes:
-        sampled: One token id per request whose chunk reached its last token and that
-            samples (``SchedulerOutput.sampling``), in ``SchedulerOutput.requests`` order.
-        logprobs: Per request that asks (``logprobs``), its sampled token's
+        sampled: Per request whose chunk reached its last token and that samples
+            (``SchedulerOutput.sampling``), in ``SchedulerOutput.requests`` order, its emitted
+            tokens: one, or after draft tokens the accepted drafts and the next token.
+        logprobs: Per request that asks (``logprobs``), each emitted token's
             :class:`TokenLogprob`.
         scored: Per request with scored tokens in this step's chunk
             (``num_scored_tokens``), position to the :class:`TokenLogprob` of the prompt
@@ -28,14 +29,17 @@ class StepResult(NamedTuple):
             token: None when it is complete (only EOS may follow), else the matcher's error.
         mask_time_s: Seconds spent filling the grammar bitmask; None when no request of the
             step was constrained.
+        spec_token_ids: Per request that sampled, the draft tokens proposed to follow what
+            it emitted (speculative decoding; absent without drafts).
     """
 
-    sampled: list[int]
-    logprobs: dict[int, TokenLogprob]
+    sampled: list[list[int]]
+    logprobs: dict[int, list[TokenLogprob]]
     scored: dict[int, dict[int, TokenLogprob]]
     targets: dict[int, list[TokenLogprob]]
     grammar_ended: dict[int, str | None]
     mask_time_s: float | None
+    spec_token_ids: dict[int, list[int]] = {}
 
 
 # The result of a step that schedules no token (it only frees finished requests' state).

@@ -106,6 +106,25 @@ class _Tracked:
             self.count[i] += 1
         self.num_counted = len(output_token_ids)
 
+    def entries(self, ahead: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+        """``(ids, bias, seen, count)`` of the tracked tokens, with ``ahead`` (draft tokens)
+        counted as further output (copies; the tracked state is unchanged)."""
+        n = self.n
+        ids, bias, seen, count = self.ids[:n], self.bias[:n], self.seen[:n], self.count[:n]
+        if not ahead or not self.outputs:
+            return ids, bias, seen, count
+        new = sorted({t for t in ahead if t not in self.slot})
+        ids = np.concatenate([ids, np.array(new, np.int32)])
+        bias = np.concatenate([bias, np.zeros(len(new), np.float32)])
+        seen = np.concatenate([seen, np.zeros(len(new), bool)])
+        count = np.concatenate([count, np.zeros(len(new), np.float32)])
+        where = {t: n + j for j, t in enumerate(new)}
+        for t in ahead:
+            i = self.slot.get(t, where.get(t))
+            seen[i] = True
+            count[i] += 1
+        return ids, bias, seen, count
+
     def _append(self, token_id: int) -> int:
         i = self.n
         if i == len(self.ids):
@@ -139,36 +158,39 @@ class PenaltyState:
         for req in reqs:
             self._tracked.pop(req.key, None)
 
-    def step(self, reqs: list[Request]) -> StepPenalties | None:
+    def step(self, reqs: list[Request],
+             ahead: list[tuple[int, ...]] | None = None) -> StepPenalties | None:
         """The entries of the step whose sampling rows are ``reqs`` (row ``i`` is
-        ``reqs[i]``), or None when no row sets ``logit_bias`` or a penalty (or none has an
-        entry yet: a presence penalty before the first output token)."""
+        ``reqs[i]``; a request may have several rows, ``ahead[i]`` the draft tokens row
+        ``i`` counts as output after the request's own), or None when no row sets
+        ``logit_bias`` or a penalty (or none has an entry yet: a presence penalty before the
+        first output token)."""
         rows = [i for i, r in enumerate(reqs) if r.sampling_params.penalised]
         if not rows:
             return None
-        tracked = []
+        parts = []
         for i in rows:
             req = reqs[i]
             t = self._tracked.get(req.key)
             if t is None:
                 t = self._tracked[req.key] = _Tracked(req)
-            else:
+            elif t.num_counted != req.num_output_tokens:
                 t.sync(req.output_token_ids)
-            tracked.append(t)
-        lens = [t.n for t in tracked]
+            parts.append(t.entries(ahead[i] if ahead else ()))
+        lens = [len(ids) for ids, *_ in parts]
         if not sum(lens):
             return None
         params = [reqs[i].sampling_params for i in rows]
-        count = np.concatenate([t.count[:t.n] for t in tracked])
-        seen = np.concatenate([t.seen[:t.n] for t in tracked])
+        count = np.concatenate([c for *_, c in parts])
+        seen = np.concatenate([s for _, _, s, _ in parts])
         rep = np.repeat(np.clip(np.array([p.repetition_penalty for p in params]), _MIN_FACTOR,
                                 _MAX_FACTOR).astype(np.float32), lens)
         freq = np.repeat(np.array([p.frequency_penalty for p in params], np.float32), lens)
         pres = np.repeat(np.array([p.presence_penalty for p in params], np.float32), lens)
         return StepPenalties(
             rows=mx.array(np.repeat(np.array(rows, np.int32), lens)),
-            cols=mx.array(np.concatenate([t.ids[:t.n] for t in tracked])),
-            bias=mx.array(np.concatenate([t.bias[:t.n] for t in tracked])),
+            cols=mx.array(np.concatenate([ids for ids, *_ in parts])),
+            bias=mx.array(np.concatenate([b for _, b, *_ in parts])),
             factor=mx.array(np.where(seen, rep, np.float32(1))),
             sub=mx.array(freq * count + pres * (count > 0)))
 

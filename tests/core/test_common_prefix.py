@@ -151,7 +151,7 @@ def _run(sched: Scheduler, steps: int) -> list:
     outs = []
     for _ in range(steps):
         out = sched.schedule()
-        sched.update_from_output(out, [7] * sum(out.sampling))
+        sched.update_from_output(out, [[7]] * sum(out.sampling))
         outs.append(out)
     return outs
 

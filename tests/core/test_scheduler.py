@@ -87,7 +87,7 @@ def step(sched: Scheduler, tokens: dict[object, int] | None = None,
                zip(out.requests, out.num_scheduled_tokens, sampling, strict=True)]
     sampled = [tokens.get(r.request_id, TOK)
                for r, s in zip(out.requests, sampling, strict=True) if s]
-    updated = sched.update_from_output(out, sampled)
+    updated = sched.update_from_output(out, [[t] for t in sampled])
     assert updated == [r for r, s in zip(out.requests, sampling, strict=True) if s]
     check(sched)
     return out, summary
@@ -485,13 +485,13 @@ def test_step_fields_are_values_and_finished_requests_reach_the_next_step():
     assert (out.requests, out.sampling, out.total_num_scheduled_tokens) == ([a, b], [True] * 2,
                                                                             6 + 5)
     assert out.finished == [] and not sched.has_finished_requests()
-    sched.update_from_output(out, [TOK, TOK])  # b reaches max_tokens
+    sched.update_from_output(out, [[TOK], [TOK]])  # b reaches max_tokens
     assert out.sampling == [True, True] and out.total_num_scheduled_tokens == 11
     assert b.is_finished and sched.has_finished_requests()
     out = sched.schedule()
     assert (out.requests, out.num_scheduled_tokens, out.finished) == ([a], [1], [b])
     assert not sched.has_finished_requests()
-    sched.update_from_output(out, [TOK])  # a reaches max_tokens
+    sched.update_from_output(out, [[TOK]])  # a reaches max_tokens
     add(sched, c)
     sched.finish_request(c, RequestStatus.FINISHED_ABORTED)  # from outside, while waiting
     sched.finish_request(c, RequestStatus.FINISHED_STOPPED)  # already finished: not again
@@ -620,7 +620,7 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
         assert len(set(map(id, out.requests))) == len(out.requests)
         sampled = [1000 + r.num_tokens
                    for r, s in zip(out.requests, out.sampling, strict=True) if s]
-        sched.update_from_output(out, sampled)
+        sched.update_from_output(out, [[t] for t in sampled])
         check(sched)
         n_steps += 1
         assert n_steps <= bound, "scheduler did not terminate in time"
@@ -658,13 +658,13 @@ def test_n_samples_never_exceed_max_num_seqs():
     assert sched.running == [parent, *children[:3]]
     assert list(sched.waiting) == children[3:]
     assert [c.num_computed_tokens for c in children[:3]] == [5, 5, 5]
-    sched.update_from_output(out, [TOK])
+    sched.update_from_output(out, [[TOK]])
     num_steps, most = 1, 4
     while sched.has_unfinished_requests():
         assert num_steps < 200
         out = sched.schedule()
         assert len(out.requests) <= 4
-        sched.update_from_output(out, [TOK] * sum(out.sampling))
+        sched.update_from_output(out, [[TOK]] * sum(out.sampling))
         kv.check_invariants(sched.running + list(sched.waiting))
         most = max(most, len(sched.running))
         num_steps += 1

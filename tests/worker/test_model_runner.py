@@ -104,7 +104,7 @@ def test_runner_frees_exactly_what_it_is_told(constrained_runner):
     a.block_tables, b.block_tables, d.block_tables = [[1, 2]], [[3, 4]], [[5, 6]]
     first = runner.execute(_step([a, b, d], [10, 12, 9]))
     assert len(first.sampled) == 3
-    for req, n, t in zip((a, b, d), (10, 12, 9), first.sampled):
+    for req, n, (t,) in zip((a, b, d), (10, 12, 9), first.sampled):
         _ran(req, n, t)
     assert set(runner._tables) == set(runner.grammars._states) == {a.key, b.key, d.key}
     b.status = d.status = RequestStatus.FINISHED_STOPPED  # only b is told
@@ -136,7 +136,7 @@ def test_runner_reports_grammar_endings(constrained_runner):
     gone.output_token_ids = tok.encode("x", add_special_tokens=False)  # recomputed with it
     result = runner.execute(_step([one, more, gone], [r.num_tokens for r in (one, more, gone)]))
     digits = set(tok.encode("0123456789"))
-    assert result.sampled[0] in digits and result.sampled[1] in digits
+    assert result.sampled[0][0] in digits and result.sampled[1][0] in digits
     assert set(result.grammar_ended) == {one.key, gone.key}  # keyed by the request key
     assert result.grammar_ended[one.key] is None
     assert "satisfy the grammar" in result.grammar_ended[gone.key]  # llguidance's words

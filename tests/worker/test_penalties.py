@@ -13,16 +13,17 @@ import pytest
 from mlxpa.request import Request
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.penalties import PenaltyState, apply_penalties, gather_entries
-from mlxpa.worker.sampler import Sampler, sampling_metadata
+from mlxpa.worker.sampler import Sampler
 from mlxpa.worker.topk_topp_sampler import SamplingMetadata, draw
 
 V = 64
 
 
 def sample_step(parts, reqs, seeds, eos_token_ids, grammars, pending, penalties):
-    """One step of the runner's :class:`Sampler` on ``parts`` (one ``[S, V]`` logits)."""
-    return Sampler(eos_token_ids, grammars, penalties).sample(
-        parts, reqs, sampling_metadata(reqs, seeds), pending)
+    """One step of the runner's :class:`Sampler` on ``parts`` (one ``[S, V]`` logits), one
+    token per request (no drafts)."""
+    res = Sampler(eos_token_ids, grammars, penalties).sample(parts, reqs, seeds, pending)
+    return res._replace(tokens=[t for (t,) in res.tokens])
 
 
 def reference(logits: np.ndarray, reqs: list[Request]) -> np.ndarray:

@@ -8,7 +8,11 @@ Read from the engine thread's :class:`~mlxpa.engine.async_llm.EngineStats` at ea
 ``mlxpa:kv_blocks_total``, and the counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` (prompt tokens looked up)
 and ``vllm:prefix_cache_hits_total`` (of those, served from the cache),
-``vllm:num_preemptions_total``. Observed as each sample finishes: the histograms
+``vllm:num_preemptions_total``, and speculative decoding's
+``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
+``vllm:spec_decode_num_accepted_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_per_pos_total`` (by ``position``). Observed as each
+sample finishes: the histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``, and ``vllm:request_success_total`` by
 ``finished_reason``.
@@ -58,11 +62,24 @@ class _EngineCollector(Collector):
                      "cache.", c.prompt_tokens),
                     ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                      c.cached_prompt_tokens),
-                    ("vllm:num_preemptions", "Requests preempted.", c.num_preemptions))
+                    ("vllm:num_preemptions", "Requests preempted.", c.num_preemptions),
+                    ("vllm:spec_decode_num_drafts", "Request steps that verified draft "
+                     "tokens.", c.spec.num_drafts),
+                    ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                     c.spec.num_draft_tokens),
+                    ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                     c.spec.num_accepted_tokens))
         for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric(self.labels, value)
-            yield c
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(self.labels, value)
+            yield family
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position (0 first).",
+            labels=["model_name", "position"])
+        for pos, value in enumerate(c.spec.num_accepted_tokens_per_pos):
+            per_pos.add_metric([*self.labels, str(pos)], value)
+        yield per_pos
 
 
 class ServerMetrics:
