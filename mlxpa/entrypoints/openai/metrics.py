@@ -5,7 +5,9 @@ where vLLM has the metric, ``mlxpa:`` names where it has none, every one labelle
 Read from the engine thread's :class:`~mlxpa.engine.async_llm.EngineStats` at each scrape:
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
 (blocks held by requests over usable blocks, 0 to 1), ``mlxpa:kv_blocks_in_use``,
-``mlxpa:kv_blocks_total``, and the counters ``vllm:prompt_tokens_total``,
+``mlxpa:kv_blocks_total``, ``mlxpa:kv_cache_peak_bytes`` (KV held at peak, every KV cache
+group) and ``mlxpa:kv_cache_peak_bytes_by_group`` (by ``group``: ``full_attention``,
+``sliding_window_<n>``, ``recurrent``), and the counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` (prompt tokens looked up)
 and ``vllm:prefix_cache_hits_total`` (of those, served from the cache),
 ``vllm:num_preemptions_total``, and speculative decoding's
@@ -51,7 +53,9 @@ class _EngineCollector(Collector):
                   ("vllm:kv_cache_usage_perc", "KV blocks held by requests over usable "
                    "blocks (1 = full).", s.kv_blocks_in_use / max(s.kv_blocks_total, 1)),
                   ("mlxpa:kv_blocks_in_use", "KV blocks held by requests.", s.kv_blocks_in_use),
-                  ("mlxpa:kv_blocks_total", "Usable KV blocks of the pool.", s.kv_blocks_total))
+                  ("mlxpa:kv_blocks_total", "Usable KV blocks of the pool.", s.kv_blocks_total),
+                  ("mlxpa:kv_cache_peak_bytes", "Most bytes of KV held at once since start, "
+                   "every KV cache group.", c.peak_kv_bytes))
         for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(self.labels, value)
@@ -73,6 +77,12 @@ class _EngineCollector(Collector):
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(self.labels, value)
             yield family
+        by_group = GaugeMetricFamily(
+            "mlxpa:kv_cache_peak_bytes_by_group", "Most bytes of KV held at once since start, "
+            "per kind of KV cache group.", labels=["model_name", "group"])
+        for group, value in c.peak_kv_bytes_by_group.items():
+            by_group.add_metric([*self.labels, group], value)
+        yield by_group
         per_pos = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted at each draft position (0 first).",
