@@ -14,7 +14,7 @@ A sliding-window group frees every block that falls entirely before ``position -
 block_size) + 1`` blocks there, ``chunk`` the tokens one step computes: prefill chunks are
 capped at :attr:`KVCacheLayout.max_chunk_tokens` (half the smallest window, at least 256
 tokens) so that this stays near the window (Gemma 3 270M: 512-token windows, 256-token chunks,
-48 blocks of 16 a request while it prefills, 33 while it decodes; mlx-lm's rotating caches
+49 blocks of 16 a request while it prefills, 33 while it decodes; mlx-lm's rotating caches
 keep 512 tokens after a prefill). Layers whose pool shapes differ between kinds (Gemma 4's
 global layers) cannot share slots: they keep one group and page every layer for every token
 (vLLM does the same), and :attr:`KVCacheLayout.note` says why.
