@@ -29,6 +29,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -220,6 +221,7 @@ class AsyncLLM:
         try:
             self._loop()
         except BaseException as e:  # a step failed: every caller is told, none hangs
+            traceback.print_exc()  # the server's log keeps where it failed
             self._error = e
             self._fail_all(EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}"))
 

@@ -174,7 +174,8 @@ def build_metadata(tokens: np.ndarray, counts: list[int], starts: np.ndarray,
         counts: Scheduled tokens per row.
         starts: ``[B]`` int32 ``num_computed_tokens`` per row.
         block_tables: Per group, per row, int32 pool block ids covering the context after
-            this step (``0`` where a sliding-window group no longer holds a block).
+            this step, perhaps more (``0`` where a sliding-window group no longer holds a
+            block).
         block_size: Tokens per block.
         group_windows: Per group, the sliding windows of its layers (None: full attention).
         kernel: Paged-attention back end name.
@@ -207,7 +208,10 @@ def _group_tables(block_tables: Sequence[np.ndarray], counts: list[int], starts:
     for row, (bt, n) in enumerate(zip(block_tables, counts)):
         pos = np.arange(int(starts[row]), int(starts[row]) + n)
         slots[row, :n] = bt[pos // bs].astype(np.int64) * bs + pos % bs
-        tables[row, :len(bt)] = bt
+        # A table may hold blocks past this step's context (allocated for drafts a later
+        # step no longer verifies): no query reads them.
+        held = min(len(bt), int(nblocks[row]))
+        tables[row, :held] = bt[:held]
     window_tables = {}
     for w in {w for w in windows if w is not None}:
         first = np.maximum(starts - w + 1, 0) // bs

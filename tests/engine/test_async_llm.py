@@ -118,7 +118,7 @@ def test_a_full_waiting_queue_refuses_more():
         llm.shutdown()
 
 
-def test_a_failing_step_fails_every_caller_and_the_engine_reports_dead():
+def test_a_failing_step_fails_every_caller_and_the_engine_reports_dead(capfd):
     def broken() -> LLMEngine:
         engine = _factory()()
         engine.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
@@ -130,6 +130,8 @@ def test_a_failing_step_fails_every_caller_and_the_engine_reports_dead():
     _wait(lambda: not llm.is_alive)
     with pytest.raises(EngineDeadError):
         asyncio.run(_texts(llm, _request("y", "hi", max_tokens=4)))
+    err = capfd.readouterr().err  # the traceback is in the server's log
+    assert "Traceback" in err and "RuntimeError: boom" in err
 
 
 def test_a_build_error_comes_out_of_start():

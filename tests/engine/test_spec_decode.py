@@ -66,9 +66,9 @@ def run(model, params, spec=None, config=None, prompts=PROMPTS, tok=None):
     return {i: sorted(v, key=lambda o: o.sample_index) for i, v in outs.items()}, eng
 
 
-def refs_of(outs, tok=None):
+def refs_of(outs, tok=None, prompts=PROMPTS):
     tok = tok or byte_tokenizer(eos_id=-1)
-    return [tok.encode(PROMPTS[i]) + o.token_ids for i, v in outs.items() for o in v]
+    return [tok.encode(prompts[i]) + o.token_ids for i, v in outs.items() for o in v]
 
 
 @pytest.fixture
@@ -114,6 +114,27 @@ def test_greedy_identical_and_rollback(model, monkeypatch, forced, shift):
         assert c.spec.num_accepted_tokens == c.spec.num_draft_tokens
         assert c.num_steps < 20 / 2  # five tokens a step after the prefill
     assert c.spec.num_accepted_tokens_per_pos[0] == (0 if shift else c.spec.num_drafts)
+
+
+class Intermittent(Oracle):
+    """Drafts (rejected) after an odd number of tokens only: a step without drafts follows
+    one whose drafts took a new block."""
+
+    def propose(self, key, token_ids, k):
+        return super().propose(key, token_ids, k) if len(token_ids) % 2 else []
+
+
+def test_a_table_longer_than_the_context(model, monkeypatch, forced):
+    """One request a step (a server at one client): after rejected drafts that crossed a
+    block boundary, its block table holds a block past the next step's context (this
+    crashed the engine: could not broadcast (18,) into (17,))."""
+    params = SamplingParams(max_tokens=40)
+    for p in PROMPTS:
+        plain, _ = run(model, params, prompts=[p])
+        with_proposer(monkeypatch, Intermittent(refs_of(plain, prompts=[p]), shift=1))
+        spec, eng = run(model, params, SPEC, prompts=[p])
+        same(plain, spec)
+        assert eng.counters.spec.num_draft_tokens >= 4 * 10
 
 
 @pytest.mark.parametrize("sampling", [
