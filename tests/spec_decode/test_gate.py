@@ -33,6 +33,21 @@ def test_cost_keeps_the_prior_without_spread_or_with_a_senseless_fit():
     assert cost.ratio == PRIOR_RATIO
 
 
+def test_cost_keeps_the_prior_over_close_noisy_sizes():
+    """A 128-row batch decodes at 118-128 tokens a step: with 5 % timing noise, a fit there
+    once gave r in the hundreds (so the gate drafted at 128 rows); over sizes 1-128 with the
+    same noise the fit finds the true r = 21."""
+    rng = np.random.default_rng(1)
+    for trial in range(50):
+        close, wide = StepCost(), StepCost()
+        for _ in range(60):
+            for cost, (lo, hi) in ((close, (118, 129)), (wide, (1, 129))):
+                x = int(rng.integers(lo, hi))
+                cost.observe(x, 0.0034 * (21 + x) * (1 + rng.normal(0, 0.05)))
+        assert close.ratio == PRIOR_RATIO
+        assert wide.ratio == pytest.approx(21, rel=0.5)
+
+
 def test_acceptance_by_hand():
     gate = SpecGate(4)
     assert gate.acceptance(1) == 0.5  # the prior, 1 accepted and 1 rejected
