@@ -38,7 +38,7 @@ def test_cost_keeps_the_prior_over_close_noisy_sizes():
     once gave r in the hundreds (so the gate drafted at 128 rows); over sizes 1-128 with the
     same noise the fit finds the true r = 21."""
     rng = np.random.default_rng(1)
-    for _ in range(50):
+    for _trial in range(50):
         close, wide = StepCost(), StepCost()
         for _ in range(60):
             for cost, (lo, hi) in ((close, (118, 129)), (wide, (1, 129))):
