@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Speculative decoding's sitting: docs/speculative-decoding.md's figures, each ratio's systems
 # in one run (mlxpa with --speculative-config against mlxpa-nospec, the same engine without):
-#   serve     mlxpa serve, copy-heavy text rows (code editing, quoting QA, summarising), 1 and
-#             16 streaming clients
+#   serve     mlxpa serve, copy-heavy text rows (code editing, quoting QA, summarising) as
+#             chat requests, 1 and 16 streaming clients
 #   shared    the shared-prefix serve workload at 16 clients, with mlx_lm.server
 #   offline   mlxpa bench, 128 rows of each text workload
 #   small     mlxpa bench, 8 copy-heavy rows, 3 repeats
@@ -20,7 +20,7 @@ for step in "${steps[@]}"; do
   case $step in
     serve)
       mlxpa bench serve --workload copy-heavy --num-prompts 24 --concurrency 1,16 \
-        --baselines mlxpa,mlxpa-nospec --speculative-config "$spec" --kv-memory 1 -q \
+        --endpoint chat --baselines mlxpa,mlxpa-nospec --speculative-config "$spec" --kv-memory 1 -q \
         --json "$out/spec_serve_copy_heavy.json" ;;
     shared)
       mlxpa bench serve --workload shared-prefix --prompts-per-group 48 --system-prompt-len 512 \
