@@ -16,10 +16,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mlxpa.messages import field_error_text
 from mlxpa.sampling_params import SamplingParams
 
 # Request keys: unique in the process, in creation order (the side tables' keys).
 _KEYS = itertools.count()
+
+# The longest ``cache_salt`` (characters): a secret of 128 bits or more fits many times over
+# (a UUID is 36, a SHA-512 hex digest 128), and every namespace of the prefix cache and every
+# message about a salt stays small.
+MAX_CACHE_SALT_CHARS = 256
+CACHE_SALT_RULE = f"a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"
+
+
+def cache_salt_problem(value: object, field: str = "cache_salt") -> str | None:
+    """Why ``value`` cannot be a ``cache_salt`` (vLLM's field: only requests with the same
+    salt share prefix-cache blocks), or None: a string of 1 to :data:`MAX_CACHE_SALT_CHARS`
+    characters, or None (unsalted). A string is never quoted back (a salt is a secret): its
+    length is.
+
+    Returns:
+        ``field "<field>" must be a non-empty string of at most 256 characters, got ...``,
+        or None.
+    """
+    if value is None or isinstance(value, str) and 0 < len(value) <= MAX_CACHE_SALT_CHARS:
+        return None
+    if isinstance(value, str):
+        got = '""' if not value else f"a string of {len(value)} characters"
+        return f'field "{field}" must be {CACHE_SALT_RULE}, got {got}'
+    return field_error_text(field, CACHE_SALT_RULE, value)
 
 
 class RequestStatus(enum.IntEnum):
@@ -83,12 +108,15 @@ class EngineRequest(NamedTuple):
         questions: A question group (:mod:`mlxpa.engine.question_scores`): each question's
             prompt and labels, scored as ``choice`` rows over one prefill of the document;
             None: a plain request.
+        cache_salt: vLLM's ``cache_salt``: the request reuses prefix-cache blocks only of
+            requests with the same salt (None: the unsalted ones); see :attr:`Request.cache_salt`.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     questions: tuple[QuestionPrompt, ...] | None = None
+    cache_salt: str | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -155,6 +183,10 @@ class Request:
             per-request ``req_id``).
         spec_token_ids: Draft tokens proposed to follow its output (speculative decoding),
             verified in its next step as far as the scheduler takes them (vLLM's).
+        cache_salt: The prefix cache's namespace (vLLM's ``cache_salt``; TensorRT-LLM mixes
+            it into the root of its block tree): the request hits, and shares in-batch, only
+            blocks computed by requests with the same salt; None: the unsalted namespace.
+            Its samples, forks and scoring requests inherit it.
     """
 
     request_id: str
@@ -179,6 +211,7 @@ class Request:
     score_only: bool = False
     key: int = field(default_factory=lambda: next(_KEYS))
     spec_token_ids: list[int] = field(default_factory=list)
+    cache_salt: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

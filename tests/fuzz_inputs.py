@@ -39,7 +39,8 @@ CONTROL = ["<eos>", "<bos>", "<pad>", "<start_of_turn>", "<end_of_turn>\n<start_
 KNOWN = ["prompt", "messages", "id", "max_tokens", "max_completion_tokens", "temperature",
          "top_p", "top_k", "min_p", "seed", "stop", "n", "stop_token_ids", "ignore_eos",
          "include_stop_str_in_output", "min_tokens", "logprobs", "response_format", "stream",
-         "user", "presence_penalty", "temprature", "custom_id", "body", "url", "method"]
+         "user", "presence_penalty", "temprature", "custom_id", "body", "url", "method",
+         "cache_salt"]
 RECORD_PROBLEMS = ("invalid JSON", "unreadable JSON", "not valid UTF-8", "expected a JSON",
                    "expected ", "duplicate id")
 
@@ -69,7 +70,8 @@ def valid_row(draw) -> dict:
         "n": st.integers(1, 3), "stop": st.lists(st.text(min_size=1, max_size=2), max_size=2),
         "stop_token_ids": st.lists(st.integers(0, 255), max_size=3),
         "min_tokens": st.integers(0, 3), "ignore_eos": st.booleans(),
-        "include_stop_str_in_output": st.booleans()}))
+        "include_stop_str_in_output": st.booleans(),
+        "cache_salt": st.sampled_from(["a", "b", "\u00fc\u0000"])}))
     if opt.get("min_tokens", 0) > opt.get("max_tokens", 8):
         opt["min_tokens"] = opt.get("max_tokens", 8)
     return {**row, **opt}

@@ -4,7 +4,8 @@ without running the model.
 Makes every row's request as ``mlxpa run`` does (tokenizer only, no weights), orders the
 requests the way ``mlxpa run --order prefix`` admits them, and replays that order through a
 simulated radix tree (:class:`RadixCache` with no pool, no eviction) to predict each row's
-prefix cache hit exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``.
+prefix cache hit exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``,
+only between rows of the same ``cache_salt``.
 The KV memory (:func:`plan_kv`) comes from the engine's own probe of the model's caches
 (:func:`mlxpa.worker.model_probe.probe_model`), traced on a lazily loaded model: no weight is
 read, so a folder without weights plans too (its compute dtype is then float32).
@@ -89,17 +90,20 @@ class Plan:
 
 
 def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
-                     block_size: int, n: list[int] | None = None) -> tuple[int, int, int, int]:
+                     block_size: int, n: list[int] | None = None,
+                     salts: list[str | None] | None = None) -> tuple[int, int, int, int]:
     """``(prompt_tokens, computed_prompt_tokens, blocks_without, blocks_with)`` for prompts
     admitted in prefix order with ``max_tokens`` outputs (already clamped to the context) and
-    ``n`` samples each (None: one)."""
+    ``n`` samples each (None: one), each under its ``cache_salt`` in ``salts`` (None: all
+    unsalted; rows of two salts share nothing)."""
     n = n or [1] * len(token_lists)
+    salts = salts or [None] * len(token_lists)
     tree = RadixCache(None, block_size)
     computed = 0
-    for i in prefix_order(token_lists, block_size):
+    for i in prefix_order(token_lists, block_size, salts):
         ids = token_lists[i]
-        computed += len(ids) - tree.match_prefix(ids[:len(ids) - 1]).num_tokens
-        tree.insert(ids)
+        computed += len(ids) - tree.match_prefix(ids[:len(ids) - 1], salts[i]).num_tokens
+        tree.insert(ids, cache_salt=salts[i])
     without = sum(k * cdiv(len(t) + m, block_size)
                   for t, m, k in zip(token_lists, max_tokens, n))
     tails = sum(k * (cdiv(len(t) + m, block_size) - len(t) // block_size)
@@ -128,7 +132,7 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
     Raises:
         InputError: The input is malformed.
     """
-    rows, ids, caps, ns, bad, over = [], [], [], [], 0, []
+    rows, ids, caps, ns, salts, bad, over = [], [], [], [], [], 0, []
     processor = InputProcessor(tokenizer, split_special_tokens=src.inputs.split_special_tokens)
     for rr in rows_to_requests(src, validation, defaults, processor):
         if rr.request is None:
@@ -146,13 +150,14 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
         ids.append(prompt)
         caps.append(cap)
         ns.append(params.n)
-    return _plan(rows, ids, caps, ns, bad, over, tokenizer, block_size, top_k)
+        salts.append(rr.request.cache_salt)
+    return _plan(rows, ids, caps, ns, salts, bad, over, tokenizer, block_size, top_k)
 
 
-def _plan(rows, ids, caps, ns, bad: int, over: list[str], tokenizer, block_size: int,
+def _plan(rows, ids, caps, ns, salts, bad: int, over: list[str], tokenizer, block_size: int,
           top_k: int) -> Plan:
-    prompt, computed, without, with_sharing = plan_token_lists(ids, caps, block_size, ns)
-    stats = shared_prefix_stats(ids, block_size, top_k)
+    prompt, computed, without, with_sharing = plan_token_lists(ids, caps, block_size, ns, salts)
+    stats = shared_prefix_stats(ids, block_size, top_k, salts)
     shared = [SharedPrefixReport(s.num_tokens, s.num_rows, rows[s.first_row].id,
                                  tokenizer.decode(ids[s.first_row][:s.num_tokens])[:80])
               for s in stats.top_prefixes]

@@ -24,6 +24,9 @@ request finishes until LRU eviction needs it. When several requests computed the
 concurrently, the tree keeps the first and the others keep their duplicates until they finish
 (swapping them would rewrite block-table entries the model runner treats as immutable).
 
+Requests with different ``cache_salt`` never share a block: the tree is looked up and filled
+in each request's salt's namespace, and a fork (same request id) keeps its parent's salt.
+
 Recurrent layers (hybrid and state-space models) keep a live state per request in the worker;
 snapshots of it at the positions other requests resume from (a shared prefix's end, a fork's
 start) take blocks of the same pool (:mod:`mlxpa.core.snapshots`).
@@ -162,18 +165,21 @@ class KVCacheManager:
     # ------------------------------------------------------------------ prefix hits
 
     def get_computed_blocks(self, req: Request) -> PrefixMatch:
-        """Longest usable cached prefix of ``req``'s tokens, capped at ``num_tokens - 1`` so
-        the last token is always computed (its logits are sampled); a scoring request's scored
-        tokens and the one before them are computed too (their logits are read)."""
+        """Longest usable cached prefix of ``req``'s tokens under its ``cache_salt``, capped at
+        ``num_tokens - 1`` so the last token is always computed (its logits are sampled); a
+        scoring request's scored tokens and the one before them are computed too (their
+        logits are read)."""
         if self.tree is None:
             return PrefixMatch([[] for _ in self.windows], 0, None)
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens])
+        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens],
+                                      req.cache_salt)
 
-    def cached_prefix_blocks(self, tokens: list[int]) -> int:
-        """Full blocks of ``tokens`` whose K/V the tree holds in every full-attention group,
-        usable or not (where a recurrent model's next snapshot would pay)."""
-        return 0 if self.tree is None else self.tree.num_cached_blocks(tokens)
+    def cached_prefix_blocks(self, tokens: list[int], cache_salt: str | None = None) -> int:
+        """Full blocks of ``tokens`` whose K/V the tree holds under ``cache_salt`` in every
+        full-attention group, usable or not (where a recurrent model's next snapshot would
+        pay)."""
+        return 0 if self.tree is None else self.tree.num_cached_blocks(tokens, cache_salt)
 
     # ------------------------------------------------------------------ allocation
 
@@ -278,11 +284,9 @@ class KVCacheManager:
         group's): below it the tree keeps blocks another request computed, which ``req``
         holds duplicates of and must not keep from eviction."""
         tree = self.tree
-        if not self.num_groups:
-            return tree.root
-        while node is not tree.root:
+        table = req.block_tables[0] if self.num_groups else []
+        while node.parent is not None:  # up to its namespace's root
             end = tree._end(node) - 1
-            table = req.block_tables[0]
             if end < len(table) and node.value[0][-1] == table[end] != NULL_BLOCK:
                 return node
             node = node.parent
@@ -315,8 +319,9 @@ class KVCacheManager:
             tokens = req.all_token_ids[:n] if n > req.num_prompt_tokens else (
                 req.prompt_token_ids[:n])
             self.tree.insert(tokens, [t[:full] for t in req.block_tables],
-                             self._num_cached_blocks.get(req.key, 0))
-            self._lock_for(req, self._shared_node(req, self.tree.node_for(tokens)))
+                             self._num_cached_blocks.get(req.key, 0), req.cache_salt)
+            self._lock_for(req, self._shared_node(req, self.tree.node_for(tokens,
+                                                                          req.cache_salt)))
             self._num_cached_blocks[req.key] = full
         if self.recurrent:
             self._free_blocks(self.snapshots.after_step(req))
@@ -400,7 +405,8 @@ class KVCacheManager:
     def fork(self, parent: Request, child: Request) -> None:
         """Let ``child`` share ``parent``'s prompt blocks (n > 1 samples of one prompt, a
         scoring request after its prompt) and, for a recurrent model, restore the parent's
-        fork snapshot (:meth:`can_fork` must hold)."""
+        fork snapshot (:meth:`can_fork` must hold). Both must have the same ``cache_salt``."""
+        assert child.cache_salt == parent.cache_salt, "a fork never crosses cache salts"
         n = cdiv(parent.num_prompt_tokens, self.block_size)
         child.block_tables = [list(t[:n]) for t in parent.block_tables]
         for w, table in zip(self.windows, child.block_tables):

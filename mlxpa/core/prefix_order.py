@@ -10,10 +10,15 @@ two prompts that agree on 30 tokens share exactly one 16-token block either way,
 token-level order would buy no extra hits, while block keys mean ``len/block_size`` dict
 operations per prompt instead of ``len``. A trailing partial block is a key too, so identical
 prompts still end up adjacent.
+
+Prompts with different ``cache_salt`` never share blocks, so each salt is its own tree (as in
+:class:`~mlxpa.core.radix_cache.RadixCache`): the salts' trees are walked one after the other,
+in order of their first row, and no prefix is counted as shared across two salts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 # Admission orders of a file run: by shared prefix (this module), or the input's own order.
@@ -47,14 +52,19 @@ class PrefixStats(NamedTuple):
     top_prefixes: list[SharedPrefix]
 
 
-def _walk(token_lists: list[list[int]],
-          block_size: int) -> tuple[list[int], int, list[SharedPrefix]]:
-    """Depth-first over the block-level tree: returns the row order, the tree's distinct full
-    blocks and every maximal shared prefix of at least one block."""
+def _walk(token_lists: list[list[int]], block_size: int,
+          salts: Sequence[str | None] | None) -> tuple[list[int], int, list[SharedPrefix]]:
+    """Depth-first over the block-level tree of each salt: returns the row order, the trees'
+    distinct full blocks and every maximal shared prefix of at least one block."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if salts is not None and len(salts) != len(token_lists):
+        raise ValueError(f"{len(salts)} salts for {len(token_lists)} prompts")
     order, num_blocks, shared = [], 0, []
-    stack = [(list(range(len(token_lists))), 0)] if token_lists else []
+    namespaces: dict[str | None, list[int]] = {}
+    for r in range(len(token_lists)):
+        namespaces.setdefault(None if salts is None else salts[r], []).append(r)
+    stack = [(rows, 0) for rows in reversed(namespaces.values())]
     while stack:
         rows, pos = stack.pop()
         if len(rows) == 1:
@@ -76,42 +86,47 @@ def _walk(token_lists: list[list[int]],
     return order, num_blocks, shared
 
 
-def prefix_order(token_lists: list[list[int]], block_size: int) -> list[int]:
+def prefix_order(token_lists: list[list[int]], block_size: int,
+                 salts: Sequence[str | None] | None = None) -> list[int]:
     """Indices of ``token_lists`` in depth-first order of their block-level radix tree.
 
     Prompts sharing a prefix are adjacent; at each node, prompts ending there come before the
     longer ones (so the longer ones hit their blocks), and children keep the order of their
-    first row, so ties keep input order.
+    first row, so ties keep input order. With ``salts``, each salt's prompts form their own
+    tree, the trees in order of their first row.
 
     Args:
         token_lists: Prompt token ids, one list per row.
         block_size: Tokens per block.
+        salts: Each row's ``cache_salt`` (None: every row unsalted).
 
     Returns:
         A permutation of ``range(len(token_lists))``.
 
     Raises:
-        ValueError: ``block_size < 1``.
+        ValueError: ``block_size < 1``, or not one salt per row.
     """
-    return _walk(token_lists, block_size)[0]
+    return _walk(token_lists, block_size, salts)[0]
 
 
-def shared_prefix_stats(token_lists: list[list[int]], block_size: int,
-                        top_k: int = 5) -> PrefixStats:
-    """Tokens before and after prefix sharing, and the longest shared prefixes.
+def shared_prefix_stats(token_lists: list[list[int]], block_size: int, top_k: int = 5,
+                        salts: Sequence[str | None] | None = None) -> PrefixStats:
+    """Tokens before and after prefix sharing, and the longest shared prefixes (only rows
+    with the same salt share).
 
     Args:
         token_lists: Prompt token ids, one list per row.
         block_size: Tokens per block.
         top_k: Shared prefixes to report.
+        salts: Each row's ``cache_salt`` (None: every row unsalted).
 
     Returns:
         The :class:`PrefixStats`.
 
     Raises:
-        ValueError: ``block_size < 1``.
+        ValueError: ``block_size < 1``, or not one salt per row.
     """
-    _, blocks, shared = _walk(token_lists, block_size)
+    _, blocks, shared = _walk(token_lists, block_size, salts)
     tails = sum(len(t) % block_size for t in token_lists)
     shared.sort(key=lambda s: (-s.num_tokens, -s.num_rows, s.first_row))
     return PrefixStats(sum(map(len, token_lists)), blocks * block_size + tails, shared[:top_k])

@@ -23,6 +23,12 @@ leaf. A hit (:meth:`match_prefix`) is the longest block-aligned prefix whose ful
 blocks are all cached, whose sliding-window groups hold the window before its end, and, for a
 model with recurrent layers, which ends at a node with a snapshot.
 
+Namespaces (vLLM's ``cache_salt``; TensorRT-LLM mixes the salt into the root of its block
+tree): every method that reads or writes the tree takes a ``cache_salt``, and each salt has
+its own root, so a request hits only blocks inserted under its salt (None: the unsalted
+namespace, :attr:`RadixCache.root`). A salted root is made by the first insert under its
+salt and goes when eviction empties it; one LRU order, one eviction, spans every namespace.
+
 NOTE: unlike SGLang, :meth:`evict` trims the LRU leaf from its tail end instead of always
 dropping whole nodes, so it releases about the blocks asked for and keeps the rest of a long
 leaf cached.
@@ -30,6 +36,7 @@ leaf cached.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 from collections.abc import Iterable, Sequence
@@ -45,11 +52,12 @@ class RadixNode:
 
     Attributes:
         node_id: Creation order within its cache (breaks LRU ties; shown by ``pretty_print``).
+        cache_salt: The namespace the node belongs to (its root's salt; None: unsalted).
         key: Token ids of this edge.
         value: Per group, the block ids holding ``key``'s K/V, one per block (``NULL_BLOCK``:
             a sliding-window block the tree dropped).
         start: Blocks from the root to this node's first block.
-        parent: None for the root.
+        parent: None for a root (one per namespace).
         children: Child nodes by the first block of their key.
         lock_ref: Requests using this node or a descendant; > 0 protects it from trimming.
         last_access_time: Tick of the cache's monotone clock at the last match or insert.
@@ -62,6 +70,7 @@ class RadixNode:
     """
 
     node_id: int
+    cache_salt: str | None = None
     key: tuple[int, ...] = ()
     value: list[list[int]] = field(default_factory=list)
     start: int = 0
@@ -78,7 +87,8 @@ class RadixNode:
 class PrefixMatch(NamedTuple):
     """A prefix hit: per group, ``block_ids`` hold the K/V of the first ``num_tokens`` tokens
     (``NULL_BLOCK`` before a sliding window's last window); ``snapshot``, the recurrent state
-    there; lock ``last_node`` while using them (None: no tree, no hit)."""
+    there; lock ``last_node`` while using them (None: no tree, or nothing cached under the
+    salt: no hit)."""
 
     block_ids: list[list[int]]
     num_tokens: int
@@ -129,7 +139,8 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._ids = itertools.count()
         self._sim_block_ids = itertools.count(1)
-        self.root = self._node(value=[[] for _ in self.windows])
+        self.root = self._node(value=[[] for _ in self.windows])  # the unsalted namespace
+        self._roots: dict[str, RadixNode] = {}  # salted namespaces' roots, by salt
         # per group, then for snapshots: blocks the tree holds, and those it may drop now
         self.held = [0] * (len(self.windows) + 1)
         self.evictable = [0] * (len(self.windows) + 1)
@@ -144,6 +155,21 @@ class RadixCache:
     def _end(self, node: RadixNode) -> int:
         """Blocks from the root to ``node``'s end."""
         return node.start + len(node.key) // self.block_size
+
+    def root_of(self, cache_salt: str | None, create: bool = False) -> RadixNode | None:
+        """The root of ``cache_salt``'s namespace (:attr:`root` for None); None when nothing
+        is cached under that salt, unless ``create``."""
+        if cache_salt is None:
+            return self.root
+        root = self._roots.get(cache_salt)
+        if root is None and create:
+            root = self._roots[cache_salt] = self._node(cache_salt=cache_salt,
+                                                        value=[[] for _ in self.windows])
+        return root
+
+    def roots(self) -> list[RadixNode]:
+        """Every namespace's root: the unsalted one first, then the salted ones."""
+        return [self.root, *self._roots.values()]
 
     def _node(self, **fields) -> RadixNode:
         g = len(self.windows) + 1
@@ -179,10 +205,13 @@ class RadixCache:
             n += 1
         return n
 
-    def _walk(self, token_ids: Sequence[int]) -> list[tuple[RadixNode, int]]:
-        """The longest block-aligned match as ``(node, blocks of it matched)`` pairs, root
-        excluded; nothing changes."""
-        node, pos, path = self.root, 0, []
+    def _walk(self, token_ids: Sequence[int],
+              root: RadixNode | None) -> list[tuple[RadixNode, int]]:
+        """The longest block-aligned match below ``root`` as ``(node, blocks of it matched)``
+        pairs, root excluded (none without a root); nothing changes."""
+        if root is None:
+            return []
+        node, pos, path = root, 0, []
         end = len(token_ids) // self.block_size * self.block_size
         while pos < end and (child := node.children.get(self._child_key(token_ids, pos))):
             n = self._common_blocks(child.key, token_ids, pos)
@@ -198,7 +227,8 @@ class RadixCache:
         cut = num_blocks * self.block_size
         assert child.parent is not None and 0 < cut < len(child.key)
         upper = [v[:num_blocks] for v in child.value]
-        new = self._node(key=child.key[:cut], value=upper, start=child.start,
+        new = self._node(cache_salt=child.cache_salt, key=child.key[:cut], value=upper,
+                         start=child.start,
                          parent=child.parent, lock_ref=child.lock_ref,
                          last_access_time=child.last_access_time)
         child.parent.children[child.key[:self.block_size]] = new
@@ -214,10 +244,12 @@ class RadixCache:
             child.idle[g] -= idle
         return new
 
-    def _cut(self, path: list[tuple[RadixNode, int]], num_blocks: int) -> RadixNode:
-        """The node ending ``num_blocks`` blocks down ``path`` (split there when inside a
-        node), every node up to it refreshed; the root when ``num_blocks`` is 0."""
-        node = self.root
+    def _cut(self, path: list[tuple[RadixNode, int]], num_blocks: int,
+             root: RadixNode) -> RadixNode:
+        """The node ending ``num_blocks`` blocks down ``path`` (from ``root``; split there
+        when inside a node), every node up to it refreshed; ``root`` when ``num_blocks`` is
+        0."""
+        node = root
         for child, _ in path:
             if child.start >= num_blocks:
                 break
@@ -253,26 +285,33 @@ class RadixCache:
                 return m
         return 0
 
-    def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """Longest usable cached prefix of ``token_ids`` in whole blocks.
+    def match_prefix(self, token_ids: Sequence[int],
+                     cache_salt: str | None = None) -> PrefixMatch:
+        """Longest usable cached prefix of ``token_ids`` in whole blocks, in the namespace of
+        ``cache_salt`` (blocks inserted under another salt are never matched).
 
         The caller caps ``token_ids`` at ``len(prompt) - 1`` so the last prompt token is always
         computed. No pool references are taken: lock ``last_node``, then fork the blocks.
 
         Args:
             token_ids: Tokens to look up; a trailing partial block is ignored.
+            cache_salt: The request's salt (None: the unsalted namespace).
 
         Returns:
             Per group the matched blocks (a sliding group's ``NULL_BLOCK`` before the window
-            of the hit's end), their token count, the deepest matched node (the root on a
-            miss; split where the hit ends inside a node) and its snapshot.
+            of the hit's end), their token count, the deepest matched node (the namespace's
+            root on a miss, None when the salt has no namespace; split where the hit ends
+            inside a node) and its snapshot.
         """
-        path = self._walk(token_ids)
-        m = self._usable(path)
-        node = self._cut(path, m)
+        root = self.root_of(cache_salt)
         blocks: list[list[int]] = [[] for _ in self.windows]
+        if root is None:
+            return PrefixMatch(blocks, 0, None)
+        path = self._walk(token_ids, root)
+        m = self._usable(path)
+        node = self._cut(path, m, root)
         walk = []
-        while node is not self.root:
+        while node.parent is not None:
             walk.append(node)
             node = node.parent
         for c in reversed(walk):
@@ -281,24 +320,25 @@ class RadixCache:
         for g in self._sliding:
             first = max(0, m * self.block_size - self.windows[g] + 1) // self.block_size
             blocks[g][:first] = [NULL_BLOCK] * first
-        last = walk[0] if walk else self.root
+        last = walk[0] if walk else root
         return PrefixMatch(blocks, m * self.block_size, last,
                            last.snapshot if self.recurrent and walk else None)
 
-    def num_cached_blocks(self, token_ids: Sequence[int]) -> int:
-        """Leading full blocks of ``token_ids`` the tree holds a path for, usable or not
-        (nothing changes)."""
-        path = self._walk(token_ids)
+    def num_cached_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """Leading full blocks of ``token_ids`` the tree holds a path for under
+        ``cache_salt``, usable or not (nothing changes)."""
+        path = self._walk(token_ids, self.root_of(cache_salt))
         return path[-1][0].start + path[-1][1] if path else 0
 
-    def node_for(self, token_ids: Sequence[int]) -> RadixNode:
-        """The node ending after the cached full blocks of ``token_ids`` (split there when
-        inside a node; refreshed): what a request that holds them locks."""
-        path = self._walk(token_ids)
-        return self._cut(path, path[-1][0].start + path[-1][1] if path else 0)
+    def node_for(self, token_ids: Sequence[int], cache_salt: str | None = None) -> RadixNode:
+        """The node ending after the cached full blocks of ``token_ids`` under ``cache_salt``
+        (split there when inside a node; refreshed): what a request that holds them locks."""
+        root = self.root_of(cache_salt, create=True)
+        path = self._walk(token_ids, root)
+        return self._cut(path, path[-1][0].start + path[-1][1] if path else 0, root)
 
     def insert(self, token_ids: Sequence[int], block_ids: list[list[int]] | None = None,
-               start: int = 0) -> int:
+               start: int = 0, cache_salt: str | None = None) -> int:
         """Cache the full blocks of ``token_ids``, held per group in ``block_ids``.
 
         The tree takes one pool reference of each newly inserted block. Where it already
@@ -315,6 +355,7 @@ class RadixCache:
                 holds). None only for a simulated tree, which then numbers new blocks.
             start: Blocks before this are known to be the tree's own (the caller's hit, or
                 what it inserted before).
+            cache_salt: The namespace the blocks go in (None: the unsalted one).
 
         Returns:
             Tokens (a multiple of ``block_size``) the tree already held before this call.
@@ -329,19 +370,22 @@ class RadixCache:
                 len(v) < num_blocks for v in block_ids)):
             raise ValueError(f"{len(token_ids)} tokens need {num_blocks} blocks in each of "
                              f"{self.num_groups} groups, got {[len(v) for v in block_ids]}")
-        path = self._walk(token_ids)
+        root = self.root_of(cache_salt, create=num_blocks > 0)
+        if root is None:
+            return 0
+        path = self._walk(token_ids, root)
         present = path[-1][0].start + path[-1][1] if path else 0
         if block_ids is None:  # a simulated tree numbers its new blocks
             block_ids = [[NULL_BLOCK] * present + [next(self._sim_block_ids) for _ in range(
                 present, num_blocks)] for _ in self.windows]
-        node = self._cut(path, present)
+        node = self._cut(path, present, root)
         if self.pool is not None and start < present:
             self._take_caller_blocks(node, block_ids, start)
         if present < num_blocks:
             value = [list(v[present:num_blocks]) for v in block_ids]
             key = tuple(token_ids[present * self.block_size:num_blocks * self.block_size])
-            new = self._node(key=key, value=value, start=present, parent=node,
-                             last_access_time=next(self._clock))
+            new = self._node(cache_salt=cache_salt, key=key, value=value, start=present,
+                             parent=node, last_access_time=next(self._clock))
             node.children[key[:self.block_size]] = new
             for g, v in enumerate(value):
                 held = [b for b in v if b != NULL_BLOCK]
@@ -360,7 +404,7 @@ class RadixCache:
         """On the path to ``node``, from block ``start`` on: the caller's block replaces a
         tombstone, or a block only the tree holds (see :meth:`insert`)."""
         at = node
-        while at is not self.root and self._end(at) > start:
+        while at.parent is not None and self._end(at) > start:
             for g, v in enumerate(at.value):
                 ids = block_ids[g]
                 for i in range(max(start - at.start, 0), len(v)):
@@ -377,18 +421,21 @@ class RadixCache:
                     self._count(at, g, 1)
             at = at.parent
 
-    def attach_snapshot(self, token_ids: Sequence[int], blocks: list[int]) -> bool:
-        """Give the node ending after ``token_ids`` (cached; split there if needed) the
-        recurrent snapshot in ``blocks``, taking the caller's pool reference of them.
+    def attach_snapshot(self, token_ids: Sequence[int], blocks: list[int],
+                        cache_salt: str | None = None) -> bool:
+        """Give the node ending after ``token_ids`` (cached under ``cache_salt``; split there
+        if needed) the recurrent snapshot in ``blocks``, taking the caller's pool reference
+        of them.
 
         Returns:
             False (nothing taken) when the tokens are not all cached or the node has one.
         """
-        path = self._walk(token_ids)
+        root = self.root_of(cache_salt)
+        path = self._walk(token_ids, root)
         n = len(token_ids) // self.block_size
         if not n or not path or path[-1][0].start + path[-1][1] != n:
             return False
-        node = self._cut(path, n)
+        node = self._cut(path, n, root)
         if node.snapshot is not None:
             return False
         node.snapshot = list(blocks)
@@ -443,8 +490,7 @@ class RadixCache:
 
     def lock(self, node: RadixNode) -> None:
         """Protect ``node`` and its ancestors from trimming (SGLang ``inc_lock_ref``)."""
-        while node is not self.root:
-            assert node.parent is not None
+        while node.parent is not None:
             if node.lock_ref == 0:
                 for g, (h, i) in enumerate(zip(node.held, node.idle)):
                     self.evictable[g] -= h - i
@@ -453,8 +499,8 @@ class RadixCache:
 
     def unlock(self, node: RadixNode) -> None:
         """Undo one :meth:`lock` of ``node`` (SGLang ``dec_lock_ref``)."""
-        while node is not self.root:
-            assert node.parent is not None and node.lock_ref > 0, node
+        while node.parent is not None:
+            assert node.lock_ref > 0, node
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 for g, (h, i) in enumerate(zip(node.held, node.idle)):
@@ -464,8 +510,9 @@ class RadixCache:
     def evict(self, num_blocks: int) -> int:
         """Drop at least ``num_blocks`` blocks the tree alone holds (fewer when it has no
         more): of an idle droppable block and the least recently used unlocked leaf, the
-        older first. A leaf loses its snapshot and blocks tail first; an emptied leaf is
-        removed and its parent becomes a candidate.
+        older first, whatever their namespaces. A leaf loses its snapshot and blocks tail
+        first; an emptied leaf is removed and its parent becomes a candidate (an emptied
+        salted root goes).
 
         Returns:
             Blocks dropped (their pool references released).
@@ -490,7 +537,7 @@ class RadixCache:
                 heapq.heappush(heap, (leaf.last_access_time, leaf.node_id, leaf))
                 continue
             parent = leaf.parent
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
         return evicted
 
@@ -535,9 +582,12 @@ class RadixCache:
                     dropped += 1
                 del v[n]
         if n == 0 or not self.windows:
-            assert leaf.parent is not None
-            del leaf.parent.children[leaf.key[:self.block_size]]
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[:self.block_size]]
             leaf.removed = True
+            if parent.parent is None and not parent.children and parent is not self.root:
+                del self._roots[parent.cache_salt]  # an empty salted namespace
         else:
             leaf.key = leaf.key[:n * self.block_size]
         return dropped
@@ -545,8 +595,8 @@ class RadixCache:
     # ------------------------------------------------------------------ inspection
 
     def _nodes(self) -> list[RadixNode]:
-        """Every node but the root, parents before children."""
-        out, stack = [], list(self.root.children.values())
+        """Every node but the roots, every namespace's, parents before children."""
+        out, stack = [], [c for r in self.roots() for c in r.children.values()]
         while stack:
             node = stack.pop()
             out.append(node)
@@ -560,17 +610,20 @@ class RadixCache:
             AssertionError: A key/value size mismatch, a mis-indexed child, a wrong start, a
                 negative lock count, a lock count below its children's sum, held/idle/
                 evictable counts that disagree with the nodes, a full-attention tombstone, a
-                block in two places, or a block without a pool reference.
+                block in two places (within a namespace or across two), a node outside its
+                root's namespace, or a block without a pool reference.
         """
         bs, seen = self.block_size, set()
         evictable, total = [0] * len(self.held), [0] * len(self.held)
-        for node in [self.root, *self._nodes()]:
+        for node in [*self.roots(), *self._nodes()]:
             assert node.lock_ref >= 0, node
             for k, child in node.children.items():
                 assert child.parent is node and k == child.key[:bs], (k, child)
                 assert child.start == self._end(node), (child.start, self._end(node))
-            if node is self.root:
-                assert not node.key and node.lock_ref == 0
+                assert child.cache_salt == node.cache_salt, (child, node)
+            if node.parent is None:
+                assert not node.key and node.lock_ref == 0 and not any(node.held), node
+                assert self.root_of(node.cache_salt) is node, node
                 continue
             assert node.key and len(node.key) % bs == 0 and all(
                 len(node.key) == len(v) * bs for v in node.value), node
@@ -602,9 +655,18 @@ class RadixCache:
         return [b for node in self._nodes() for b in _held(node)]
 
     def pretty_print(self) -> str:
-        """The tree as indented lines: first block of each key, blocks, lock_ref, access time."""
+        """The tree as indented lines: first block of each key, blocks, lock_ref, access time;
+        each salted namespace under its own root line (the salt, a secret, as a digest)."""
         lines = [f"root evictable={self.evictable_blocks} protected={self.protected_blocks}"]
-        stack = [(c, 1) for c in reversed(self.root.children.values())]
+        for root in self.roots():
+            if root.cache_salt is not None:
+                digest = hashlib.sha256(root.cache_salt.encode("utf-8", "surrogatepass"))
+                lines.append(f"root cache_salt=sha256:{digest.hexdigest()[:12]}")
+            lines.extend(self._subtree_lines(root))
+        return "\n".join(lines)
+
+    def _subtree_lines(self, root: RadixNode) -> list[str]:
+        lines, stack = [], [(c, 1) for c in reversed(root.children.values())]
         while stack:
             node, depth = stack.pop()
             more = f"+{len(node.key) - self.block_size}" if len(node.key) > self.block_size else ""
@@ -613,7 +675,7 @@ class RadixCache:
             lines.append(f"{'  ' * depth}{list(node.key[:self.block_size])}{more} "
                          f"blocks={value} lock={node.lock_ref} t={node.last_access_time}{snap}")
             stack.extend((c, depth + 1) for c in reversed(node.children.values()))
-        return "\n".join(lines)
+        return lines
 
 
 def _held(node: RadixNode) -> list[int]:

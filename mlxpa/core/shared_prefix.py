@@ -13,6 +13,10 @@ radix tree:
   tree's blocks become its snapshot points (SGLang's Mamba radix cache keeps states at the
   nodes requests end at; this keeps them where the next requests will hit, known offline from
   the queue, online from what the tree already holds).
+
+Both compare a request only with requests of the same ``cache_salt``: another salt's blocks
+are never its hits, so waiting for them or snapshotting for them would be wasted (and the
+wait itself would be a timing signal across salts).
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ def _hit_limit(req: Request, block_size: int) -> int:
 
 def shares_uncached_prefix(req: Request, num_cached: int, running: Iterable[Request],
                            kv: KVCacheManager, scheduled_end: dict[Request, int]) -> bool:
-    """Whether ``req`` should wait for a running request still prefilling blocks it shares
-    beyond its cached ``num_cached`` tokens (and read them from the cache later).
+    """Whether ``req`` should wait for a running request of its ``cache_salt`` still
+    prefilling blocks it shares beyond its cached ``num_cached`` tokens (and read them from
+    the cache later).
 
     With recurrent layers the wait pays only if the other request saves its state where the
     shared part ends: it does when that is a snapshot point of it already, or it has not
@@ -63,7 +68,7 @@ def shares_uncached_prefix(req: Request, num_cached: int, running: Iterable[Requ
     first = prompt[:bs]
     for other in running:
         if (other.num_computed_tokens >= other.num_prompt_tokens
-                or other.prompt_token_ids[:bs] != first):
+                or other.cache_salt != req.cache_salt or other.prompt_token_ids[:bs] != first):
             continue
         shared = shared_blocks(prompt, other.prompt_token_ids, bs,
                                min(limit, other.num_prompt_tokens // bs))
@@ -82,22 +87,23 @@ def snapshot_points(req: Request, num_cached: int, waiting: Iterable[Request],
                     running: Iterable[Request], kv: KVCacheManager) -> list[int]:
     """Where ``req`` (being admitted with ``num_cached`` tokens from the cache) should
     snapshot its recurrent state: the block-aligned ends of the prefixes it shares with the
-    next :data:`SNAPSHOT_LOOKAHEAD` waiting requests and the running ones, and of the tree's
-    blocks it matches without a snapshot; past ``num_cached``, the
+    next :data:`SNAPSHOT_LOOKAHEAD` waiting requests and the running ones of its salt, and of
+    the tree's blocks it matches without a snapshot; past ``num_cached``, the
     :data:`MAX_SNAPSHOT_POINTS` largest."""
     bs = kv.block_size
     limit = _hit_limit(req, bs)
     prompt = req.prompt_token_ids
     first = prompt[:bs]
-    ends = {min(kv.cached_prefix_blocks(prompt), limit)}
+    salt = req.cache_salt
+    ends = {min(kv.cached_prefix_blocks(prompt, salt), limit)}
     for k, other in enumerate(waiting):
         if k >= SNAPSHOT_LOOKAHEAD:
             break
-        if other.prompt_token_ids[:bs] == first:
+        if other.cache_salt == salt and other.prompt_token_ids[:bs] == first:
             ends.add(shared_blocks(prompt, other.prompt_token_ids, bs,
                                    min(limit, _hit_limit(other, bs))))
     for other in running:
-        if other.prompt_token_ids[:bs] == first:
+        if other.cache_salt == salt and other.prompt_token_ids[:bs] == first:
             ends.add(shared_blocks(prompt, other.prompt_token_ids, bs,
                                    min(limit, other.num_prompt_tokens // bs)))
     points = sorted(e * bs for e in ends if e * bs > num_cached)

@@ -131,7 +131,8 @@ class Snapshots:
                 and position <= req.num_prompt_tokens):
             if kept:
                 self.pool.incref(blocks)
-            if self.tree.attach_snapshot(req.prompt_token_ids[:position], blocks):
+            if self.tree.attach_snapshot(req.prompt_token_ids[:position], blocks,
+                                         req.cache_salt):
                 return []
             if kept:
                 self.pool.free(blocks)

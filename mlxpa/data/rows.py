@@ -52,6 +52,8 @@ class Row:
         gold: Question name to the index of its gold label, for the questions that have one
             (None when the row is asked no question).
         add_special_tokens: vLLM's field: False encodes the prompt without special tokens.
+        cache_salt: vLLM's field: the row shares prefix-cache blocks only with rows (and
+            requests) of the same salt; None: unsalted.
     """
 
     index: int
@@ -68,13 +70,15 @@ class Row:
     questions: QuestionSet | None = None
     gold: dict[str, int] | None = None
     add_special_tokens: bool | None = None
+    cache_salt: str | None = None
 
     def as_request(self) -> ParsedRequest:
         """The row's request, as the input processor takes it."""
         return ParsedRequest(self.id, self.prompt, self.messages, self.prompt_token_ids,
                              self.chat_template_kwargs, self.params, self.questions, self.gold,
                              self.openai, add_special_tokens=self.add_special_tokens,
-                             prefix="body." if self.openai is not None else "")
+                             prefix="body." if self.openai is not None else "",
+                             cache_salt=self.cache_salt)
 
 
 def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
@@ -104,7 +108,7 @@ def parse_row(obj: dict[str, Any], index: int, line: int, spec: RowSpec) -> Row:
     return Row(index, row_id if openai else request.id, request.prompt, request.messages,
                request.params, error, line, keep, request.api, request.prompt_token_ids,
                request.chat_template_kwargs, request.questions, request.gold,
-               request.add_special_tokens)
+               request.add_special_tokens, request.cache_salt)
 
 
 def bad_record_row(detail: str, index: int, line: int, spec: RowSpec) -> Row:

@@ -169,7 +169,7 @@ class ChoiceScores:
         joined = self.join(row.prompt_token_ids, so)
         params = row.sampling_params
         prefill = Request(row.request_id, row.prompt_token_ids[:joined.start], params,
-                          arrival_time=row.arrival_time,
+                          arrival_time=row.arrival_time, cache_salt=row.cache_salt,
                           score_only=True, target_token_ids=tuple(t[0] for t in joined.tokens),
                           scored_top_logprobs=params.logprobs or 0)
         schedule(prefill)
@@ -213,6 +213,7 @@ class ChoiceScores:
                 continue
             req = Request(prefill.request_id, prefill.prompt_token_ids + list(ids),
                           SamplingParams(max_tokens=1), arrival_time=prefill.arrival_time,
+                          cache_salt=prefill.cache_salt,
                           num_scored_tokens=len(ids) - 1, score_only=True,
                           scored_top_logprobs=prefill.scored_top_logprobs)
             self._rows[req.key], self._label[req.key] = state, k
@@ -270,7 +271,8 @@ class ChoiceScores:
             return state.done(why if missing else _label_scores(state))
         samples = [Request(row.request_id, row.prompt_token_ids, params,
                            arrival_time=row.arrival_time, sample_index=i,
-                           num_cached_tokens=state.prefill.num_cached_tokens)
+                           num_cached_tokens=state.prefill.num_cached_tokens,
+                           cache_salt=row.cache_salt)
                    for i in range(params.n)]
         if missing:  # never seen: every request of the row ran to its end
             for sample in samples:

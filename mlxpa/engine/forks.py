@@ -61,7 +61,7 @@ class Forks:
             else:
                 children = [Request(parent.request_id, parent.prompt_token_ids,
                                     parent.sampling_params, arrival_time=parent.arrival_time,
-                                    sample_index=i,
+                                    sample_index=i, cache_salt=parent.cache_salt,
                                     prompt_logprobs=parent.prompt_logprobs)  # computed once
                             for i in range(1, parent.sampling_params.n)]
                 for child in children:

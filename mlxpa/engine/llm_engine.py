@@ -31,6 +31,7 @@ from mlxpa.request import (
     Request,
     RequestStatus,
     SampleOutput,
+    cache_salt_problem,
     sample_output,
 )
 from mlxpa.sampling_params import SamplingParams
@@ -135,7 +136,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams,
-                    questions: tuple[QuestionPrompt, ...] | None = None) -> None:
+                    questions: tuple[QuestionPrompt, ...] | None = None,
+                    cache_salt: str | None = None) -> None:
         """Queue a request (``sampling_params.n`` samples of one prompt: sample 0 runs the
         prefill; when it is done, the others fork its blocks while ``max_num_seqs`` leaves
         slots and the rest wait, reading the prompt from the prefix cache when admitted). A
@@ -151,6 +153,9 @@ class LLMEngine:
             questions: A question group (:mod:`mlxpa.engine.question_scores`): the document
                 prefilled once, each question scored as a choice row forking its blocks; one
                 output with ``question_scores``. None: a plain request.
+            cache_salt: vLLM's ``cache_salt``: the request (its samples, its scoring
+                requests) reuses prefix-cache blocks only of requests with the same salt;
+                None: the unsalted namespace.
 
         Outputs leave only through :meth:`step`: a request that needs no model work
         (``max_tokens`` 0, not a choice row) or cannot run (empty prompt, longer than the
@@ -159,23 +164,28 @@ class LLMEngine:
         step's.
 
         Raises:
-            TypeError: ``request_id`` is not a string.
-            ValueError: ``request_id`` is the id of an unfinished request.
+            TypeError: ``request_id`` is not a string, ``cache_salt`` neither a string nor None.
+            ValueError: ``request_id`` is the id of an unfinished request; ``cache_salt`` is
+                empty or longer than :data:`~mlxpa.request.MAX_CACHE_SALT_CHARS`.
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        problem = cache_salt_problem(cache_salt)
+        if problem is not None:  # a salt the tree cannot key by must not reach the engine loop
+            raise (ValueError if isinstance(cache_salt, str) else TypeError)(problem)
         if request_id in self._unfinished:
             raise ValueError(f"request id {request_id!r} is already running")
-        done = self._add(request_id, prompt_token_ids, sampling_params, questions)
+        done = self._add(request_id, prompt_token_ids, sampling_params, questions, cache_salt)
         if done:  # returned by the next step
             self._unfinished[request_id] = len(done)
             self._released.extend(done)
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-             questions: tuple[QuestionPrompt, ...] | None) -> list[SampleOutput] | None:
+             questions: tuple[QuestionPrompt, ...] | None,
+             cache_salt: str | None) -> list[SampleOutput] | None:
         """:meth:`add_request`'s work; returns the outputs of a request finished at once."""
         req = Request(request_id, list(prompt_token_ids), params,
-                      arrival_time=time.perf_counter())
+                      arrival_time=time.perf_counter(), cache_salt=cache_salt)
         if params.prompt_logprobs is not None:  # every prompt token after the first
             req.num_scored_tokens = len(req.prompt_token_ids) - 1
             req.scored_top_logprobs = params.prompt_logprobs

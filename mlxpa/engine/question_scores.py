@@ -87,7 +87,8 @@ class QuestionScores:
         if not questions:
             raise ValueError("a question group needs at least one question")
         rows = tuple(Request(row.request_id, list(q.prompt_token_ids), _params(i, q.labels),
-                             arrival_time=row.arrival_time) for i, q in enumerate(questions))
+                             arrival_time=row.arrival_time, cache_salt=row.cache_salt)
+                     for i, q in enumerate(questions))
         starts = []
         for i, r in enumerate(rows):
             start = self._choices.join(r.prompt_token_ids,
@@ -105,7 +106,7 @@ class QuestionScores:
         else:
             group.document = group.first = Request(
                 row.request_id, prompts[0][:shared], SamplingParams(max_tokens=1),
-                arrival_time=row.arrival_time, score_only=True)
+                arrival_time=row.arrival_time, score_only=True, cache_salt=row.cache_salt)
             schedule(group.document)
             self._groups[group.document.key] = group
             waiting = [group.document]
@@ -159,7 +160,7 @@ class QuestionScores:
         self._live.pop(group.row.request_id, None)
         row = group.row
         req = Request(row.request_id, row.prompt_token_ids, row.sampling_params,
-                      arrival_time=row.arrival_time,
+                      arrival_time=row.arrival_time, cache_salt=row.cache_salt,
                       num_cached_tokens=group.first.num_cached_tokens if group.first else 0)
         req.status = RequestStatus.FINISHED_STOPPED
         if group.error is not None:

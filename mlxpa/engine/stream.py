@@ -110,9 +110,10 @@ class RequestStream(Generic[T]):
                     continue
                 self.in_flight[item.request.request_id] = item
                 requests.append(item.request)
-            if self.order == "prefix":
+            if self.order == "prefix":  # each cache salt's rows apart (they share nothing)
                 ordered = prefix_order([r.prompt_token_ids for r in requests],
-                                       self.engine.config.block_size)
+                                       self.engine.config.block_size,
+                                       [r.cache_salt for r in requests])
                 requests = [requests[i] for i in ordered]
             yield from requests
 

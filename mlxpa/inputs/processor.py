@@ -86,9 +86,11 @@ class InputProcessor:
             raise ValueError("; ".join(prompt.problems))
         merged = self.sampling_params(prompt, params)
         if prompt.questions is not None:  # scored: its sampling fields do not apply
-            return self.question_request(request_id, *question_prompts(prompt, permute))
+            return self.question_request(request_id, *question_prompts(prompt, permute),
+                                         cache_salt=prompt.cache_salt)
         return self.prompt_request(request_id, prompt.prompt_type(), merged,
-                                   add_special_tokens=prompt.add_special_tokens)
+                                   add_special_tokens=prompt.add_special_tokens,
+                                   cache_salt=prompt.cache_salt)
 
     def sampling_params(self, request: ParsedRequest,
                         defaults: SamplingParams | None) -> SamplingParams | None:
@@ -133,9 +135,11 @@ class InputProcessor:
                     raise ValueError(problem)
 
     def prompt_request(self, request_id: str, prompt: PromptType, params: SamplingParams, *,
-                       add_special_tokens: bool | None = None) -> EngineRequest:
+                       add_special_tokens: bool | None = None,
+                       cache_salt: str | None = None) -> EngineRequest:
         """:meth:`process_inputs` for ``params`` already checked (a file row's fields are
-        checked as they are read): the prompt tokenized and checked, the request built.
+        checked as they are read): the prompt tokenized and checked, the request built
+        (under ``cache_salt``: its prefix-cache namespace, checked by the request schema).
 
         Raises:
             TypeError: ``request_id`` is not a string, ``prompt`` of a wrong type.
@@ -148,13 +152,14 @@ class InputProcessor:
         problem = over_context(len(ids), self.max_model_len)
         if problem is not None:
             raise ValueError(problem)
-        return EngineRequest(request_id, ids, params)
+        return EngineRequest(request_id, ids, params, cache_salt=cache_salt)
 
     def question_request(self, request_id: str, prompts: list[PromptType],
-                         labels: list[tuple[str, ...]]) -> EngineRequest:
+                         labels: list[tuple[str, ...]], *,
+                         cache_salt: str | None = None) -> EngineRequest:
         """A question group's request (:mod:`mlxpa.engine.question_scores`): each question's
         prompt (a text, or chat messages, ending where its labels are scored) tokenized as
-        :meth:`prompt_token_ids` does, with its labels.
+        :meth:`prompt_token_ids` does, with its labels, under ``cache_salt``.
 
         The request's tokens are the document (the prompts' longest common token prefix);
         its ``max_tokens`` the most tokens the questions hold after it (their own tokens,
@@ -174,7 +179,8 @@ class InputProcessor:
         shared = common_prefix(ids)
         room = sum(len(x) - shared + self._label_room(ls) for x, ls in zip(ids, labels))
         return EngineRequest(request_id, ids[0][:shared], SamplingParams(max_tokens=room),
-                             tuple(QuestionPrompt(x, tuple(ls)) for x, ls in zip(ids, labels)))
+                             tuple(QuestionPrompt(x, tuple(ls)) for x, ls in zip(ids, labels)),
+                             cache_salt)
 
     def _label_room(self, labels: tuple[str, ...]) -> int:
         """KV tokens a question's labels can hold: each label forks with its tokens."""

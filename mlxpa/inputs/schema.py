@@ -27,6 +27,7 @@ from mlxpa.inputs.prompts import (
 from mlxpa.inputs.question_fields import parse_questions
 from mlxpa.inputs.unsupported import FIELD_SUPPORT, field_problem, sampling_like, unknown_field
 from mlxpa.messages import field_error_text, surrogate_problem
+from mlxpa.request import cache_salt_problem
 from mlxpa.sampling_params import REQUEST_FIELDS, CheckedFields, RequestOutputKind
 from mlxpa.sampling_params import sampling_field_problem as field_rule
 from mlxpa.structured.fields import STRUCTURED_FIELDS, parse_structured
@@ -39,6 +40,8 @@ SAMPLING_FIELDS = REQUEST_FIELDS
 PROMPT_FIELDS = (TOKENS, "chat_template_kwargs", "add_generation_prompt")
 # vLLM's prompt encoding field: false encodes a prompt without the tokenizer's special tokens.
 ENCODING_FIELDS = ("add_special_tokens",)
+# vLLM's prefix-cache namespace: only requests with the same salt share cached blocks.
+CACHE_SALT = "cache_salt"
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
            "frequency_penalty")
 
@@ -99,6 +102,7 @@ class ParsedRequest(NamedTuple):
             tokens; None: mlxpa's rule (:mod:`mlxpa.inputs.encode`).
         problems: Every problem, each naming its field; empty for a valid request.
         prefix: How its field names start in problems (``"body."``: an OpenAI Batch line).
+        cache_salt: vLLM's ``cache_salt`` (its prefix-cache namespace), or None: unsalted.
     """
 
     id: str | int | None = None
@@ -115,6 +119,7 @@ class ParsedRequest(NamedTuple):
     add_special_tokens: bool | None = None
     problems: tuple[str, ...] = ()
     prefix: str = ""
+    cache_salt: str | None = None
 
     def prompt_type(self) -> PromptType:
         """The prompt as the input processor takes it: token ids, messages, or text."""
@@ -185,11 +190,16 @@ def parse_request(fields: Mapping[str, Any], spec: RequestSpec = ROW, *,
             problems.append('missing field "questions"')
     if served is not None and served.stream:
         params["output_kind"] = RequestOutputKind.DELTA
+    add_special_tokens = _add_special_tokens(fields, spec.prefix, problems)
+    salt = fields.get(CACHE_SALT)
+    problem = cache_salt_problem(salt, spec.prefix + CACHE_SALT)
+    if problem is not None:
+        problems.append(problem)
+        salt = None
     return ParsedRequest(row_id, prompt, messages, ids, template_kwargs, params, questions,
                          gold, api, served is not None and served.stream,
-                         served is not None and served.include_usage,
-                         _add_special_tokens(fields, spec.prefix, problems), tuple(problems),
-                         spec.prefix)
+                         served is not None and served.include_usage, add_special_tokens,
+                         tuple(problems), spec.prefix, salt)
 
 
 def parse_params(fields: Mapping[str, Any], prefix: str, problems: list[str]) -> CheckedFields:
@@ -222,7 +232,7 @@ def known_fields(spec: RequestSpec) -> frozenset[str]:
 def _known(spec: RequestSpec) -> frozenset[str]:
     gold = [q.gold_field for q in spec.questions.questions] if spec.questions else []
     return frozenset((spec.prompt_field, spec.messages_field, *PROMPT_FIELDS, *SAMPLING_FIELDS,
-                      *STRUCTURED_FIELDS, *ENCODING_FIELDS, "max_completion_tokens",
+                      *STRUCTURED_FIELDS, *ENCODING_FIELDS, CACHE_SALT, "max_completion_tokens",
                       "questions", *(c for c in (spec.id_field, spec.gold_field, *gold) if c)))
 
 
@@ -231,8 +241,8 @@ def _check_fields(fields: Mapping[str, Any], spec: RequestSpec, problems: list[s
     near misses of sampling fields (anything else passes through)."""
     known = known_fields(spec) if not spec.body else frozenset(
         (spec.prompt_field, spec.messages_field, "max_completion_tokens", *SAMPLING_FIELDS,
-         *PROMPT_FIELDS[1:], *ENCODING_FIELDS, *(("questions",) if spec.api == "annotations"
-                                                 else ())))
+         *PROMPT_FIELDS[1:], *ENCODING_FIELDS, CACHE_SALT,
+         *(("questions",) if spec.api == "annotations" else ())))
     for key, value in fields.items():
         if value is None or key in known or key in spec.keep:
             continue

@@ -117,7 +117,7 @@ class ShardFeeder:
         self.progress.advance(sum(rr.error is not None for rr in window))
         block_size, rows, sharding, seed = self.plan
         shards = plan_shards([rr.request.prompt_token_ids for rr in runs], block_size, rows,
-                             sharding, seed)
+                             sharding, seed, [rr.request.cache_salt for rr in runs])
         for shard in shards:
             self.pool.submit(lambda a, v: a.run_shard.remote(*v),
                              (key, [runs[i] for i in shard]))

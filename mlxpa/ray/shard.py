@@ -5,8 +5,9 @@ share a prefix reach it together, so :func:`plan_shards` orders the rows depth-f
 their block-level radix tree (:func:`mlxpa.core.prefix_order.prefix_order`, the order a local
 run admits rows in) and packs whole prefix groups (runs of rows that each share a block with
 the next) into shards of at most ``shard_rows`` rows; a single group may fill a shard up to
-twice that, and a longer group is cut where its own subtree branches highest. Ray Data hands
-each shard to one replica (one actor task).
+twice that, and a longer group is cut where its own subtree branches highest. Rows with
+different ``cache_salt`` share nothing (each salt is its own tree). Ray Data hands each shard
+to one replica (one actor task).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ SHARDINGS = ("prefix", "input", "random")
 
 
 def plan_shards(token_lists: Sequence[Sequence[int]], block_size: int, shard_rows: int,
-                sharding: str = "prefix", seed: int = 0) -> list[list[int]]:
+                sharding: str = "prefix", seed: int = 0,
+                salts: Sequence[str | None] | None = None) -> list[list[int]]:
     """Split rows into shards, one Ray task each.
 
     Args:
@@ -33,20 +35,24 @@ def plan_shards(token_lists: Sequence[Sequence[int]], block_size: int, shard_row
             equal cuts) or ``random`` (a seeded shuffle, equal cuts: the baseline that shows
             what keeping groups together is worth).
         seed: Shuffle seed for ``random``.
+        salts: Each row's ``cache_salt`` (None: all unsalted); rows of two salts never
+            count as sharing a prefix.
 
     Returns:
         Lists of positions into ``token_lists``; every position appears exactly once.
 
     Raises:
-        ValueError: An unknown ``sharding``, or ``shard_rows`` or ``block_size`` below 1.
+        ValueError: An unknown ``sharding``, ``shard_rows`` or ``block_size`` below 1, or not
+            one salt per row.
     """
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, got {sharding!r}")
     if shard_rows < 1:
         raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
     if sharding == "prefix":
-        order = prefix_order([list(t) for t in token_lists], block_size)
+        order = prefix_order([list(t) for t in token_lists], block_size, salts)
         shared = [shared_blocks(token_lists[a], token_lists[b], block_size)
+                  if salts is None or salts[a] == salts[b] else 0
                   for a, b in zip(order, order[1:])]
         return [order[a:b] for a, b in _prefix_cuts(shared, len(order), shard_rows)]
     if block_size < 1:

@@ -83,9 +83,11 @@ class Drafter:
         return drafts
 
     def finish(self, reqs: list[Request]) -> None:
-        """Forget finished requests; a completed one's output may serve later drafts."""
+        """Forget finished requests; a completed unsalted one's output may serve later drafts
+        (a salted one's never does: how fast another request's drafts are accepted would
+        tell what it wrote, across ``cache_salt`` namespaces)."""
         for req in reqs:
             if req.key in self._known:
                 self._known.discard(req.key)
-                done = req.status != RequestStatus.FINISHED_ABORTED
+                done = req.status != RequestStatus.FINISHED_ABORTED and req.cache_salt is None
                 self.proposer.finish_request(req.key, req.output_token_ids if done else None)

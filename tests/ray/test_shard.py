@@ -97,3 +97,10 @@ def test_prefix_shards_pack_groups_up_to_the_target_and_never_cut_a_fitting_grou
     two, _ = group_rows([[1] * 8, [2] * 8], 4)
     assert sorted(sorted(s) for s in plan_shards(two, BS, 2, "prefix")) == [
         [0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_ray_shards_do_not_join_rows_of_two_salts():
+    rows = [[1] * 8 + [i] for i in range(6)]
+    assert plan_shards(rows, BS, 3, "prefix") == [list(range(6))]  # one group: kept whole
+    shards = plan_shards(rows, BS, 3, "prefix", salts=["a", "b"] * 3)
+    assert shards == [[0, 2, 4], [1, 3, 5]]

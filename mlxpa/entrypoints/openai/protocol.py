@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from mlxpa.request import MAX_CACHE_SALT_CHARS
 from mlxpa.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
@@ -38,6 +39,13 @@ class ChatMessage(_Closed):
         "read as system (OpenAI's name for it).")
     content: str | Annotated[list[ContentPart], Field(min_length=1)]
     name: str | None = None
+
+
+# vLLM's cache_salt: a tenant's secret namespace of the prefix cache (docs/serve.md).
+CacheSalt = Annotated[str | None, Field(
+    None, min_length=1, max_length=MAX_CACHE_SALT_CHARS,
+    description="Only requests with the same salt share prefix-cache blocks (vLLM's field); "
+    "keep it secret per tenant.")]
 
 
 class StreamOptions(_Closed):
@@ -105,6 +113,7 @@ _Sampling = create_model(
     skip_special_tokens=(Literal[False] | None, Field(None, description="mlxpa's text keeps "
                                                       "the special tokens the model writes.")),
     spaces_between_special_tokens=(Literal[False] | None, None),
+    cache_salt=(CacheSalt, None),
 )
 
 
@@ -141,6 +150,7 @@ class AnnotationRequest(_Closed):
         description="A question set: a list of questions, or {preamble, questions}.")
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
+    cache_salt: CacheSalt = None
 
 
 class Usage(BaseModel):
