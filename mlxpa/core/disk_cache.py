@@ -419,6 +419,74 @@ def list_files(root: str | os.PathLike[str]) -> list[CacheFile]:
     return out
 
 
+class NamespaceSummary(NamedTuple):
+    """One namespace folder of a cache folder (``mlxpa cache list``): its name, the model
+    it was written for (``namespace.json``), its block files, their bytes, the newest use."""
+
+    namespace: str
+    model: str
+    num_files: int
+    nbytes: int
+    last_used: float
+
+
+def summarize_folder(root: str | os.PathLike[str]) -> list[NamespaceSummary]:
+    """The namespaces under ``root``, most recently used first."""
+    by: dict[str, list[CacheFile]] = {}
+    for f in list_files(root):
+        by.setdefault(f.namespace, []).append(f)
+    try:
+        spaces = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        spaces = []
+    out = []
+    for space in spaces:
+        files = [f for f in by.get(space, []) if not f.temporary]
+        model = "?"
+        try:
+            with open(os.path.join(root, space, "namespace.json")) as fh:
+                info = json.load(fh)
+            model = str(info.get("model", {}).get("name", "?"))
+        except (OSError, ValueError, AttributeError):
+            pass
+        out.append(NamespaceSummary(space, model, len(files), sum(f.nbytes for f in files),
+                                    max((f.mtime for f in files), default=0.0)))
+    return sorted(out, key=lambda s: -s.last_used)
+
+
+def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> tuple[int, int]:
+    """Remove the block files (and temporary files) under ``root``, or one namespace's;
+    returns the files and bytes removed. Empty namespace folders go too."""
+    removed = nbytes = 0
+    for f in list_files(root):
+        if namespace is not None and f.namespace != namespace:
+            continue
+        if _remove(f.path):
+            removed += 1
+            nbytes += f.nbytes
+    root = os.fspath(root)
+    for space in [namespace] if namespace else [e.name for e in _scan(root)]:
+        folder = os.path.join(root, space)
+        for shard in _scan(folder):
+            try:
+                os.rmdir(shard.path)
+            except OSError:
+                pass
+        _remove(os.path.join(folder, "namespace.json"))
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    return removed, nbytes
+
+
+def _scan(folder: str) -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def folder_bytes(root: str | os.PathLike[str]) -> int:
     """Bytes of the block files under ``root``."""
     return sum(f.nbytes for f in list_files(root))
@@ -445,5 +513,5 @@ def _remove(path: str) -> bool:
 
 
 __all__ = ["BlockHeader", "CacheFile", "DiskStats", "DiskStore", "FORMAT_VERSION",
-           "chain_keys", "chain_next", "chain_root", "folder_bytes", "list_files",
-           "namespace_key"]
+           "NamespaceSummary", "chain_keys", "chain_next", "chain_root", "clear_folder",
+           "folder_bytes", "list_files", "namespace_key", "summarize_folder"]
