@@ -152,6 +152,13 @@ class EngineConfig:
         max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
         max_model_len: Longest prompt + completion in tokens; None takes the model's context.
         enable_prefix_caching: Reuse cached full blocks across requests (radix tree).
+        kv_cache_dir: A folder for the disk KV tier under the prefix cache (``auto``:
+            ``$XDG_CACHE_HOME/mlxpa/kv``), or None: off. Blocks that prefix hits read are
+            written there when they leave memory and at the end of a run, and later runs,
+            restarted servers and other processes read them back instead of computing them
+            (:mod:`mlxpa.core.kv_disk`); mlxpa's.
+        kv_cache_disk_gb: Most GiB of files the ``kv_cache_dir`` folder keeps (least
+            recently used removed first); mlxpa's.
         disable_cascade_attn: Turn cascade attention off. When on, decode rows that share
             leading KV blocks attend over the shared prefix once per group and over their
             own suffix apart, merged by their log-sum-exp, where the model runner's cost rule
@@ -179,6 +186,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dir: str | None = None
+    kv_cache_disk_gb: float = 10.0
     disable_cascade_attn: bool = False
     attention_backend: str = "auto"
     fused_cpu_ops: bool = True
@@ -223,6 +232,12 @@ class EngineConfig:
                     "kv_group_size", self.kv_group_size,
                     f"one of {', '.join(map(str, KV_GROUP_SIZES))}")
         self._check_bool("enable_prefix_caching")
+        check_field(self.kv_cache_dir is None or (isinstance(self.kv_cache_dir, str)
+                                                  and self.kv_cache_dir),
+                    "kv_cache_dir", self.kv_cache_dir, "a folder path, auto, or None")
+        check_field(is_finite(self.kv_cache_disk_gb) and not isinstance(
+            self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "kv_cache_disk_gb",
+            self.kv_cache_disk_gb, "a number of GiB > 0")
 
     def _check_scheduler(self) -> None:
         """Batching, lengths, cascade attention and the seed."""

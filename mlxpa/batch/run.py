@@ -112,6 +112,7 @@ def run_file(source: str, output: str, config: EngineConfig, defaults: SamplingP
             inputs.gold_column)
         _generate(engine, src, p, output, options, console,
                   should_stop or (lambda: False), itertools.chain([first], fed), tally)
+    engine.write_back()  # the disk KV tier keeps what this run's rows shared
     r = engine.runner
     stats = summarize(engine.counters)
     final_report(stats, console, options, kv_blocks=(r.num_blocks - 1, r.budget_blocks - 1),

@@ -42,13 +42,13 @@ def build_engine(config: EngineConfig, first: list[EngineRequest], more: bool, *
     from mlxpa.loader.models import load_model
     from mlxpa.structured.matchers import start_grammar_tokenizer
 
-    model, tokenizer, _ = load_model(
+    model, tokenizer, folder = load_model(
         config, on_tokenizer=start_grammar_tokenizer if constrained else None,
         tokenizer=tokenizer)
     work = None if more else [
         (len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
         for r in first]
-    engine = LLMEngine(config, model, tokenizer, expected_requests=work)
+    engine = LLMEngine(config, model, tokenizer, expected_requests=work, model_folder=folder)
     r = engine.runner
     if verbose:
         pool, budget = r.num_blocks - 1, r.budget_blocks - 1

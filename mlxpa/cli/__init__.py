@@ -15,6 +15,7 @@ import typer
 from mlxpa.cli.bench import BENCH_EXAMPLES, bench
 from mlxpa.cli.bench_serve import SERVE_EXAMPLES
 from mlxpa.cli.bench_serve import serve as bench_serve
+from mlxpa.cli.cache import CACHE_EXAMPLES, cache_app
 from mlxpa.cli.calibrate import CALIBRATE_EXAMPLES, calibrate
 from mlxpa.cli.generate import GENERATE_EXAMPLES, generate
 from mlxpa.cli.options import PlainUsageCommand, PlainUsageGroup
@@ -64,6 +65,8 @@ bench_app.command("serve", epilog=SERVE_EXAMPLES, cls=PlainUsageCommand,
                   short_help="Drive OpenAI-compatible servers with streaming clients.")(bench_serve)
 app.add_typer(bench_app, name="bench",
               short_help="Time mlxpa against mlx-lm and static allocation.")
+app.add_typer(cache_app, name="cache", epilog=CACHE_EXAMPLES,
+              short_help="List or clear the disk KV cache (--kv-cache-dir).")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -44,7 +44,7 @@ ALL_SYSTEMS = "mlxpa,mlxpa-noprefix,mlx-lm,static"  # mlxpa-nocascade, mlxpa-nos
 BENCH_ENGINE = ("model", "revision", "adapter_path", "keep_quantized", "dtype", "block_size",
                 "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
                 "attention_backend", "kv_cache_dtype", "kv_group_size", "disable_cascade_attn",
-                "speculative_config")
+                "speculative_config", "kv_cache_dir", "kv_cache_disk_gb")
 
 
 @opt.engine_options(*BENCH_ENGINE)

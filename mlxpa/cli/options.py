@@ -148,9 +148,9 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
                                 "context)."),
     "enable_prefix_caching": EngineFlag("Share cached prompt prefixes across rows (radix "
                                         "tree)."),
-    "disable_cascade_attn": EngineFlag("Turn off cascade attention (rows decoding after a "
-                                       "shared prefix read it once per step where that "
-                                       "pays)."),
+    "kv_cache_dir": EngineFlag("Disk KV tier (auto: ~/.cache/mlxpa/kv).", metavar="DIR"),
+    "kv_cache_disk_gb": EngineFlag("Its bound in GiB.", metavar="GB"),
+    "disable_cascade_attn": EngineFlag("Turn off cascade attention."),
     "attention_backend": EngineFlag("Paged attention kernels.", choices=KERNELS),
     "speculative_config": EngineFlag("Draft-free speculation: vLLM's JSON object.",
                                      metavar="JSON", kind=str | None),

@@ -35,7 +35,9 @@ start) take blocks of the same pool (:mod:`mlxpa.core.snapshots`).
 from __future__ import annotations
 
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
+from mlxpa.core.disk_cache import DiskStore
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
+from mlxpa.core.kv_disk import DiskTier, KVLoad, KVSave, supports_disk_tier
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.core.snapshots import Snapshots, StateOp
 from mlxpa.request import Request
@@ -78,6 +80,15 @@ class KVCacheManager:
         # pool per call keeps decode steps, which need one block at a time, from scanning a
         # large tree once per request.
         self.evict_batch = max(1, pool.num_blocks // 128)
+        self.disk: DiskTier | None = None
+
+    def attach_disk(self, store: DiskStore) -> bool:
+        """Put the disk tier ``store`` under the radix tree (:mod:`mlxpa.core.kv_disk`);
+        returns False (no tier) without prefix caching or for a recurrent model."""
+        if self.tree is None or not supports_disk_tier(self.layout):
+            return False
+        self.disk = DiskTier(store, self.tree, self.pool, self.layout)
+        return True
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -172,8 +183,9 @@ class KVCacheManager:
         if self.tree is None:
             return PrefixMatch([[] for _ in self.windows], 0, None)
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens],
-                                      req.cache_salt)
+        tokens = tokens[:req.num_tokens - 1 - req.num_scored_tokens]
+        match = self.tree.match_prefix(tokens, req.cache_salt)
+        return match if self.disk is None else self.disk.extend(req, tokens, match)
 
     def cached_prefix_blocks(self, tokens: list[int], cache_salt: str | None = None) -> int:
         """Full blocks of ``tokens`` whose K/V the tree holds under ``cache_salt`` in every
@@ -257,6 +269,8 @@ class KVCacheManager:
         if hit.last_node is not None:
             self._adopt_lock(req, hit.last_node)
             self._num_cached_blocks[req.key] = hit.num_tokens // self.block_size
+        if self.disk is not None:
+            self.disk.adopted(req, hit)
         for table, ids in zip(req.block_tables, hit.block_ids):
             table.extend(ids)
         if self.recurrent and hit.snapshot:
@@ -357,6 +371,10 @@ class KVCacheManager:
         pairs, self._blocks_to_copy = self._blocks_to_copy, []
         return pairs
 
+    def take_disk_ops(self) -> tuple[list[KVSave], list[KVLoad]]:
+        """The disk tier's block saves and loads queued since the last call."""
+        return self.disk.take() if self.disk is not None else ([], [])
+
     def take_state_ops(self) -> tuple[list[StateOp], list[StateOp]]:
         """The recurrent snapshots queued since the last call: ``(request, blocks)`` to save
         each request's state into after the step, and to restore its state from before."""
@@ -394,6 +412,8 @@ class KVCacheManager:
         node = self._locked.pop(req.key, None)
         if node is not None:
             self.tree.unlock(node)
+        if self.disk is not None:
+            self.disk.forget(req)
         self._num_cached_blocks.pop(req.key, None)
         self._first_held.pop(req.key, None)
         for table in req.block_tables:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -126,6 +126,9 @@ class RadixCache:
         self.windows = tuple(windows)
         self.recurrent = recurrent
         self._sliding = [g for g, w in enumerate(self.windows) if w is not None]
+        # Called with (node, index) before blocks of the node at that index leave (a disk
+        # tier saves what is worth keeping: mlxpa.core.kv_disk).
+        self.on_evict: Callable[[RadixNode, int], None] | None = None
         self._clear()
 
     def reset(self) -> None:
@@ -547,6 +550,8 @@ class RadixCache:
         if group == _SNAPSHOT:
             return self._drop_snapshot(node)
         assert node.value[group][index] == block, (block, node)
+        if self.on_evict is not None:
+            self.on_evict(node, index)
         node.value[group][index] = NULL_BLOCK
         self._forget(node, group, [block])
         return 1
@@ -576,6 +581,8 @@ class RadixCache:
         n = self._size(leaf)
         while self.windows and n and dropped < want:
             n -= 1
+            if self.on_evict is not None:
+                self.on_evict(leaf, n)
             for g, v in enumerate(leaf.value):
                 if v[n] != NULL_BLOCK:
                     self._forget(leaf, g, [v[n]])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from mlxpa.config import EngineConfig
 from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.kv_disk import KVLoad, KVSave
 from mlxpa.core.shared_prefix import shares_uncached_prefix, snapshot_points
 from mlxpa.request import Request, RequestStatus
 from mlxpa.spec_decode.gate import SpecGate
@@ -54,6 +55,11 @@ class SchedulerOutput:
     # step ends at one of its snapshot points).
     state_restores: list[tuple[Request, list[int]]] = field(default_factory=list)
     state_saves: list[tuple[Request, list[int]]] = field(default_factory=list)
+    # Disk tier (mlxpa.core.kv_disk): block positions to save to disk, whose bytes the
+    # runner reads before anything writes the pools (evicted blocks may be reused this
+    # step), and bytes read from disk to write into fresh blocks before the forward pass.
+    kv_saves: list[KVSave] = field(default_factory=list)
+    kv_loads: list[KVLoad] = field(default_factory=list)
     # Requests finished since the previous step (vLLM's finished_req_ids): the runner frees
     # its state of them.
     finished: list[Request] = field(default_factory=list)
@@ -161,6 +167,7 @@ class Scheduler:
             budget = self._admit(out, budget)
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
         out.state_saves, out.state_restores = self.kv_cache_manager.take_state_ops()
+        out.kv_saves, out.kv_loads = self.kv_cache_manager.take_disk_ops()
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens)
         out.last_chunk = [
             r.num_computed_tokens + n - len(out.spec_token_ids.get(r.key, ())) == r.num_tokens

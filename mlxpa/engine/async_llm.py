@@ -234,6 +234,7 @@ class AsyncLLM:
                 if command is _STOP:
                     self._error = EngineDeadError("the engine was shut down")
                     self._fail_all(self._error)
+                    engine.close()  # the disk KV tier keeps what the requests shared
                     return
                 self._apply(command)
             if commands:

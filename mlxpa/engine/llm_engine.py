@@ -10,6 +10,8 @@ while the waiting queue is short, so large inputs never sit in memory.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -21,6 +23,7 @@ from mlxpa.core.scheduler import Scheduler, SchedulerOutput
 from mlxpa.engine.choice_scores import ChoiceScores, is_choice
 from mlxpa.engine.deltas import final_delta, step_delta, wants_deltas
 from mlxpa.engine.detokenizer import IncrementalDetokenizer, check_stop
+from mlxpa.engine.disk_tier import open_disk_store, record_disk
 from mlxpa.engine.forks import Forks
 from mlxpa.engine.metrics import Counters
 from mlxpa.engine.question_scores import QuestionScores
@@ -55,19 +58,24 @@ class LLMEngine:
             that, at most the memory budget; None (work unknown): the budget.
         expected_requests: The work, ``(prompt_tokens, max_tokens, n)`` per request, in place
             of ``kv_blocks_needed`` (:meth:`kv_blocks_needed` sizes the pool for them).
+        model_folder: The folder ``model`` was loaded from (the disk KV tier's model identity
+            is then its files'; None with a ``model``: its weights are hashed).
     """
 
     def __init__(self, config: EngineConfig, model=None, tokenizer=None, *,
                  kv_blocks_needed: int | None = None,
-                 expected_requests: Iterable[tuple[int, int, int]] | None = None) -> None:
+                 expected_requests: Iterable[tuple[int, int, int]] | None = None,
+                 model_folder: str | os.PathLike[str] | None = None) -> None:
         if model is None:
             from mlxpa.loader.models import load_model
 
-            model, tokenizer, _ = load_model(config)
+            model, tokenizer, model_folder = load_model(config)
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, config, frozenset(tokenizer.eos_token_ids),
                                   tokenizer._tokenizer)
+        self.disk_store = open_disk_store(config, self.runner, model, tokenizer, model_folder)
+        self.runner.disk_store = self.disk_store
         self.counters = Counters()
         self._detok: dict[int, IncrementalDetokenizer] = {}  # by request key
         self._released: list[SampleOutput] = []
@@ -91,6 +99,12 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(
             BlockPool(num_blocks, self.config.block_size), self.config.enable_prefix_caching,
             self.runner.kv_cache_layout)
+        if self.disk_store is not None and not self.kv_cache_manager.attach_disk(
+                self.disk_store):
+            logging.getLogger("mlxpa").info(
+                "KV disk cache: off for this model (%s)", "no prefix caching"
+                if not self.config.enable_prefix_caching else "its recurrent layers resume "
+                "from snapshots, which the disk tier does not hold")
         self.scheduler = Scheduler(self.config, self.kv_cache_manager,
                                    self.runner.max_model_len,
                                    frozenset(self.tokenizer.eos_token_ids))
@@ -114,7 +128,28 @@ class LLMEngine:
                                "(abort_unfinished() drops them)")
         if self.scheduler.has_finished_requests():
             self.step()  # SchedulerOutput.finished: the runner frees their state
+        self.write_back()
         self._build_pool(num_blocks)
+
+    def write_back(self) -> int:
+        """Write the prefix cache's blocks worth keeping that the disk lacks (the disk KV
+        tier, :mod:`mlxpa.core.kv_disk`) and wait for the files; returns the block positions
+        written (0 without the tier). Called at the end of a run, a server's shutdown, before
+        the pool is rebuilt."""
+        disk = self.kv_cache_manager.disk
+        if disk is None:
+            return 0
+        saves = disk.write_back()
+        self.runner.save_kv(saves)
+        self.disk_store.flush()
+        record_disk(self.counters, self.disk_store, disk.take_hit_tokens())
+        return len(saves)
+
+    def close(self) -> None:
+        """:meth:`write_back`, then stop the disk tier's writer (nothing else to release)."""
+        if self.disk_store is not None:
+            self.write_back()
+            self.disk_store.close()
 
     @property
     def max_model_len(self) -> int:
@@ -305,6 +340,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         start = time.perf_counter()
         result = self.runner.execute(out)
+        disk = self.kv_cache_manager.disk
+        if disk is not None and out.total_num_scheduled_tokens >= 2 * len(out.requests) > 0:
+            disk.observe_compute(time.perf_counter() - start, out.total_num_scheduled_tokens)
         if self.scheduler.spec_gate is not None:
             self.scheduler.spec_gate.observe_step(out, time.perf_counter() - start)
         updated = self._update(out, result)
@@ -342,6 +380,9 @@ class LLMEngine:
         self.counters.record_step(sum(r.num_output_tokens for r in out.requests) - before,
                                   len(out.preempted), self.kv_cache_manager.evicted_blocks,
                                   result.mask_time_s)
+        if self.kv_cache_manager.disk is not None:
+            record_disk(self.counters, self.disk_store,
+                        self.kv_cache_manager.disk.take_hit_tokens())
         return updated
 
     def _check_stops(self, updated: list[Request],

@@ -80,6 +80,13 @@ class Counters:
         scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
             ids (a choice row's label tokens).
         spec: Speculative decoding's counts (:class:`SpecDecodingStats`).
+        disk_on: The disk KV tier is on (``--kv-cache-dir``); the ``disk_*`` fields count it.
+        disk_cached_prompt_tokens: Of ``cached_prompt_tokens``, those read back from disk.
+        disk_blocks_read, disk_bytes_read: Block positions (files) read and verified, bytes.
+        disk_blocks_written, disk_bytes_written: Block positions written, bytes.
+        disk_invalid_files: Files skipped as invalid (removed; their tokens computed).
+        disk_files_removed: Files removed to keep the folder within its bound.
+        disk_files, disk_bytes: Files and bytes in the folder now (gauges).
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -103,6 +110,16 @@ class Counters:
     mask_steps: int = 0
     scored_tokens: int = 0
     spec: SpecDecodingStats = field(default_factory=lambda: SpecDecodingStats())
+    disk_on: bool = False
+    disk_cached_prompt_tokens: int = 0
+    disk_blocks_read: int = 0
+    disk_bytes_read: int = 0
+    disk_blocks_written: int = 0
+    disk_bytes_written: int = 0
+    disk_invalid_files: int = 0
+    disk_files_removed: int = 0
+    disk_files: int = 0
+    disk_bytes: int = 0
 
     def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
                     mask_time_s: float | None) -> None:
@@ -163,6 +180,8 @@ class Stats:
     spec_decoding: dict | None = None  # SpecDecodingStats' fields; None without drafts
     peak_kv_bytes: int = 0
     peak_kv_bytes_by_group: dict[str, int] = field(default_factory=dict)
+    disk_cached_prompt_tokens: int = 0  # of cached_prompt_tokens, read back from disk
+    kv_disk: dict | None = None  # the disk KV tier's counts; None when it is off
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -196,4 +215,14 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         mask_ms_per_step=1e3 * c.mask_time_s / c.mask_steps if c.mask_steps else None,
         mask_steps=c.mask_steps, scored_tokens=c.scored_tokens, peak_kv_bytes=c.peak_kv_bytes,
         peak_kv_bytes_by_group=dict(c.peak_kv_bytes_by_group),
-        spec_decoding=asdict(c.spec) if c.spec.num_drafts else None)
+        spec_decoding=asdict(c.spec) if c.spec.num_drafts else None,
+        disk_cached_prompt_tokens=c.disk_cached_prompt_tokens, kv_disk=_kv_disk(c))
+
+
+_DISK_KEYS = ("blocks_read", "bytes_read", "blocks_written", "bytes_written", "invalid_files",
+              "files_removed", "files", "bytes")
+
+
+def _kv_disk(c: Counters) -> dict | None:
+    """The disk tier's counts (``files``/``bytes``: in the folder now), or None when off."""
+    return {k: getattr(c, f"disk_{k}") for k in _DISK_KEYS} if c.disk_on else None

@@ -109,7 +109,9 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
                                                   if stats.failed_rows else "")),
         ("prompt tokens", f"{stats.prompt_tokens}"),
         ("cached prompt tokens", f"{stats.cached_prompt_tokens} "
-         f"(prefix cache hit rate {stats.prefix_cache_hit_rate:.1%})"),
+         f"(prefix cache hit rate {stats.prefix_cache_hit_rate:.1%}" + (
+             f"; memory {stats.cached_prompt_tokens - stats.disk_cached_prompt_tokens}, disk "
+             f"{stats.disk_cached_prompt_tokens})" if stats.kv_disk is not None else ")")),
         ("generated tokens", f"{stats.generation_tokens}"),
         ("elapsed", f"{stats.elapsed_s:.2f} s"),
         ("total tokens/s", f"{stats.total_tokens_per_s:.1f}"),
@@ -121,6 +123,13 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
         ("preemptions", f"{stats.num_preemptions}"),
         ("evicted blocks", f"{stats.evicted_blocks}"),
     ]
+    if stats.kv_disk is not None:
+        d = stats.kv_disk
+        rows.append(("KV disk cache", f"read {d['blocks_read']} blocks ({_mib(d['bytes_read'])}"
+                     f"), wrote {d['blocks_written']} ({_mib(d['bytes_written'])}); "
+                     f"{d['files']} files ({_mib(d['bytes'])}) on disk"
+                     + (f"; {d['invalid_files']} invalid files skipped"
+                        if d["invalid_files"] else "")))
     if stats.ttft_p50_s is not None:
         rows.append(("TTFT p50 / p99", f"{stats.ttft_p50_s:.3f} / {stats.ttft_p99_s:.3f} s"))
     if stats.itl_p50_s is not None:
@@ -135,3 +144,7 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
     for k, v in rows:
         t.add_row(f"[bold]{k}", v)
     return t
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"

@@ -57,7 +57,9 @@ class LLM:
             ``block_size``, ``kv_cache_memory_bytes``, ``kv_cache_dtype``, ``max_num_seqs``,
             ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``,
             ``disable_cascade_attn``, ``attention_backend``), mlxpa's own where it has none
-            (``adapter_path``, ``keep_quantized``, ``kv_group_size``).
+            (``adapter_path``, ``keep_quantized``, ``kv_group_size``, ``kv_cache_dir`` and
+            ``kv_cache_disk_gb``: the disk KV tier, whose blocks are written at the end of
+            each call).
 
     The KV pool is sized as ``mlxpa run`` sizes it: to what a call's prompts can use, at most
     the budget (a stream of unknown length takes the budget). A call that needs more than
@@ -329,6 +331,7 @@ class LLM:
                                            "generate_iter was open; its prompts were dropped")
                     result = next(results, None)
                     if result is None:
+                        engine.write_back()  # the disk KV tier keeps what this call shared
                         return
                     bar.advance()
                     index = result.item.index

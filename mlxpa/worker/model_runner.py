@@ -11,7 +11,8 @@ requests, blocks or the scheduler. It owns the runner-side state of requests (bl
 copies, grammar matchers, penalty entries, recurrent states) and frees exactly what the
 scheduler tells it (``finished`` and ``preempted``, vLLM's ``finished_req_ids``). Per step it:
 
-1. frees that state and applies copy-on-write block copies;
+1. frees that state, reads the blocks the disk tier saves (before anything writes the
+   pools), writes the blocks it read back, and applies copy-on-write block copies;
 2. splits the scheduled requests into a decode group (one token each) and prefill groups of
    similar chunk length (requests of one group are right-padded to the group's longest chunk;
    padding a decode to a prefill chunk would cost the chunk's FLOPs);
@@ -40,6 +41,8 @@ import mlx.core as mx
 import numpy as np
 
 from mlxpa.config import EngineConfig, kv_budget_bytes
+from mlxpa.core.disk_cache import DiskStore
+from mlxpa.core.kv_disk import KVLoad, KVSave
 from mlxpa.core.kv_sizing import num_kv_blocks
 from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
@@ -68,6 +71,8 @@ from mlxpa.worker.state_store import RecurrentStateStore
 
 # A prefill chunk joins a group while its padding stays within this many tokens.
 _MAX_PAD_TOKENS = 32
+# The most bytes of blocks one read for the disk tier takes at once.
+_SAVE_BATCH_BYTES = 64 * 2**20
 
 
 def vocab_size(model, logits_width: int) -> int:
@@ -188,6 +193,7 @@ class ModelRunner:
         spec = config.speculative_config
         self.drafter = (Drafter(make_proposer(spec), spec.num_speculative_tokens, self.grammars)
                         if spec is not None and self.states is None else None)
+        self.disk_store: DiskStore | None = None  # the disk tier's files (the engine's)
 
     def kv_blocks_for(self, kv_blocks_needed: int | None) -> int:
         """Blocks of the pool (null block included) for work that can use at most
@@ -277,6 +283,10 @@ class ModelRunner:
             endings; :data:`EMPTY_STEP_RESULT` when no token is scheduled.
         """
         self._free(out.finished, out.preempted)
+        if out.kv_saves:  # first: the step may reuse the blocks they read
+            self.save_kv(out.kv_saves)
+        if out.kv_loads:
+            self._load_kv(out.kv_loads)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
         if out.state_restores:
             restore_states(self.states, self.kv_cache, self._codec, out.state_restores)
@@ -310,6 +320,40 @@ class ModelRunner:
             grammar_ended=res.grammar_ended, mask_time_s=res.mask_time_s,
             spec_token_ids=(self.drafter.propose(reqs, res.tokens)
                             if self.drafter is not None and out.propose_drafts else {}))
+
+    def save_kv(self, saves: list[KVSave]) -> None:
+        """Read the blocks of each disk save (:mod:`mlxpa.core.kv_disk`) now, a batch of at
+        most :data:`_SAVE_BATCH_BYTES` at a time, and hand the bytes to the disk store,
+        which writes the files on its thread."""
+        if self.disk_store is None:
+            return
+        size = self.kv_cache.block_nbytes
+        at = 0
+        while at < len(saves):
+            batch, blocks = [], 0
+            while at < len(saves) and (not batch or (blocks + len(saves[at].blocks)) * size
+                                       <= _SAVE_BATCH_BYTES):
+                batch.append(saves[at])
+                blocks += len(saves[at].blocks)
+                at += 1
+            data = self.kv_cache.read_bytes([b for s in batch for b in s.blocks])
+            mx.eval(data)
+            flat = memoryview(data)
+            off = 0
+            for s in batch:
+                n = len(s.blocks) * size
+                self.disk_store.put(s.header, bytes(flat[off:off + n]))
+                off += n
+            del data, flat
+
+    def _load_kv(self, loads: list[KVLoad]) -> None:
+        """Write the bytes read from disk into their fresh blocks, evaluated now (before the
+        step's forward writes the pools, so those writes can take over their buffers)."""
+        for load in loads:
+            if load.blocks:
+                self.kv_cache.write_bytes(load.blocks, mx.array(
+                    np.frombuffer(load.payload, dtype=np.uint8)))
+        mx.eval(self.kv_cache.arrays())
 
     def _targets(self, reads: StepReads) -> LogprobGather | None:
         """The log-probabilities of the target requests' ``target_token_ids`` at their last

@@ -10,7 +10,12 @@ group) and ``mlxpa:kv_cache_peak_bytes_by_group`` (by ``group``: ``full_attentio
 ``sliding_window_<n>``, ``recurrent``), and the counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` (prompt tokens looked up)
 and ``vllm:prefix_cache_hits_total`` (of those, served from the cache),
-``vllm:num_preemptions_total``, and speculative decoding's
+``vllm:num_preemptions_total``; the disk KV tier's (``--kv-cache-dir``; 0 when off)
+``mlxpa:prefix_cache_disk_hits_total`` (of the hits, prompt tokens read from disk),
+``mlxpa:kv_disk_blocks_read_total``, ``mlxpa:kv_disk_bytes_read_total``,
+``mlxpa:kv_disk_blocks_written_total``, ``mlxpa:kv_disk_bytes_written_total``,
+``mlxpa:kv_disk_invalid_files_total`` and the gauges ``mlxpa:kv_disk_blocks`` and
+``mlxpa:kv_disk_bytes`` (the folder's files and bytes); and speculative decoding's
 ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
 ``vllm:spec_decode_num_accepted_tokens_total`` and
 ``vllm:spec_decode_num_accepted_tokens_per_pos_total`` (by ``position``). Observed as each
@@ -55,7 +60,10 @@ class _EngineCollector(Collector):
                   ("mlxpa:kv_blocks_in_use", "KV blocks held by requests.", s.kv_blocks_in_use),
                   ("mlxpa:kv_blocks_total", "Usable KV blocks of the pool.", s.kv_blocks_total),
                   ("mlxpa:kv_cache_peak_bytes", "Most bytes of KV held at once since start, "
-                   "every KV cache group.", c.peak_kv_bytes))
+                   "every KV cache group.", c.peak_kv_bytes),
+                  ("mlxpa:kv_disk_blocks", "Block files in the disk KV tier's folder.",
+                   c.disk_files),
+                  ("mlxpa:kv_disk_bytes", "Bytes of the disk KV tier's files.", c.disk_bytes))
         for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(self.labels, value)
@@ -67,6 +75,18 @@ class _EngineCollector(Collector):
                     ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                      c.cached_prompt_tokens),
                     ("vllm:num_preemptions", "Requests preempted.", c.num_preemptions),
+                    ("mlxpa:prefix_cache_disk_hits", "Prompt tokens served from the disk KV "
+                     "tier (of vllm:prefix_cache_hits).", c.disk_cached_prompt_tokens),
+                    ("mlxpa:kv_disk_blocks_read", "Block positions read back from the disk "
+                     "KV tier.", c.disk_blocks_read),
+                    ("mlxpa:kv_disk_bytes_read", "Bytes read from the disk KV tier.",
+                     c.disk_bytes_read),
+                    ("mlxpa:kv_disk_blocks_written", "Block positions written to the disk KV "
+                     "tier.", c.disk_blocks_written),
+                    ("mlxpa:kv_disk_bytes_written", "Bytes written to the disk KV tier.",
+                     c.disk_bytes_written),
+                    ("mlxpa:kv_disk_invalid_files", "Disk KV tier files skipped as invalid "
+                     "(removed; their tokens computed).", c.disk_invalid_files),
                     ("vllm:spec_decode_num_drafts", "Request steps that verified draft "
                      "tokens.", c.spec.num_drafts),
                     ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",

@@ -1,0 +1,517 @@
+"""The disk tier's files: content-addressed KV blocks, written atomically, verified before use.
+
+Pure Python (no mlx). One file per block position of a cached prefix (LMCache's and vLLM's
+KV offloading's content-addressed chunks, SGLang HiCache's file backend, at mlxpa's block
+granularity). A file's name is its *key*, a hash chain (vLLM's prefix-caching block hash)::
+
+    root    = H(namespace, cache_salt)            namespace: model weights + config, tokenizer,
+    key[0]  = H(root,     tokens of block 0)      adapter, KV dtype, block size, layout, ...
+    key[i]  = H(key[i-1], tokens of block i)
+
+so a key fixes everything the block's K/V depend on, and a folder serves later runs, a
+restarted server and several processes at once. The file holds, per KV cache group, the
+block's bytes at that position where it was kept (a sliding-window group's block may be a
+tombstone already), as the pool stores them (:meth:`PagedKVCache.read_bytes`)::
+
+    MAGIC (8) | header length (4, little-endian) | header (JSON) | payload | BLAKE2b-256 of
+    everything before it (32)
+
+The header repeats the key, its parent, the position, the tokens, the namespace, which groups
+are present and the byte counts; a reader checks every one of them and the digest, and a file
+that fails (truncated, bit-flipped, another model's, another format's) is removed and counted,
+never used: the request computes those tokens instead. Files are written to a temporary name
+in the same folder and renamed (``os.replace``), so a reader sees a whole file or none; two
+processes writing one key write equal bytes. A write that fails for lack of room or
+permission warns once and turns writing off (reads go on); the folder is kept under its bound
+by removing the least recently used files (a read refreshes a file's modification time), by
+whichever process finds it over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+FORMAT_VERSION = 1
+MAGIC = b"MLXPAKV1"
+SUFFIX = ".kvb"
+_TMP = ".tmp-"
+_DIGEST = 32
+_LEN = struct.Struct("<I")
+# After a cleanup the folder holds at most this share of its bound (room for the next writes).
+_LOW_WATER = 0.9
+# A temporary file older than this (seconds) is a dead writer's and is removed by a cleanup.
+_STALE_TMP_S = 3600.0
+
+logger = logging.getLogger(__name__)
+
+
+def namespace_key(identity: dict) -> str:
+    """A hex digest of ``identity`` (JSON, keys sorted): what the chain's root hashes."""
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def chain_root(namespace: str, cache_salt: str | None = None) -> bytes:
+    """The key before block 0 of a prompt: the namespace and the request's ``cache_salt``
+    (None and ``""`` differ, so no hit crosses salts)."""
+    salt = b"\x00" if cache_salt is None else b"\x01" + cache_salt.encode()
+    return hashlib.blake2b(namespace.encode() + salt, digest_size=20).digest()
+
+
+def chain_next(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a block: its parent's key and its tokens."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=20).digest()
+
+
+def chain_keys(root: bytes, token_ids: Sequence[int], block_size: int,
+               start: int = 0, parent: bytes | None = None) -> list[bytes]:
+    """Keys of the full blocks ``start ..`` of ``token_ids`` (``parent``: block
+    ``start - 1``'s key; None: hashed from the root)."""
+    keys: list[bytes] = []
+    h = root
+    if start and parent is None:
+        for i in range(start):
+            h = chain_next(h, token_ids[i * block_size:(i + 1) * block_size])
+    elif parent is not None:
+        h = parent
+    for i in range(start, len(token_ids) // block_size):
+        h = chain_next(h, token_ids[i * block_size:(i + 1) * block_size])
+        keys.append(h)
+    return keys
+
+
+class BlockHeader(NamedTuple):
+    """What a file says about its block.
+
+    Attributes:
+        key: The block's key; parent: its parent's key.
+        position: The block's index in the prompt (block 0 first).
+        tokens: The block's token ids.
+        groups: Per KV cache group, whether the file holds its block.
+    """
+
+    key: bytes
+    parent: bytes
+    position: int
+    tokens: tuple[int, ...]
+    groups: tuple[bool, ...]
+
+
+@dataclass(slots=True)
+class DiskStats:
+    """The tier's counts since they were last taken (:meth:`DiskStore.take_stats`).
+
+    Attributes:
+        blocks_read, bytes_read: Block positions read back and verified, and their bytes.
+        blocks_written, bytes_written: Block positions written (files), and their bytes.
+        invalid_files: Files skipped as invalid (and removed).
+        files_removed: Files removed to keep the folder within its bound.
+        read_s: Seconds spent reading and verifying.
+    """
+
+    blocks_read: int = 0
+    bytes_read: int = 0
+    blocks_written: int = 0
+    bytes_written: int = 0
+    invalid_files: int = 0
+    files_removed: int = 0
+    read_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Write:
+    header: BlockHeader
+    payload: bytes
+    done: threading.Event | None = field(default=None)
+
+
+class DiskStore:
+    """The files of one namespace under ``root`` (``root/<namespace[:16]>/<key[:2]>/``).
+
+    Args:
+        root: The cache folder (``--kv-cache-dir``); created when missing.
+        namespace: :func:`namespace_key` of the model and storage.
+        identity: What the namespace hashes, written beside the files for ``mlxpa cache``.
+        max_bytes: Most bytes of files the folder keeps (every namespace together).
+        block_nbytes: Bytes of one block of the pool (every layer slot, K and V).
+        num_groups: KV cache groups of the model.
+        background: Write files on a thread (False: at once, for tests).
+        warn: Called once with a message when writing stops working (default: log).
+
+    Raises:
+        OSError: ``root`` cannot be created or read (the caller runs without the tier).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], namespace: str, identity: dict,
+                 max_bytes: int, block_nbytes: int, num_groups: int,
+                 background: bool = True, warn: Callable[[str], None] | None = None) -> None:
+        self.root = os.fspath(root)
+        self.namespace = namespace
+        self.folder = os.path.join(self.root, namespace[:16])
+        self.max_bytes = max_bytes
+        self.block_nbytes = block_nbytes
+        self.num_groups = num_groups
+        self.writable = True
+        self._warn = warn or logger.warning
+        self._lock = threading.Lock()
+        self._stats = DiskStats()
+        os.makedirs(self.folder, exist_ok=True)
+        self._write_identity(identity)
+        files = list_files(self.root)
+        self._bytes = sum(f.nbytes for f in files)
+        self._files = sum(not f.temporary for f in files)
+        self._queue: queue.SimpleQueue[_Write | None] | None = None
+        if background:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._writer, name="mlxpa-kv-disk",
+                                            daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ paths
+
+    def path(self, key: bytes) -> str:
+        h = key.hex()
+        return os.path.join(self.folder, h[:2], h + SUFFIX)
+
+    def contains(self, key: bytes) -> bool:
+        """Whether a file of ``key`` exists (not verified)."""
+        return os.path.exists(self.path(key))
+
+    def _write_identity(self, identity: dict) -> None:
+        path = os.path.join(self.folder, "namespace.json")
+        if os.path.exists(path):
+            return
+        try:
+            _atomic_write(path, json.dumps({"namespace": self.namespace, **identity},
+                                           indent=1, sort_keys=True, default=str).encode())
+        except OSError as e:
+            self._stop_writing(e)
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, key: bytes, parent: bytes, position: int,
+             tokens: Sequence[int]) -> tuple[BlockHeader, list[memoryview | None]] | None:
+        """The block of ``key`` (whose parent, position and tokens the caller knows), verified:
+        its header and, per group, its bytes (None: not kept); None when there is no file or
+        it fails a check (then it is removed and counted in ``invalid_files``)."""
+        path = self.path(key)
+        start = time.perf_counter()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        parsed = self._parse(data, key, parent, position, tokens)
+        if parsed is None:
+            with self._lock:
+                self._stats.invalid_files += 1
+            logger.debug("kv cache: skipped invalid file %s", path)
+            _remove(path)
+            return None
+        try:
+            os.utime(path)  # least recently used goes first
+        except OSError:
+            pass
+        with self._lock:
+            s = self._stats
+            s.blocks_read += 1
+            s.bytes_read += len(data)
+            s.read_s += time.perf_counter() - start
+        return parsed
+
+    def _parse(self, data: bytes, key: bytes, parent: bytes, position: int,
+               tokens: Sequence[int]) -> tuple[BlockHeader, list[memoryview | None]] | None:
+        """The header and per-group bytes of a file's ``data``, or None if any check fails."""
+        if len(data) < len(MAGIC) + _LEN.size + _DIGEST or not data.startswith(MAGIC):
+            return None
+        body, digest = data[:-_DIGEST], data[-_DIGEST:]
+        if hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest:
+            return None
+        (n,) = _LEN.unpack_from(body, len(MAGIC))
+        at = len(MAGIC) + _LEN.size
+        try:
+            h = json.loads(body[at:at + n])
+        except ValueError:
+            return None
+        if not isinstance(h, dict):
+            return None
+        groups = h.get("groups")
+        if (h.get("version") != FORMAT_VERSION or h.get("namespace") != self.namespace
+                or h.get("key") != key.hex() or h.get("parent") != parent.hex()
+                or h.get("position") != position or h.get("tokens") != list(tokens)
+                or h.get("block_nbytes") != self.block_nbytes
+                or not isinstance(groups, list) or len(groups) != self.num_groups):
+            return None
+        payload = memoryview(body)[at + n:]
+        if len(payload) != sum(map(bool, groups)) * self.block_nbytes:
+            return None
+        parts: list[memoryview | None] = []
+        off = 0
+        for present in groups:
+            if present:
+                parts.append(payload[off:off + self.block_nbytes])
+                off += self.block_nbytes
+            else:
+                parts.append(None)
+        header = BlockHeader(key, parent, position, tuple(tokens), tuple(map(bool, groups)))
+        return header, parts
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, header: BlockHeader, payload: bytes) -> None:
+        """Write the block of ``header`` (``payload``: its present groups' bytes, in group
+        order), in the background; nothing once writing failed."""
+        if not self.writable:
+            return
+        assert len(payload) == sum(header.groups) * self.block_nbytes, header
+        if self._queue is None:
+            self._write(_Write(header, payload))
+        else:
+            self._queue.put(_Write(header, payload))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every write handed to :meth:`put` so far is done."""
+        if self._queue is None or not self._thread.is_alive():
+            return
+        done = threading.Event()
+        self._queue.put(_Write(BlockHeader(b"", b"", -1, (), ()), b"", done))
+        done.wait(timeout_s)
+
+    def close(self) -> None:
+        """Finish the writes in flight and stop the writer thread."""
+        self.flush()
+        if self._queue is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(5.0)
+
+    def _writer(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if item.done is not None:
+                item.done.set()
+                continue
+            self._write(item)
+
+    def _write(self, item: _Write) -> None:
+        if not self.writable:
+            return
+        h = item.header
+        header = json.dumps({
+            "version": FORMAT_VERSION, "namespace": self.namespace, "key": h.key.hex(),
+            "parent": h.parent.hex(), "position": h.position, "tokens": list(h.tokens),
+            "groups": [int(g) for g in h.groups], "block_nbytes": self.block_nbytes,
+        }, separators=(",", ":")).encode()
+        body = b"".join((MAGIC, _LEN.pack(len(header)), header, item.payload))
+        data = body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
+        path = self.path(h.key)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _atomic_write(path, data)
+        except OSError as e:
+            self._stop_writing(e)
+            return
+        with self._lock:
+            self._stats.blocks_written += 1
+            self._stats.bytes_written += len(data)
+            self._bytes += len(data)
+            self._files += 1
+            over = self._bytes > self.max_bytes
+        if over:
+            self.cleanup()
+
+    def _stop_writing(self, error: OSError) -> None:
+        if self.writable:
+            self.writable = False
+            self._warn(f"the KV disk cache stops writing: {error.strerror or error} "
+                       f"({self.root}); the run goes on without saving KV blocks")
+
+    # ------------------------------------------------------------------ bound
+
+    def cleanup(self) -> int:
+        """Remove the least recently used files of the folder (every namespace) until it
+        holds at most 90% of ``max_bytes``, and dead writers' temporary files; returns the
+        files removed."""
+        files = list_files(self.root)
+        total = sum(f.nbytes for f in files)
+        count = sum(not f.temporary for f in files)
+        removed = 0
+        now = time.time()
+        for f in sorted(files, key=lambda f: f.mtime):
+            stale = f.temporary and now - f.mtime > _STALE_TMP_S
+            if not stale and (f.temporary or total <= _LOW_WATER * self.max_bytes):
+                continue
+            if _remove(f.path):
+                removed += 1
+                total -= f.nbytes
+                count -= not f.temporary
+        with self._lock:
+            self._bytes, self._files = total, count
+            self._stats.files_removed += removed
+        return removed
+
+    @property
+    def num_files(self) -> int:
+        """Block files under the folder (every namespace; this process's count since its
+        last scan)."""
+        return self._files
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of those files."""
+        return self._bytes
+
+    def take_stats(self) -> DiskStats:
+        """The counts since the last call (and reset them)."""
+        with self._lock:
+            stats, self._stats = self._stats, DiskStats()
+        return stats
+
+
+class CacheFile(NamedTuple):
+    """One file under a cache folder: path, bytes, modification time, whether it is a
+    writer's temporary file, the namespace folder it is in."""
+
+    path: str
+    nbytes: int
+    mtime: float
+    temporary: bool
+    namespace: str
+
+
+def list_files(root: str | os.PathLike[str]) -> list[CacheFile]:
+    """Every block file (and temporary file) under ``root``'s namespace folders."""
+    out: list[CacheFile] = []
+    root = os.fspath(root)
+    try:
+        spaces = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return out
+    for space in spaces:
+        try:
+            shards = [e for e in os.scandir(space.path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for shard in shards:
+            try:
+                entries = list(os.scandir(shard.path))
+            except OSError:
+                continue
+            for e in entries:
+                tmp = _TMP in e.name
+                if not (tmp or e.name.endswith(SUFFIX)):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out.append(CacheFile(e.path, st.st_size, st.st_mtime, tmp, space.name))
+    return out
+
+
+class NamespaceSummary(NamedTuple):
+    """One namespace folder of a cache folder (``mlxpa cache list``): its name, the model
+    it was written for (``namespace.json``), its block files, their bytes, the newest use."""
+
+    namespace: str
+    model: str
+    num_files: int
+    nbytes: int
+    last_used: float
+
+
+def summarize_folder(root: str | os.PathLike[str]) -> list[NamespaceSummary]:
+    """The namespaces under ``root``, most recently used first."""
+    by: dict[str, list[CacheFile]] = {}
+    for f in list_files(root):
+        by.setdefault(f.namespace, []).append(f)
+    try:
+        spaces = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        spaces = []
+    out = []
+    for space in spaces:
+        files = [f for f in by.get(space, []) if not f.temporary]
+        model = "?"
+        try:
+            with open(os.path.join(root, space, "namespace.json")) as fh:
+                info = json.load(fh)
+            model = str(info.get("model", {}).get("name", "?"))
+        except (OSError, ValueError, AttributeError):
+            pass
+        out.append(NamespaceSummary(space, model, len(files), sum(f.nbytes for f in files),
+                                    max((f.mtime for f in files), default=0.0)))
+    return sorted(out, key=lambda s: -s.last_used)
+
+
+def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> tuple[int, int]:
+    """Remove the block files (and temporary files) under ``root``, or one namespace's;
+    returns the files and bytes removed. Empty namespace folders go too."""
+    removed = nbytes = 0
+    for f in list_files(root):
+        if namespace is not None and f.namespace != namespace:
+            continue
+        if _remove(f.path):
+            removed += 1
+            nbytes += f.nbytes
+    root = os.fspath(root)
+    for space in [namespace] if namespace else [e.name for e in _scan(root)]:
+        folder = os.path.join(root, space)
+        for shard in _scan(folder):
+            try:
+                os.rmdir(shard.path)
+            except OSError:
+                pass
+        _remove(os.path.join(folder, "namespace.json"))
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    return removed, nbytes
+
+
+def _scan(folder: str) -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def folder_bytes(root: str | os.PathLike[str]) -> int:
+    """Bytes of the block files under ``root``."""
+    return sum(f.nbytes for f in list_files(root))
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary file in its folder and ``os.replace``."""
+    tmp = f"{path}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: str) -> bool:
+    try:
+        os.remove(path)
+        return True
+    except OSError:
+        return False
+
+
+__all__ = ["BlockHeader", "CacheFile", "DiskStats", "DiskStore", "FORMAT_VERSION",
+           "NamespaceSummary", "chain_keys", "chain_next", "chain_root", "clear_folder",
+           "folder_bytes", "list_files", "namespace_key", "summarize_folder"]

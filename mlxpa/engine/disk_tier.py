@@ -1,0 +1,97 @@
+"""The engine's side of the disk KV tier (``--kv-cache-dir``): the folder, the namespace the
+blocks are keyed under, the store, and its figures for the counters.
+
+The namespace (:func:`mlxpa.core.disk_cache.namespace_key`) hashes everything a block's bytes
+depend on besides its tokens: the model (its folder's fingerprint, or its weights' when the
+engine was handed a model object), the adapter, the tokenizer, the compute dtype, the KV
+cache dtype and group size, the block size, the KV cache groups and the bytes of a block,
+the attention backend and fused CPU ops, the MLX version and device, and the file format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+from mlxpa.config import EngineConfig
+from mlxpa.core.disk_cache import FORMAT_VERSION, DiskStore, namespace_key
+from mlxpa.engine.metrics import Counters
+
+# --kv-cache-dir auto: this folder under the mlxpa cache ($XDG_CACHE_HOME/mlxpa).
+AUTO = "auto"
+
+
+def kv_cache_folder(value: str) -> Path:
+    """The folder of ``--kv-cache-dir``: ``auto`` is ``$XDG_CACHE_HOME/mlxpa/kv`` (or
+    ``~/.cache/mlxpa/kv``)."""
+    if value == AUTO:
+        from mlxpa.loader.converted import cache_dir
+
+        return cache_dir() / "kv"
+    return Path(value).expanduser()
+
+
+def disk_identity(config: EngineConfig, runner, model, tokenizer,
+                  model_folder: str | Path | None) -> dict:
+    """What the namespace hashes (see the module docstring); the folder's fingerprint is
+    cheap, a model object's weights are hashed (O(weights))."""
+    from mlxpa.loader.identity import folder_fingerprint
+    from mlxpa.worker.identity import (
+        runtime_identity,
+        tokenizer_fingerprint,
+        weights_fingerprint,
+    )
+
+    layout = runner.kv_cache_layout
+    if model_folder is not None:
+        model_id = {"folder": folder_fingerprint(model_folder), "name": Path(model_folder).name}
+        adapter = (folder_fingerprint(config.adapter_path) if config.adapter_path else None)
+        tok = None  # the folder's files
+    else:
+        model_id = {"weights": weights_fingerprint(model), "name": type(model).__module__}
+        adapter = None  # applied: in the weights
+        tok = tokenizer_fingerprint(tokenizer)
+    return {
+        "format": FORMAT_VERSION, "model": model_id, "adapter": adapter, "tokenizer": tok,
+        "dtype": str(runner.dtype), "kv_cache_dtype": config.kv_cache_dtype,
+        "kv_group_size": config.kv_group_size, "block_size": config.block_size,
+        "groups": [[g.sliding_window, list(g.entries)] for g in layout.groups],
+        "num_slots": layout.num_slots, "block_nbytes": runner.block_bytes,
+        "attention_backend": config.attention_backend, "fused_cpu_ops": config.fused_cpu_ops,
+        **runtime_identity(),
+    }
+
+
+def open_disk_store(config: EngineConfig, runner, model, tokenizer,
+                    model_folder: str | Path | None) -> DiskStore | None:
+    """The disk tier's store for ``config.kv_cache_dir`` (None when unset, or when the
+    folder cannot be made: one warning, the engine runs without the tier)."""
+    if config.kv_cache_dir is None:
+        return None
+    folder = kv_cache_folder(config.kv_cache_dir)
+    identity = disk_identity(config, runner, model, tokenizer, model_folder)
+    try:
+        return DiskStore(folder, namespace_key(identity), identity,
+                         int(config.kv_cache_disk_gb * 2**30), runner.block_bytes,
+                         len(runner.kv_cache_layout.groups), warn=_warn_once)
+    except OSError as e:
+        _warn_once(f"the KV disk cache is off: {folder}: {e.strerror or e}")
+        return None
+
+
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def record_disk(counters: Counters, store: DiskStore, disk_hit_tokens: int) -> None:
+    """Add the store's counts since the last call, and ``disk_hit_tokens`` (prompt tokens
+    of hits read from disk since then), to ``counters``."""
+    stats = store.take_stats()
+    counters.disk_on = True
+    for f in dataclasses.fields(stats):
+        if f.name != "read_s":
+            name = f"disk_{f.name}"
+            setattr(counters, name, getattr(counters, name) + getattr(stats, f.name))
+    counters.disk_cached_prompt_tokens += disk_hit_tokens
+    counters.disk_files, counters.disk_bytes = store.num_files, store.num_bytes

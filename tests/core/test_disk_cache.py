@@ -1,0 +1,222 @@
+"""Tests for mlxpa.core.disk_cache: the hash chain (salts never meet), files written whole and
+read back exactly, and every doubtful file skipped and removed: truncated, bit-flipped,
+another namespace's, another block size's, half-written (a temporary name), written by two
+processes at once; a folder that refuses writes warns once; the bound removes the least
+recently used files; listing and clearing."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlxpa.core import disk_cache
+from mlxpa.core.disk_cache import (
+    BlockHeader,
+    DiskStore,
+    chain_keys,
+    chain_next,
+    chain_root,
+    clear_folder,
+    list_files,
+    namespace_key,
+    summarize_folder,
+)
+
+NB = 64  # bytes of a block
+TOKENS = list(range(10, 26))  # two blocks of 8
+
+
+def store(root, namespace="ns0", block_nbytes=NB, groups=2, max_bytes=1 << 30, warn=None):
+    return DiskStore(root, namespace_key({"n": namespace}), {"model": {"name": namespace}},
+                     max_bytes, block_nbytes, groups, background=False, warn=warn)
+
+
+def header(s: DiskStore, position: int = 0, salt=None, groups=(True, True)) -> BlockHeader:
+    keys = chain_keys(chain_root(s.namespace, salt), TOKENS, 8)
+    parent = keys[position - 1] if position else chain_root(s.namespace, salt)
+    return BlockHeader(keys[position], parent, position,
+                       tuple(TOKENS[position * 8:(position + 1) * 8]), groups)
+
+
+def payload(groups=(True, True), fill=7) -> bytes:
+    return bytes([fill]) * (NB * sum(groups))
+
+
+def read(s: DiskStore, h: BlockHeader):
+    return s.read(h.key, h.parent, h.position, h.tokens)
+
+
+def test_chain_keys_depend_on_everything_before():
+    ns = namespace_key({"model": "a"})
+    root = chain_root(ns)
+    keys = chain_keys(root, TOKENS, 8)
+    assert keys == [chain_next(root, TOKENS[:8]), chain_next(keys[0], TOKENS[8:])]
+    assert chain_keys(root, TOKENS, 8, start=1) == keys[1:]
+    assert chain_keys(root, TOKENS, 8, start=1, parent=keys[0]) == keys[1:]
+    other = TOKENS[:7] + [99] + TOKENS[8:]  # block 0 differs: block 1's key too
+    assert chain_keys(root, other, 8)[1] != keys[1]
+    assert chain_keys(chain_root(namespace_key({"model": "b"})), TOKENS, 8) != keys
+
+
+def test_a_salt_never_hits_another_salts_blocks():
+    ns = namespace_key({"model": "a"})
+    roots = [chain_root(ns, salt) for salt in (None, "", "alice", "bob")]
+    assert len({chain_keys(r, TOKENS, 8)[0] for r in roots}) == 4
+    assert chain_root(ns, "alice") == chain_root(ns, "alice")
+
+
+def test_round_trip_and_absent_groups(tmp_path):
+    s = store(tmp_path)
+    h = header(s, 1, groups=(True, False))
+    s.put(h, payload((True, False)))
+    got = read(s, h)
+    assert got is not None
+    head, parts = got
+    assert head == h and bytes(parts[0]) == payload((True, False)) and parts[1] is None
+    assert s.contains(h.key) and not s.contains(header(s, 0).key)
+    stats = s.take_stats()
+    assert (stats.blocks_written, stats.blocks_read, stats.invalid_files) == (1, 1, 0)
+    assert stats.bytes_read == stats.bytes_written == os.path.getsize(s.path(h.key))
+
+
+def _corrupt(path: str, how: str) -> None:
+    data = bytearray(open(path, "rb").read())
+    if how == "truncated":
+        data = data[:len(data) // 2]
+    elif how == "bit-flip-payload":
+        data[-40] ^= 0x01
+    elif how == "bit-flip-header":
+        data[20] ^= 0x04
+    elif how == "empty":
+        data = bytearray()
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flip-payload", "bit-flip-header", "empty"])
+def test_a_damaged_file_is_skipped_and_removed(tmp_path, how):
+    s = store(tmp_path)
+    h = header(s)
+    s.put(h, payload())
+    _corrupt(s.path(h.key), how)
+    assert read(s, h) is None
+    assert not os.path.exists(s.path(h.key))
+    assert s.take_stats().invalid_files == 1
+
+
+def test_a_foreign_file_is_never_read(tmp_path):
+    """Another model's (namespace), another block size's, other tokens at the same key."""
+    mine = store(tmp_path / "a")
+    h = header(mine)
+    for other in (store(tmp_path / "b", namespace="other"), store(tmp_path / "c", block_nbytes=32)):
+        other.put(h, bytes(other.block_nbytes * 2))
+        os.makedirs(os.path.dirname(mine.path(h.key)), exist_ok=True)
+        os.replace(other.path(h.key), mine.path(h.key))
+        assert read(mine, h) is None
+    mine.put(h, payload())
+    assert mine.read(h.key, h.parent, h.position, [0] * 8) is None  # the tokens differ
+    assert mine.take_stats().invalid_files == 3
+
+
+def test_a_half_written_file_is_invisible(tmp_path):
+    s = store(tmp_path)
+    h = header(s)
+    path = s.path(h.key)
+    os.makedirs(os.path.dirname(path))
+    with open(path + ".tmp-999-abcd", "wb") as f:
+        f.write(disk_cache.MAGIC + b"\x10")  # a writer that died mid-file
+    assert not s.contains(h.key) and read(s, h) is None
+    assert [f.temporary for f in list_files(tmp_path)] == [True]
+
+
+def test_a_folder_that_refuses_writes_warns_once(tmp_path, monkeypatch):
+    warnings = []
+    s = store(tmp_path, warn=warnings.append)
+
+    def refuse(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_cache, "_atomic_write", refuse)
+    for position in (0, 1):
+        s.put(header(s, position), payload())
+    assert len(warnings) == 1 and "No space left" in warnings[0]
+    assert not s.writable and s.take_stats().blocks_written == 0
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_folder_warns_once_and_still_reads(tmp_path):
+    s = store(tmp_path)
+    h = header(s)
+    s.put(h, payload())
+    for d, _, _ in os.walk(tmp_path):
+        os.chmod(d, 0o555)
+    try:
+        warnings = []
+        ro = store(tmp_path, warn=warnings.append)
+        ro.put(header(ro, 1), payload())
+        ro.put(header(ro, 1), payload())
+        assert len(warnings) == 1 and read(ro, h) is not None
+    finally:
+        for d, _, _ in os.walk(tmp_path):
+            os.chmod(d, 0o755)
+
+
+def test_the_bound_removes_the_least_recently_used(tmp_path):
+    s = store(tmp_path)
+    size = None
+    for position in (0, 1):
+        h = header(s, position)
+        s.put(h, payload())
+        size = os.path.getsize(s.path(h.key))
+        old = time.time() - 100 * (2 - position)
+        os.utime(s.path(h.key), (old, old))
+    read(s, header(s, 0))  # a read refreshes block 0: block 1 is now the oldest
+    small = store(tmp_path, max_bytes=int(size * 2.5))
+    small.put(header(small, 1, salt="x"), payload())  # a third file: over the bound
+    assert small.contains(header(s, 0).key) and not small.contains(header(s, 1).key)
+    assert small.take_stats().files_removed == 1
+    assert small.num_files == 2
+
+
+WRITER = """
+import sys
+from tests.core.test_disk_cache import header, payload, store
+s = store(sys.argv[1])
+for round in range(20):
+    for position in (0, 1):
+        s.put(header(s, position), payload())
+"""
+
+
+def test_two_processes_writing_one_folder_leave_only_whole_files(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], env=env, cwd=root)
+             for _ in range(2)]
+    s = store(tmp_path)
+    seen = 0
+    while any(p.poll() is None for p in procs):
+        for position in (0, 1):  # reads during the writes: whole files or none
+            got = read(s, header(s, position))
+            seen += got is not None
+            assert got is None or bytes(got[1][0]) == payload()[:NB]
+    assert all(p.wait() == 0 for p in procs)
+    assert s.take_stats().invalid_files == 0
+    assert all(read(s, header(s, p)) is not None for p in (0, 1))
+    assert not any(f.temporary for f in list_files(tmp_path))
+
+
+def test_summarize_and_clear(tmp_path):
+    a, b = store(tmp_path, "model-a"), store(tmp_path, "model-b")
+    a.put(header(a), payload())
+    b.put(header(b, 0), payload())
+    b.put(header(b, 1), payload())
+    spaces = {s.model: s for s in summarize_folder(tmp_path)}
+    assert (spaces["model-a"].num_files, spaces["model-b"].num_files) == (1, 2)
+    assert clear_folder(tmp_path, b.namespace[:16])[0] == 2
+    assert [s.model for s in summarize_folder(tmp_path)] == ["model-a"]
+    assert clear_folder(tmp_path)[0] == 1 and summarize_folder(tmp_path) == []

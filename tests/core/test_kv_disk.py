@@ -1,0 +1,188 @@
+"""Tests for mlxpa.core.kv_disk over a simulated pool (block id -> bytes, no mlx): what is
+written (hit blocks, not a unique prompt's; before a reused block is written again), what is
+read back (the chain continued past the tree, exact bytes into fresh blocks, the hit's tokens),
+sliding-window groups (only usable hits), salts, pool limits; ``check_invariants`` after
+every request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
+from mlxpa.core.disk_cache import DiskStore, namespace_key
+from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
+from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
+
+BS = 4
+NB = 8  # bytes of a simulated block
+FULL = KVCacheLayout(BS, (KVCacheGroupSpec(None, (0,)),), 1)
+WINDOW = KVCacheLayout(BS, (KVCacheGroupSpec(None, (0,)), KVCacheGroupSpec(6, (1,))), 1)
+
+
+@dataclass(eq=False)
+class SaltedRequest(Request):
+    cache_salt: str | None = None
+
+
+def content(tokens: list[int], position: int, group: int) -> bytes:
+    """The bytes a computed block holds: a function of everything before it."""
+    return (hash((tuple(tokens[:(position + 1) * BS]), group)) & (2**64 - 1)).to_bytes(NB,
+                                                                                        "little")
+
+
+class Sim:
+    """A manager over a pool whose blocks' bytes live in a dict; the runner's part of a step
+    (saves read before anything is written, loads, then the computed blocks) simulated."""
+
+    def __init__(self, root, layout=FULL, num_blocks=40, namespace="m") -> None:
+        self.layout = layout
+        self.kv = KVCacheManager(BlockPool(num_blocks, BS), True, layout)
+        self.store = DiskStore(root, namespace_key({"m": namespace}), {}, 1 << 30, NB,
+                               len(layout.groups), background=False)
+        assert self.kv.attach_disk(self.store)
+        self.bytes: dict[int, bytes] = {}
+        self.saved = self.loaded = 0
+
+    def apply_disk_ops(self) -> None:
+        saves, loads = self.kv.take_disk_ops()
+        for save in saves:
+            self.store.put(save.header, b"".join(self.bytes[b] for b in save.blocks))
+            self.saved += 1
+        for load in loads:
+            for i, b in enumerate(load.blocks):
+                self.bytes[b] = load.payload[i * NB:(i + 1) * NB]
+            self.loaded += len(load.blocks)
+
+    def run(self, tokens: list[int], salt: str | None = None) -> int:
+        """One request through admission, one prefill step and free; returns its hit."""
+        req = SaltedRequest("r", list(tokens), SamplingParams(max_tokens=1), cache_salt=salt)
+        hit = self.kv.get_computed_blocks(req)
+        n = len(tokens) - hit.num_tokens
+        assert self.kv.allocate_slots(req, n, hit) is not None
+        self.apply_disk_ops()
+        req.num_computed_tokens = hit.num_tokens
+        for g, table in enumerate(req.block_tables):  # what the hit holds is exact
+            for p, b in enumerate(table[:hit.num_tokens // BS]):
+                if b != NULL_BLOCK:
+                    assert self.bytes[b] == content(tokens, p, g), (g, p)
+            for p in range(hit.num_tokens // BS, len(table)):  # the forward writes the rest
+                self.bytes[table[p]] = content(tokens, p, g)
+        req.num_computed_tokens = len(tokens)
+        self.kv.cache_blocks(req)
+        self.kv.free(req)
+        self.kv.check_invariants([])
+        return hit.num_tokens
+
+    def write_back(self) -> None:
+        for save in self.kv.disk.write_back():
+            self.store.put(save.header, b"".join(self.bytes[b] for b in save.blocks))
+            self.saved += 1
+
+
+SHARED = list(range(100, 120))  # 5 blocks
+A, B, C = SHARED + [1, 2, 3], SHARED + [4, 5, 6], SHARED + [7, 8, 9, 10]
+
+
+def test_only_hit_blocks_are_written_and_a_new_process_reads_them(tmp_path):
+    sim = Sim(tmp_path)
+    assert sim.run(A) == 0
+    sim.write_back()
+    assert sim.saved == 0  # a unique prompt is not worth keeping
+    assert sim.run(B) == 20
+    sim.write_back()
+    assert sim.saved == 5  # the shared prefix's blocks, not A's or B's own
+    fresh = Sim(tmp_path)
+    assert fresh.run(C) == 20 and fresh.loaded == 5  # from disk, bytes checked in run()
+    assert fresh.kv.disk.take_hit_tokens() == 20
+    assert fresh.run(A) == 20 and fresh.loaded == 5  # then from memory
+
+
+def test_evicted_hit_blocks_are_saved_before_their_reuse(tmp_path):
+    sim = Sim(tmp_path, num_blocks=10)  # 9 blocks: the next prompts evict the shared ones
+    sim.run(A)
+    sim.run(B)
+    sim.run(list(range(300, 332)))  # 8 blocks: 4 of the shared 5 evicted, saved first
+    assert sim.saved == 4
+    assert sim.run(C) == 20 and sim.loaded == 4  # block 0 from memory, 1..4 from disk
+    sim.run(list(range(400, 436)))  # 9 blocks: the shared ones evicted again, not saved
+    assert sim.saved == 5  # block 0 now; the others were on disk already
+    assert Sim(tmp_path).run(C) == 20
+
+
+def test_salts_never_share_blocks_on_disk(tmp_path):
+    """A lookup roots its chain at the request's ``cache_salt``: blocks written without a
+    salt are not found by any salt. (Blocks of salted requests are written once the tree
+    keeps salts apart: the tree's root carries the salt the keys start from.)"""
+    sim = Sim(tmp_path)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    for salt in ("", "bob"):
+        assert Sim(tmp_path).run(C, salt=salt) == 0
+    assert Sim(tmp_path).run(C) == 20
+
+
+def test_another_model_namespace_misses(tmp_path):
+    sim = Sim(tmp_path)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    assert Sim(tmp_path, namespace="another").run(C) == 0
+
+
+def test_sliding_window_blocks_are_kept_where_hits_end(tmp_path):
+    """Window 6, blocks of 4: a hit of 5 blocks needs the window group's blocks 3 and 4;
+    the file of position 0..2 holds its full-attention block only."""
+    sim = Sim(tmp_path, WINDOW)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    fresh = Sim(tmp_path, WINDOW)
+    assert fresh.run(C) == 20
+    assert fresh.loaded == 5 + 2
+
+
+def test_a_file_missing_its_window_blocks_serves_only_a_usable_hit(tmp_path):
+    sim = Sim(tmp_path, WINDOW)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    # the window blocks of positions 3 and 4 gone from disk: the hit at 20 is unusable, and
+    # so is any hit beyond position 0 (each needs a window block after position 0)
+    fresh = Sim(tmp_path, WINDOW)
+    for p in (3, 4):
+        key = fresh.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)[p]
+        h, parts = fresh.store.read(key, fresh.kv.disk._keys(
+            SaltedRequest("x", SHARED, SamplingParams()), SHARED)[p - 1], p, SHARED[p * 4:
+                                                                                    p * 4 + 4])
+        fresh.store.put(h._replace(groups=(True, False)), bytes(parts[0]))
+    assert fresh.run(C) == 0
+
+
+def test_no_room_in_the_pool_reads_nothing(tmp_path):
+    sim = Sim(tmp_path)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    tiny = Sim(tmp_path, num_blocks=7)  # 6 blocks, one of them held by a running request
+    other = SaltedRequest("o", list(range(300, 304)), SamplingParams(max_tokens=1))
+    assert tiny.kv.allocate_slots(other, 4) is not None
+    req = SaltedRequest("c", C, SamplingParams(max_tokens=1))
+    assert tiny.kv.get_computed_blocks(req).num_tokens == 0  # 5 to read + 1 > 5 free
+    assert tiny.kv.take_disk_ops() == ([], [])
+    tiny.kv.free(other)
+    assert tiny.kv.get_computed_blocks(req).num_tokens == 20
+
+
+def test_reading_stops_when_computing_is_faster(tmp_path):
+    sim = Sim(tmp_path)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    fresh = Sim(tmp_path)
+    fresh.kv.disk.read_ms_per_block, fresh.kv.disk.recompute_ms_per_block = 2.0, 1.0
+    assert fresh.run(C) == 0
+    fresh.kv.disk.recompute_ms_per_block = 3.0
+    assert fresh.run(C) == 20
