@@ -231,8 +231,7 @@ class RadixCache:
         assert child.parent is not None and 0 < cut < len(child.key)
         upper = [v[:num_blocks] for v in child.value]
         new = self._node(cache_salt=child.cache_salt, key=child.key[:cut], value=upper,
-                         start=child.start,
-                         parent=child.parent, lock_ref=child.lock_ref,
+                         start=child.start, parent=child.parent, lock_ref=child.lock_ref,
                          last_access_time=child.last_access_time)
         child.parent.children[child.key[:self.block_size]] = new
         child.key, child.value, child.parent = child.key[cut:], [
@@ -335,7 +334,8 @@ class RadixCache:
 
     def node_for(self, token_ids: Sequence[int], cache_salt: str | None = None) -> RadixNode:
         """The node ending after the cached full blocks of ``token_ids`` under ``cache_salt``
-        (split there when inside a node; refreshed): what a request that holds them locks."""
+        (split there when inside a node; refreshed; the salt's root, made if new, when none
+        is cached): what a request that holds them locks."""
         root = self.root_of(cache_salt, create=True)
         path = self._walk(token_ids, root)
         return self._cut(path, path[-1][0].start + path[-1][1] if path else 0, root)

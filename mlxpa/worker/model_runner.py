@@ -152,6 +152,8 @@ class ModelRunner:
             layout.
         states: The per-request recurrent-state store of a hybrid or state-space model
             (:class:`RecurrentStateStore`), or None.
+        disk_store: The disk KV tier's files (set by the engine; None: no tier), where
+            :meth:`save_kv` hands the bytes of the blocks a step saves.
 
     Raises:
         UnsupportedModelError: The model cannot run through the paged path (the reason is in

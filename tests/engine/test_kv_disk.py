@@ -127,3 +127,35 @@ def test_a_recurrent_model_runs_without_the_tier(tmp_path):
         assert eng.kv_cache_manager.disk is None
         assert [o.token_ids for o in outs] == refs
     assert not list_files(tmp_path) and os.path.isdir(tmp_path)
+
+
+def test_a_restarted_server_engine_reads_what_it_shared(tmp_path):
+    """AsyncLLM writes back on shutdown; the next one's first request reads the prefix from
+    disk and gets the same text as a cold engine."""
+    import asyncio
+
+    from mlxpa.engine.async_llm import AsyncLLM
+
+    tok = byte_tokenizer()  # the engine thread builds the grammar tokenizer: a real EOS
+    config = EngineConfig(block_size=BS, num_blocks=128, max_num_batched_tokens=64,
+                          kv_cache_dir=str(tmp_path))
+    ids = [tok.encode(p) for p in PROMPTS]
+
+    async def ask(llm, i):
+        outs = [o async for o in llm.generate(EngineRequest(str(i), ids[i], SamplingParams(
+            max_tokens=OUT, ignore_eos=True)))]
+        return outs[-1]
+
+    def serve(indices):
+        llm = AsyncLLM(config, engine_factory=lambda: LLMEngine(config, tiny_llama(), tok))
+        llm.start()
+        try:
+            return [asyncio.run(ask(llm, i)) for i in indices], llm
+        finally:
+            llm.shutdown()
+
+    (a, b), _ = serve([0, 1])  # one after the other: the second hits the first's prefix
+    assert b.num_cached_tokens == N * BS and list_files(tmp_path)
+    (c,), llm = serve([2])
+    assert c.num_cached_tokens == N * BS and llm.stats.counters.disk_cached_prompt_tokens == N * BS
+    assert c.token_ids == mlx_lm_greedy(tiny_llama(), ids[2], OUT)
