@@ -80,6 +80,8 @@ class Counters:
         scored_tokens: Tokens scored without being sampled: scored prompt tokens and target
             ids (a choice row's label tokens).
         spec: Speculative decoding's counts (:class:`SpecDecodingStats`).
+        kv_pool_growths: Steps that grew the KV pool by segments.
+        kv_pool_releases: Times an idle KV pool gave its segments back but one.
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -103,6 +105,8 @@ class Counters:
     mask_steps: int = 0
     scored_tokens: int = 0
     spec: SpecDecodingStats = field(default_factory=lambda: SpecDecodingStats())
+    kv_pool_growths: int = 0
+    kv_pool_releases: int = 0
 
     def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
                     mask_time_s: float | None) -> None:
