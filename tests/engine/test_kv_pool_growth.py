@@ -3,7 +3,8 @@
 Oracles: ``mlx_lm``'s own greedy generation and, for every case, the same engine on a pool
 preallocated at the same ceiling (identical tokens and, by the scheduler's design, identical
 preemptions): a llama, a gemma3_text with sliding-window groups, an int8 pool, cascade
-attention over a shared prefix, preemption in a pool at its ceiling, chunked prefill, aborts;
+attention over a shared prefix, preemption in a pool at its ceiling, chunked prefill, aborts,
+recurrent snapshots (a hybrid and a state-space model);
 no block leaked after each run (``check_invariants``); the pool's arrays follow the block
 pool's size; a release keeps what fits in one segment and the next run grows again; an
 ``AsyncLLM`` gives its pool back on its own when idle; the process's RSS (``/proc``) falls when
@@ -23,10 +24,11 @@ from mlx_lm.generate import generate_step
 from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.async_llm import AsyncLLM
-from mlxpa.kernels.quant import QuantizedPool
 from mlxpa.request import EngineRequest
 from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker import attention, cascade
+from tests.engine.test_hybrid import PREFIX, SUFFIXES
+from tests.loader.tiny_archs import build
 from tests.tiny_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 PROMPTS = ["hello world, this is a test", "a", "abcdefghijklmnop",
@@ -49,7 +51,7 @@ def model_and_refs(request):
 
 
 def block_bytes(model, tok, config: EngineConfig) -> int:
-    return LLMEngine(replace(config, num_blocks=2), model, tok).runner.block_bytes
+    return LLMEngine(config, model, tok).runner.block_bytes
 
 
 def run(engine: LLMEngine, ids: list[list[int]], max_tokens: int = MAX_TOKENS,
@@ -66,9 +68,8 @@ def check_pool(engine: LLMEngine) -> None:
     kv = engine.kv_cache_manager
     kv.check_invariants([])
     assert kv.num_active_blocks == 0
-    first = engine.runner.kv_cache.key_caches[0]
-    rows = (first.packed if isinstance(first, QuantizedPool) else first).shape[0]
-    assert rows == engine.runner.num_blocks == kv.pool.num_blocks
+    rows = {a.shape[0] for a in engine.runner.kv_cache.arrays()}  # quantized: 3 a pool
+    assert rows == {engine.runner.num_blocks} == {kv.pool.num_blocks}
 
 
 def pair(model, tok, config: EngineConfig) -> tuple[LLMEngine, LLMEngine]:
@@ -143,6 +144,25 @@ def test_aborts_and_a_release_mid_way_leak_nothing(model_and_refs):
     check_pool(engine)
     assert engine.release_kv_memory()
     check_pool(engine)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2"])
+def test_recurrent_snapshots_move_with_their_blocks(arch):
+    """A hybrid model (K/V and recurrent state) and a state-space one (no K/V: snapshots in
+    a raw array): rows sharing a prefix resume from its snapshot in a growing pool; after a
+    release (snapshots compacted or evicted with their node), the same tokens again."""
+    model, tok = build(arch), byte_tokenizer(eos_id=-1)
+    ids = [tok.encode(PREFIX + s) for s in SUFFIXES]
+    config = EngineConfig(block_size=8, num_blocks=128, kv_release_after=0)
+    fixed, growing = pair(model, tok, config)
+    want = run(fixed, ids)
+    assert run(growing, ids) == want == {i: mlx_lm_greedy(model, p, MAX_TOKENS)
+                                         for i, p in enumerate(ids)}
+    assert growing.counters.cached_prompt_tokens == fixed.counters.cached_prompt_tokens > 0
+    grown = growing.runner.num_blocks > SEGMENT  # mamba2's snapshots fit one segment
+    assert grown == (arch == "qwen3_next") == growing.release_kv_memory()
+    check_pool(growing)
+    assert run(growing, ids) == want
 
 
 def test_cascade_attention_over_a_growing_pool(monkeypatch):
