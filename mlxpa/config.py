@@ -32,6 +32,11 @@ KV_GROUP_SIZES = (32, 64, 128)
 # at most ``DEFAULT_KV_MAX_BYTES``.
 DEFAULT_KV_FRACTION = 0.15
 DEFAULT_KV_MAX_BYTES = 4 * 2**30
+# A growing KV pool's segment when ``kv_segment_bytes`` is None: the memory it starts with and
+# keeps when idle, and the step it grows by (docs/serve.md says why).
+DEFAULT_KV_SEGMENT_BYTES = 64 * 2**20
+# Seconds without work before a growing KV pool gives its segments back but one.
+DEFAULT_KV_RELEASE_AFTER = 30.0
 # Draft-free speculative decoding methods (vLLM's ``speculative_config["method"]``).
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
@@ -147,6 +152,13 @@ class EngineConfig:
             head_dim, per token (:mod:`mlxpa.worker.kv_storage`; None is read as ``auto``).
         kv_group_size: Elements of head_dim sharing one scale and bias when quantized (32,
             64 or 128; mlxpa's).
+        kv_segment_bytes: Where the work is not known up front (a server, ``LLM``), the KV
+            pool starts at one segment of this many bytes and grows by segments as requests
+            need blocks, up to the budget; 0: it takes the whole budget at start; None:
+            :data:`DEFAULT_KV_SEGMENT_BYTES` (mlxpa's).
+        kv_release_after: Seconds without work after which a growing KV pool gives back its
+            segments but one (the cached blocks that fit in it kept); negative: never
+            (mlxpa's; ollama's ``keep_alive`` for a model).
         max_num_seqs: Most requests running at once (decode batch size). On the CPU the LM
             head and weight reads dominate a decode step, so a bigger batch is nearly free.
         max_num_batched_tokens: Token budget of one step (prefill chunks + decodes).
@@ -182,6 +194,8 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     kv_cache_dtype: str = "auto"
     kv_group_size: int = 64
+    kv_segment_bytes: int | None = None
+    kv_release_after: float = DEFAULT_KV_RELEASE_AFTER
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -238,6 +252,13 @@ class EngineConfig:
         check_field(is_finite(self.kv_cache_disk_gb) and not isinstance(
             self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "kv_cache_disk_gb",
             self.kv_cache_disk_gb, "a number of GiB > 0")
+        check_field(self.kv_segment_bytes is None or (is_int(self.kv_segment_bytes)
+                                                       and self.kv_segment_bytes >= 0),
+                    "kv_segment_bytes", self.kv_segment_bytes, "an integer >= 0 or None")
+        after = self.kv_release_after
+        check_field(not isinstance(after, bool) and isinstance(after, (int, float))
+                    and after == after, "kv_release_after", after,
+                    "a number of seconds (negative: never)")
 
     def _check_scheduler(self) -> None:
         """Batching, lengths, cascade attention and the seed."""

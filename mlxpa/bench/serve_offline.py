@@ -34,8 +34,8 @@ def offline_rows(requests: list[ServeRequest], ignore_eos: bool) -> list[dict]:
 def run_offline(model: str | None, requests: list[ServeRequest], warmup: list[ServeRequest],
                 ignore_eos: bool, advance: Callable[[int], None] = _ignore,
                 **engine_args) -> dict:
-    """Load ``model`` with :class:`~mlxpa.entrypoints.llm.LLM`, run ``warmup`` (which builds
-    the KV pool at the budget, as a server's start does), then time
+    """Load ``model`` with :class:`~mlxpa.entrypoints.llm.LLM` (its KV pool the whole budget
+    from the start unless ``engine_args`` set ``kv_segment_bytes``), run ``warmup``, then time
     ``requests`` through :meth:`~mlxpa.entrypoints.llm.LLM.generate_iter` (the rows in prefix
     order, as ``mlxpa run``; ``advance`` told each finished request's output tokens).
 
@@ -48,10 +48,10 @@ def run_offline(model: str | None, requests: list[ServeRequest], warmup: list[Se
     """
     from mlxpa.entrypoints.llm import LLM
 
-    llm = LLM(model, **engine_args)
+    # the KV pool takes the whole budget at load (kv_segment_bytes 0, unless given): it does
+    # not grow inside the timed run
+    llm = LLM(model, **{"kv_segment_bytes": 0, **engine_args})
     try:
-        # through generate_iter, as the timed run: its KV pool takes the whole budget, built
-        # here (a server builds it before it is ready), not inside the timed run
         for _ in llm.generate_iter(offline_rows(warmup, ignore_eos)):
             pass
         ok, failed, errors, prompt, out = 0, 0, [], 0, 0

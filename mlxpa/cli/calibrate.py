@@ -34,7 +34,8 @@ def _budget(value: float) -> float:
 
 
 # Every engine option but the engine seed (scores are not sampled): --seed is the split's.
-CALIBRATE_ENGINE = tuple(name for name in opt.ENGINE_FLAGS if name != "seed")
+CALIBRATE_ENGINE = tuple(name for name in opt.ENGINE_FLAGS
+                         if name != "seed" and name not in opt.POOL_FLAGS)
 
 
 @opt.engine_options(*CALIBRATE_ENGINE)

@@ -19,13 +19,13 @@ Examples:
 """
 
 
-@opt.engine_options(*opt.ENGINE_FLAGS)
+@opt.engine_options(*(f for f in opt.ENGINE_FLAGS if f not in opt.POOL_FLAGS))
 @opt.sampling_options()
 def generate(
     prompt: Annotated[str, typer.Option(
         "--prompt", "-p", metavar="TEXT", help="The prompt (- reads it from stdin; \\n and "
         "\\t are escapes).")],
-    engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
+    engine: dict | None = None,  # the engine options (ENGINE_FLAGS but POOL_FLAGS) stand here
     sampling: dict | None = None,  # the sampling options (SAMPLING_FLAGS) stand here
     chat: Annotated[bool, typer.Option(
         "--chat", help="Send the prompt as a user message through the chat template (the "

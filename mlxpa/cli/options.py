@@ -141,6 +141,12 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
                                  "token as mlx-lm does (k8v4: 8-bit K, 4-bit V).",
                                  choices=KV_CACHE_DTYPES),
     "kv_group_size": EngineFlag("Quantized KV: elements per scale and bias (32, 64, 128)."),
+    "kv_segment_bytes": EngineFlag(
+        "The KV pool starts at one segment of N bytes and grows by segments up to the budget "
+        "(default 64 MiB; 0: the whole budget at start).", metavar="N"),
+    "kv_release_after": EngineFlag(
+        "Seconds without work before the KV pool gives back its segments but one (negative: "
+        "never).", metavar="SECONDS"),
     "max_num_seqs": EngineFlag("Most running requests."),
     "max_num_batched_tokens": EngineFlag("Token budget of one step (prefill chunks + "
                                          "decodes); longer prompts are chunked."),
@@ -155,6 +161,9 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
     "speculative_config": EngineFlag("Draft-free speculation: vLLM's JSON object.",
                                      metavar="JSON", kind=str | None),
 }
+# The options of a KV pool that grows with the load and shrinks when idle: a server's and
+# LLM's, not those of a command whose pool is sized to its known work (mlxpa run).
+POOL_FLAGS = ("kv_segment_bytes", "kv_release_after")
 # The GiB spelling of --kv-cache-memory-bytes (a parameter of every command that takes that).
 KV_MEMORY = "kv_memory"
 _KV_MEMORY_OPT = Annotated[float | None, typer.Option(

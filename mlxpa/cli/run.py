@@ -19,6 +19,7 @@ from mlxpa.cli.annotation import (
 )
 from mlxpa.cli.options import (
     ENGINE_FLAGS,
+    POOL_FLAGS,
     BlasOpt,
     ChatTemplateOpt,
     IdColumnOpt,
@@ -100,11 +101,11 @@ NumReplicasOpt = Annotated[int, typer.Option(
     help="Engine replicas with --ray (each loads the model once).")]
 
 
-@engine_options(*ENGINE_FLAGS)
+@engine_options(*(f for f in ENGINE_FLAGS if f not in POOL_FLAGS))
 @sampling_options()
 def run(
     input: InputArg, output: OutputOpt = "-",
-    engine: dict | None = None,  # the engine options (ENGINE_FLAGS) stand here
+    engine: dict | None = None,  # the engine options (ENGINE_FLAGS but POOL_FLAGS) stand here
     sampling: dict | None = None,  # the sampling defaults (SAMPLING_FLAGS; a row's win)
     # constraint defaults
     choice: ChoiceOpt = None, json_schema: JsonSchemaOpt = None, regex: RegexOpt = None,

@@ -87,17 +87,38 @@ def serve(
         settings = ServerSettings(served_model_name or model_name(config.model), api_key,
                                   max_body_bytes, origins, template)
         app = build_app(llm, settings)
-        log, runner = logging.getLogger("mlxpa"), llm.engine.runner
-        log.info("KV pool: %d blocks (%.2f GiB, the budget: --kv-memory), kept with its prefix "
-                 "cache for every request; %s", runner.num_blocks - 1,
-                 (runner.num_blocks - 1) * runner.block_bytes / 2**30,
-                 runner.kv_storage.describe())
+        log = logging.getLogger("mlxpa")
+        log.info("KV pool: %s; %s", pool_line(llm.engine),
+                 llm.engine.runner.kv_storage.describe())
         log.info("Serving %s on http://%s:%d (OpenAI API under /v1); a request without "
                  "max_tokens may generate up to the rest of the %d-token context",
                  settings.served_model_name, host, port, llm.engine.max_model_len)
         run_server(app, host, port, timeout_graceful_shutdown)
     finally:
         llm.shutdown()
+
+
+def pool_line(engine) -> str:
+    """What the KV pool holds now and may grow to, for the start-up line: e.g. ``681 blocks
+    (64.0 MiB) now, growing by segments of 682 blocks (--kv-segment-bytes) as requests need
+    them up to 38,567 blocks (3.53 GiB, --kv-memory), back to one segment after 30 s without
+    work (--kv-release-after)``."""
+    pool, per = engine.kv_cache_manager.pool, engine.runner.kv_cache.block_nbytes
+
+    def size(n: int) -> str:
+        b = n * per
+        return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:,.1f} MiB"
+
+    top = pool.max_num_blocks
+    ceiling = f"{top - 1:,} blocks ({size(top)}, --kv-memory)"
+    if pool.segment_blocks >= top:
+        return f"{ceiling}, held with its prefix cache for the server's life"
+    after = engine.config.kv_release_after
+    release = (f"back to one segment after {after:g} s without work (--kv-release-after)"
+               if after >= 0 else "kept once grown (--kv-release-after is negative)")
+    return (f"{pool.num_usable_blocks:,} blocks ({size(pool.num_blocks)}) now, growing by "
+            f"segments of {pool.segment_blocks:,} blocks (--kv-segment-bytes) as requests "
+            f"need them up to {ceiling}, {release}")
 
 
 def _check(port: int, max_num_waiting: int, max_body_bytes: int, timeout: float) -> None:

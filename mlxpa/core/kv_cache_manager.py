@@ -38,6 +38,7 @@ from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
 from mlxpa.core.disk_cache import DiskStore
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.kv_disk import DiskTier, KVLoad, KVSave, supports_disk_tier
+from mlxpa.core.pool_size import compact, grow_for
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.core.snapshots import Snapshots, StateOp
 from mlxpa.request import Request
@@ -76,10 +77,6 @@ class KVCacheManager:
         self.evicted_blocks = 0
         self.snapshots = Snapshots(pool, self.tree, self.layout.snapshot_blocks,
                                    self.num_groups)
-        # Each eviction scans the tree's leaves (O(nodes)); evicting at least 1/128 of the
-        # pool per call keeps decode steps, which need one block at a time, from scanning a
-        # large tree once per request.
-        self.evict_batch = max(1, pool.num_blocks // 128)
         self.disk: DiskTier | None = None
 
     def attach_disk(self, store: DiskStore) -> bool:
@@ -89,6 +86,13 @@ class KVCacheManager:
             return False
         self.disk = DiskTier(store, self.tree, self.pool, self.layout)
         return True
+
+    @property
+    def evict_batch(self) -> int:
+        """Each eviction scans the tree's leaves (O(nodes)); evicting at least 1/128 of the
+        pool per call keeps decode steps, which need one block at a time, from scanning a
+        large tree once per request."""
+        return max(1, self.pool.num_blocks // 128)
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -116,8 +120,11 @@ class KVCacheManager:
 
     @property
     def num_available_blocks(self) -> int:
-        """Free blocks and those only the prefix cache holds (evictable on demand)."""
-        return self.pool.num_free_blocks + (self.tree.evictable_blocks if self.tree else 0)
+        """Free blocks, those only the prefix cache holds (evictable on demand) and those the
+        pool may still grow by."""
+        pool = self.pool
+        return (pool.num_free_blocks + pool.max_num_blocks - pool.num_blocks
+                + (self.tree.evictable_blocks if self.tree else 0))
 
     def active_blocks_by_group(self) -> list[int]:
         """:attr:`num_active_blocks` per group, then for recurrent snapshots."""
@@ -157,7 +164,7 @@ class KVCacheManager:
         blocks in every group (:meth:`KVCacheLayout.blocks_needed`) fit the usable blocks (a
         model without a full-attention group: unbounded once they fit; a snapshot that does
         not fit is not saved)."""
-        usable = self.pool.num_usable_blocks
+        usable = self.pool.max_usable_blocks
         chunk = 1  # a request alone computes as few tokens a step as it must (Scheduler)
 
         def fits(n: int) -> bool:
@@ -223,6 +230,7 @@ class KVCacheManager:
         total = sum(need) + len(cow)
         held = self._hold(hit) if hit else []  # protect the hit from the eviction below
         short = total + snap - self.pool.num_free_blocks
+        short -= grow_for(self.pool, short)  # a pool below its ceiling grows before evicting
         if short > 0 and self.tree is not None:
             self.evicted_blocks += self.tree.evict(max(short, self.evict_batch))
         if total + snap > self.pool.num_free_blocks:  # a snapshot never preempts anyone
@@ -445,6 +453,21 @@ class KVCacheManager:
             blocks = self.snapshots.fork_blocks(parent, child.num_computed_tokens)
             self.pool.incref(blocks)
             self.snapshots.resume_from(child, blocks)
+
+    # ------------------------------------------------------------------ pool size
+
+    def grow_pool(self, num_blocks: int) -> int:
+        """Hold at least ``num_blocks`` blocks (whole segments, at most the ceiling: work
+        known to need them); returns the blocks added."""
+        return self.pool.grow(num_blocks)
+
+    def shrink_pool(self, num_blocks: int) -> list[tuple[int, int]]:
+        """Shrink the pool to ``num_blocks`` (whole segments) while no request holds a block,
+        keeping the most recently used cached blocks that fit (:func:`compact`); returns the
+        ``(src, dst)`` copies to apply before the worker's arrays shrink."""
+        pairs, evicted = compact(self.pool, self.tree, num_blocks)
+        self.evicted_blocks += evicted
+        return pairs
 
     def check_invariants(self, requests: list[Request]) -> None:
         """Assert every block's ``ref_cnt`` equals its holders (requests and the tree)."""

@@ -599,6 +599,20 @@ class RadixCache:
             leaf.key = leaf.key[:n * self.block_size]
         return dropped
 
+    # ------------------------------------------------------------------ compaction
+
+    def remap(self, moves: dict[int, int]) -> None:
+        """Rename the blocks the tree holds, ``src -> dst`` (the pool moved their references:
+        :meth:`BlockPool.relocate`, before the pool shrinks); their LRU order is kept."""
+        if not moves:
+            return
+        for node in self._nodes():
+            node.value = [[moves.get(b, b) for b in v] for v in node.value]
+            if node.snapshot:
+                node.snapshot = [moves.get(b, b) for b in node.snapshot]
+        self._where = {moves.get(b, b): w for b, w in self._where.items()}
+        self._idle = {moves.get(b, b): t for b, t in self._idle.items()}
+
     # ------------------------------------------------------------------ inspection
 
     def _nodes(self) -> list[RadixNode]:

@@ -76,6 +76,10 @@ class SchedulerOutput:
     # Whether the runner proposes drafts after this step's sampling: the gate found that its
     # sampling rows, decoding next, could gain from them (SpecGate.worth_proposing).
     propose_drafts: bool = False
+    # Blocks the KV pool holds for this step, the null block included (it grows by segments
+    # as steps need blocks and shrinks when idle: the runner resizes its arrays before the
+    # block copies when it grows, after them when it shrinks); None: unchanged.
+    num_kv_blocks: int | None = None
 
 
 class Scheduler:
@@ -101,6 +105,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._finished: list[Request] = []  # since the last schedule()
+        self.kv_release_after = config.kv_release_after
+        self._last_step = time.monotonic()
         spec = config.speculative_config
         # Drafts are verified only where rejected tokens roll back for free: paged K/V. A
         # recurrent state has taken the drafts in when they are rejected.
@@ -180,6 +186,36 @@ class Scheduler:
                 [r.key for r, s in zip(out.requests, out.sampling) if s])
         if self.enable_cascade_attention:
             out.cascade_groups = self._cascade_groups(out)
+        out.num_kv_blocks = self.kv_cache_manager.pool.num_blocks
+        self._last_step = time.monotonic()
+        return out
+
+    def kv_release_due(self, now: float) -> float | None:
+        """Seconds from ``now`` (``time.monotonic()``) until the KV pool's segments are due
+        back, ``kv_release_after`` after the last step (0: due); None when there is nothing
+        to give back (one segment held, requests in flight, or release off)."""
+        pool = self.kv_cache_manager.pool
+        if (self.kv_release_after < 0 or self.has_unfinished_requests()
+                or pool.num_blocks <= pool.segment_blocks):
+            return None
+        return max(0.0, self._last_step + self.kv_release_after - now)
+
+    def release_kv_memory(self) -> SchedulerOutput:
+        """An empty step that shrinks the KV pool to one segment, keeping the cached blocks
+        that fit (:meth:`KVCacheManager.shrink_pool`): its block copies, the pool's new size,
+        and the requests finished since the last step (the runner frees their state).
+
+        Raises:
+            RuntimeError: Requests are in flight.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError("the KV pool is released only while no request is in flight")
+        kv = self.kv_cache_manager
+        out = SchedulerOutput(blocks_to_copy=kv.shrink_pool(kv.pool.segment_blocks))
+        out.num_kv_blocks = kv.pool.num_blocks
+        # the disk tier's saves of blocks the shrink evicted: read before the arrays shrink
+        out.kv_saves, out.kv_loads = kv.take_disk_ops()
+        out.finished, self._finished = self._finished, []
         return out
 
     def _num_drafts(self) -> int:

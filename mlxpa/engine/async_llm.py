@@ -7,10 +7,14 @@ caller as they are produced (``loop.call_soon_threadsafe``)::
     asyncio callers ── generate(request) ──► inbox (queue) ──► engine thread
                     ◄── per-request asyncio queue ◄── step() outputs (DELTA or final)
 
-The KV pool is sized once, to the memory budget, and its prefix cache lives as long as the
-engine: a prompt prefix many requests share is computed once while its blocks stay cached
-(LRU eviction under pressure). A caller that stops reading (its client went away) aborts its
-request: its blocks return to the pool before the next step.
+The KV pool follows the load: it starts at one segment, grows by segments as steps need
+blocks (before anything cached is evicted), up to the memory budget, and once the engine has
+had no work for ``kv_release_after`` seconds the thread, waking from its idle wait, gives the
+segments back but one (:meth:`LLMEngine.release_kv_memory`). Its prefix cache lives as long
+as the engine: a prompt prefix many requests share is computed once while its blocks stay
+cached (LRU eviction under pressure; an idle release keeps what fits in one segment). A
+caller that stops reading (its client went away) aborts its request: its blocks return to
+the pool before the next step.
 
 Scheduling policy for online work (the scheduler's own, :mod:`mlxpa.core.scheduler`): every
 step first gives each running request, in admission order, its next token (a decode) or its
@@ -57,7 +61,11 @@ class EngineStats(NamedTuple):
             yet handed to the engine.
         kv_blocks_in_use: KV blocks held by requests (blocks only the prefix cache holds
             are free to evict and not counted, as in vLLM).
-        kv_blocks_total: Usable KV blocks of the pool (the null block left out).
+        kv_blocks_total: Usable KV blocks of the pool at its ceiling (the null block left
+            out).
+        kv_pool_blocks: Usable KV blocks the pool holds now.
+        kv_pool_bytes: Bytes of the KV pool's arrays now (null block included).
+        kv_pool_ceiling_bytes: Bytes they would take at the ceiling (the budget).
         counters: A copy of the engine's :class:`~mlxpa.engine.metrics.Counters` since start
             (prompt, cached and generated tokens, preemptions), latency lists left empty.
     """
@@ -66,6 +74,9 @@ class EngineStats(NamedTuple):
     num_waiting: int = 0
     kv_blocks_in_use: int = 0
     kv_blocks_total: int = 0
+    kv_pool_blocks: int = 0
+    kv_pool_bytes: int = 0
+    kv_pool_ceiling_bytes: int = 0
     counters: Counters = Counters()
 
 
@@ -94,7 +105,7 @@ class AsyncLLM:
         max_num_waiting: Most requests waiting (not yet running) before :meth:`generate`
             refuses new ones with :class:`QueueFullError` (None: no bound).
         engine_factory: Builds the engine, in the engine thread (default:
-            ``LLMEngine(config)``, its KV pool the whole memory budget).
+            ``LLMEngine(config)``, its KV pool growing up to the memory budget).
         on_finished: Called in the engine thread with every finished sample's output and its
             end-to-end seconds (from :meth:`generate` to the output), e.g. for histograms.
         on_aborted: Called in the engine thread with the number of samples left unfinished
@@ -151,7 +162,7 @@ class AsyncLLM:
             self._inbox.put(_STOP)
             self._thread.join(timeout_s)
             if not self._thread.is_alive():
-                _wait_os_thread(self._thread)
+                wait_os_thread(self._thread)
 
     def num_waiting(self) -> int:
         """Requests waiting: in the engine's queue or not yet handed to it."""
@@ -229,7 +240,11 @@ class AsyncLLM:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests() or engine.scheduler.has_finished_requests()
-            commands = self._take(block=not busy)
+            due = None if busy else engine.kv_release_due()
+            commands = self._take(block=not busy, timeout=due)
+            if not busy and due is not None and not commands:  # idle for kv_release_after
+                engine.release_kv_memory()
+                self._publish()
             for command in commands:
                 if command is _STOP:
                     self._error = EngineDeadError("the engine was shut down")
@@ -244,9 +259,15 @@ class AsyncLLM:
                 self._publish()  # before a caller can see the step's outputs
                 self._dispatch(outputs)
 
-    def _take(self, block: bool) -> list[object]:
-        """Every command in the inbox; waits for one when ``block`` (the engine is idle)."""
-        commands = [self._inbox.get()] if block else []
+    def _take(self, block: bool, timeout: float | None = None) -> list[object]:
+        """Every command in the inbox; waits for one when ``block`` (the engine is idle), at
+        most ``timeout`` seconds (None: as long as it takes)."""
+        commands = []
+        if block:
+            try:
+                commands.append(self._inbox.get(timeout=timeout))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._inbox.get_nowait())
@@ -293,8 +314,11 @@ class AsyncLLM:
         kv, c = engine.kv_cache_manager, engine.counters
         c.ttft_s.clear()
         c.itl_s.clear()
+        block_nbytes = engine.runner.kv_cache.block_nbytes
         stats = EngineStats(len(engine.scheduler.running), engine.num_waiting,
-                            kv.num_active_blocks, kv.pool.num_usable_blocks,
+                            kv.num_active_blocks, kv.pool.max_usable_blocks,
+                            kv.pool.num_usable_blocks, engine.runner.kv_cache.nbytes,
+                            kv.pool.max_num_blocks * block_nbytes,
                             dataclasses.replace(c, ttft_s=[], itl_s=[]))
         with self._lock:  # a request moves from the inbox's count to the engine's at once
             self._queued -= self._applied
@@ -321,7 +345,7 @@ class AsyncLLM:
             pass
 
 
-def _wait_os_thread(thread: threading.Thread, timeout_s: float = 5.0) -> None:
+def wait_os_thread(thread: threading.Thread, timeout_s: float = 5.0) -> None:
     """Wait until the OS thread behind ``thread`` (joined) is gone. After ``join`` returns it
     still runs its C++ thread-local destructors, MLX's compile cache among them, which take
     the GIL; an interpreter that starts its teardown meanwhile makes that thread exit inside

@@ -46,8 +46,12 @@ class LLMEngine:
     """Continuous-batching engine over a paged KV cache.
 
     Start-up has vLLM's two phases: the model runner probes and checks the model once
-    (:class:`ModelRunner`), then the KV pool is built for ``kv_blocks_needed``;
-    :meth:`resize_kv_pool` rebuilds the pool later without touching the runner.
+    (:class:`ModelRunner`), then the KV pool is built: for ``kv_blocks_needed`` when the work
+    is known (a file run), else a pool that starts at one segment and grows by segments as
+    steps need blocks, up to the budget (:mod:`mlxpa.core.pool_size`), and gives its segments
+    back but one when :meth:`release_kv_memory` is called while idle (a server
+    ``kv_release_after`` seconds after its last step). :meth:`resize_kv_pool` rebuilds the
+    pool later without touching the runner.
 
     Args:
         config: Engine configuration.
@@ -55,7 +59,8 @@ class LLMEngine:
             that is None).
         tokenizer: The model's mlx-lm ``TokenizerWrapper`` (required with ``model``).
         kv_blocks_needed: Most blocks the work can use, null block included: the pool takes
-            that, at most the memory budget; None (work unknown): the budget.
+            that, at most the memory budget; None (work unknown): a pool that grows up to the
+            budget (``config.kv_segment_bytes``).
         expected_requests: The work, ``(prompt_tokens, max_tokens, n)`` per request, in place
             of ``kv_blocks_needed`` (:meth:`kv_blocks_needed` sizes the pool for them).
         model_folder: The folder ``model`` was loaded from (the disk KV tier's model identity
@@ -82,7 +87,9 @@ class LLMEngine:
         self._unfinished: dict[str, int] = {}  # request id -> its samples not yet returned
         if expected_requests is not None:
             kv_blocks_needed = self.kv_blocks_needed(expected_requests)
-        self._build_pool(self.runner.kv_blocks_for(kv_blocks_needed))
+        ceiling = self.runner.kv_blocks_for(kv_blocks_needed)
+        self._build_pool(ceiling, None if kv_blocks_needed is not None else (
+            self.runner.kv_segment_blocks(ceiling)))
 
     def kv_blocks_needed(self, requests: Iterable[tuple[int, int, int]]) -> int:
         """Most KV blocks ``requests`` (``(prompt_tokens, max_tokens, n)`` each, read lazily)
@@ -92,13 +99,14 @@ class LLMEngine:
                                 self.config.max_num_batched_tokens, self.runner.budget_blocks,
                                 self.runner.max_model_len)
 
-    def _build_pool(self, num_blocks: int) -> None:
+    def _build_pool(self, num_blocks: int, segment_blocks: int | None = None) -> None:
         """The runner's pools, the block pool, its manager and the scheduler for
-        ``num_blocks`` blocks (an empty prefix cache)."""
-        self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache_manager = KVCacheManager(
-            BlockPool(num_blocks, self.config.block_size), self.config.enable_prefix_caching,
-            self.runner.kv_cache_layout)
+        ``num_blocks`` blocks (an empty prefix cache); with ``segment_blocks``, a pool that
+        starts at one segment and may grow to ``num_blocks``."""
+        pool = BlockPool(num_blocks, self.config.block_size, segment_blocks, segment_blocks)
+        self.runner.allocate_kv_cache(pool.num_blocks)
+        self.kv_cache_manager = KVCacheManager(pool, self.config.enable_prefix_caching,
+                                               self.runner.kv_cache_layout)
         if self.disk_store is not None and not self.kv_cache_manager.attach_disk(
                 self.disk_store):
             logging.getLogger("mlxpa").info(
@@ -150,6 +158,31 @@ class LLMEngine:
         if self.disk_store is not None:
             self.write_back()
             self.disk_store.close()
+
+    def grow_kv_pool(self, num_blocks: int) -> None:
+        """Let a growing pool hold at least ``num_blocks`` blocks (null block included;
+        whole segments, at most its ceiling) from the next step on: work known to need them
+        (an ``LLM`` call), so they are allocated once rather than segment by segment."""
+        self.kv_cache_manager.grow_pool(num_blocks)
+
+    def kv_release_due(self) -> float | None:
+        """Seconds until :meth:`release_kv_memory` is due (``kv_release_after`` after the
+        last step; 0: now), or None when there is nothing to give back
+        (:meth:`Scheduler.kv_release_due`)."""
+        return self.scheduler.kv_release_due(time.monotonic())
+
+    def release_kv_memory(self) -> bool:
+        """Shrink a KV pool that holds more than one segment back to one, now, if no request
+        is in flight: the cached blocks that fit are kept (moved into the first segment), the
+        rest evicted, and the memory goes back to the system (:mod:`mlxpa.core.pool_size`).
+        Returns whether it shrank."""
+        pool = self.kv_cache_manager.pool
+        if self.has_unfinished_requests() or pool.num_blocks <= pool.segment_blocks:
+            return False
+        self.write_back()  # the disk tier keeps what the shrink may evict
+        self.runner.execute(self.scheduler.release_kv_memory())
+        self.counters.kv_pool_releases += 1
+        return True
 
     @property
     def max_model_len(self) -> int:
@@ -338,6 +371,7 @@ class LLMEngine:
         output of every running sample whose request asks for ``DELTA`` outputs
         (:mod:`mlxpa.engine.deltas`; ``SampleOutput.finished`` tells them apart)."""
         out = self.scheduler.schedule()
+        self.counters.kv_pool_growths += out.num_kv_blocks > self.runner.num_blocks
         start = time.perf_counter()
         result = self.runner.execute(out)
         disk = self.kv_cache_manager.disk

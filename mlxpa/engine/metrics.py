@@ -87,6 +87,8 @@ class Counters:
         disk_invalid_files: Files skipped as invalid (removed; their tokens computed).
         disk_files_removed: Files removed to keep the folder within its bound.
         disk_files, disk_bytes: Files and bytes in the folder now (gauges).
+        kv_pool_growths: Steps that grew the KV pool by segments.
+        kv_pool_releases: Times an idle KV pool gave its segments back but one.
     """
 
     start_time: float = field(default_factory=time.perf_counter)
@@ -120,6 +122,8 @@ class Counters:
     disk_files_removed: int = 0
     disk_files: int = 0
     disk_bytes: int = 0
+    kv_pool_growths: int = 0
+    kv_pool_releases: int = 0
 
     def record_step(self, num_sampled: int, num_preempted: int, evicted_blocks: int,
                     mask_time_s: float | None) -> None:

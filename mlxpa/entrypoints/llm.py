@@ -25,6 +25,7 @@ from rich.console import Console
 
 from mlxpa.core.prefix_order import PREFIX_WINDOW
 from mlxpa.engine import LLMEngine
+from mlxpa.engine.idle_release import IdleRelease
 from mlxpa.engine.metrics import Counters
 from mlxpa.engine.progress import RunProgress
 from mlxpa.engine.stream import RequestStream, in_input_order, windows
@@ -61,11 +62,13 @@ class LLM:
             ``kv_cache_disk_gb``: the disk KV tier, whose blocks are written at the end of
             each call).
 
-    The KV pool is sized as ``mlxpa run`` sizes it: to what a call's prompts can use, at most
-    the budget (a stream of unknown length takes the budget). A call that needs more than
-    the pool holds grows the pool (:meth:`~mlxpa.engine.LLMEngine.resize_kv_pool`: the model
-    is loaded and checked once; the prefix cache then starts empty); otherwise the pool, and
-    the prefix cache in it, are kept between calls.
+    The KV pool starts at one segment (``kv_segment_bytes``, 64 MiB by default) and grows in
+    place, by whole segments, to what a call's prompts can use (as ``mlxpa run`` sizes its
+    pool; a stream of unknown length grows it as its steps need blocks), and further rather
+    than evict cached prefixes, at most to the budget; the prefix cache is kept between calls.
+    ``kv_release_after`` seconds (30) after a call ends with no other started, a thread of the
+    ``LLM`` gives the segments back but one (the cached blocks that fit kept;
+    :mod:`mlxpa.engine.idle_release`).
 
     Attributes:
         llm_engine: The engine (:class:`~mlxpa.engine.LLMEngine`); its ``counters`` are the
@@ -81,10 +84,11 @@ class LLM:
         from mlxpa.entrypoints.loading import loading_model
 
         self._config = engine_config(model, kwargs)
-        # the model loads (and is checked) here, once; the pool is sized by each call (_fit)
+        # the model loads (and is checked) here, once; the pool grows with each call (_fit)
         with loading_model():
-            self.llm_engine = LLMEngine(self._config, kv_blocks_needed=2)
+            self.llm_engine = LLMEngine(self._config)
         self._active: object | None = None  # the stream that owns the engine now
+        self._idle = IdleRelease(self.llm_engine)
 
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (mlx-lm's ``TokenizerWrapper`` of the Hugging Face one)."""
@@ -246,21 +250,16 @@ class LLM:
         return results
 
     def _fit(self, requests: list[EngineRequest] | None) -> None:
-        """Grow the KV pool to what ``requests`` can use (None: an unknown need, the whole
-        budget), at most the budget (:meth:`~mlxpa.engine.LLMEngine.kv_blocks_needed`, as
-        ``mlxpa run``); a pool that holds it already is kept."""
-        engine, runner = self.llm_engine, self.llm_engine.runner
-        need = None
+        """Claim the engine for a call (no idle release until it ends) and grow the KV pool
+        at once to what ``requests`` can use, at most its ceiling
+        (:meth:`~mlxpa.engine.LLMEngine.kv_blocks_needed`, as ``mlxpa run``; None: an
+        unknown need, grown as steps need blocks); the prefix cache is kept."""
+        self._idle.hold()
         if requests is not None:
-            need = engine.kv_blocks_needed((len(r.prompt_token_ids),
-                                            r.sampling_params.max_tokens,
-                                            r.sampling_params.n) for r in requests)
-        num_blocks = runner.kv_blocks_for(need)
-        if num_blocks > runner.num_blocks:
-            self._active = None  # a stream left open ends (RuntimeError), its prompts dropped
-            if engine.has_unfinished_requests():
-                engine.abort_unfinished()
-            engine.resize_kv_pool(num_blocks)
+            engine = self.llm_engine
+            engine.grow_kv_pool(engine.kv_blocks_needed(
+                (len(r.prompt_token_ids), r.sampling_params.max_tokens, r.sampling_params.n)
+                for r in requests))
 
     def annotate(self, documents: Any, questions: Any = None, *, calibration: Any = None,
                  permute_labels: bool = False,
@@ -343,6 +342,7 @@ class LLM:
                 self._active = None
                 if engine.has_unfinished_requests():
                     engine.abort_unfinished()
+                self._idle.arm()
 
 
 def _index(item: PromptRequest) -> int:

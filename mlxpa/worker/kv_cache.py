@@ -20,6 +20,12 @@ Writes are MLX scatters (``pool[blocks, :, offsets] = kv``) applied in place to 
 objects the pool holds, so no other live array references the old buffers and MLX can donate
 them instead of copying the pool each step.
 
+The pool's size follows the block pool's (:mod:`mlxpa.core.block_pool`'s segments):
+:meth:`PagedKVCache.resize` copies every array into one of the new size, one array at a time
+and each evaluated before the next, so the transient peak is the pool plus one array (never
+two pools); then MLX's buffer cache is cleared, so what a smaller pool gives up goes back to
+the system (RSS), not into MLX's cache for later arrays.
+
 A recurrent snapshot is stored as raw bytes across a few whole blocks (every array's row of
 the block, in order: :meth:`PagedKVCache.write_bytes`); a model without K/V gets one raw
 ``uint32`` array for them.
@@ -162,6 +168,30 @@ class PagedKVCache:
     def nbytes(self) -> int:
         """Bytes of all pools, null block included."""
         return sum(a.nbytes for a in self.arrays())
+
+    def resize(self, num_blocks: int) -> None:
+        """Hold ``num_blocks`` blocks (null block included) in every array: the first
+        ``min(old, new)`` blocks keep their contents, new ones are zero (a block id at or
+        above ``num_blocks`` must not be in use)."""
+        if num_blocks == self.num_blocks:
+            return
+
+        def resized(a: mx.array) -> mx.array:
+            if num_blocks < a.shape[0]:
+                new = mx.contiguous(a[:num_blocks])  # a copy: the old buffer is freed
+            else:  # one allocation (a concatenation with zeros takes two; measured slower)
+                new = mx.pad(a, [(0, num_blocks - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+            mx.eval(new)
+            return new
+
+        for pools in (self.key_caches, self.value_caches):
+            for i in range(len(pools)):  # in place: each old array goes once its copy is made
+                pools[i] = pools[i].map(resized) if isinstance(pools[i], QuantizedPool) else (
+                    resized(pools[i]))
+        if self.state_pool is not None:
+            self.state_pool = resized(self.state_pool)
+        self.num_blocks = num_blocks
+        mx.clear_cache()
 
     def write(self, layer: int, keys: mx.array, values: mx.array, slot_blocks: mx.array,
               slot_offsets: mx.array) -> None:

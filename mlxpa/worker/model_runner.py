@@ -4,15 +4,17 @@ of requests, sampling.
 Start-up has vLLM's two phases: the constructor probes the model and checks it against mlx-lm
 once, and reports the bytes of one KV block (:attr:`ModelRunner.block_bytes`);
 :meth:`ModelRunner.allocate_kv_cache` then builds the pool (vLLM's ``initialize_kv_cache``),
-again whenever the engine resizes it.
+again whenever the engine rebuilds it. A step resizes the pool to the size the scheduler gives
+it (``SchedulerOutput.num_kv_blocks``: a pool that grows by segments and shrinks when idle).
 
 The runner reads a :class:`SchedulerOutput` and returns a :class:`StepResult`; it never mutates
 requests, blocks or the scheduler. It owns the runner-side state of requests (block-table
 copies, grammar matchers, penalty entries, recurrent states) and frees exactly what the
 scheduler tells it (``finished`` and ``preempted``, vLLM's ``finished_req_ids``). Per step it:
 
-1. frees that state, reads the blocks the disk tier saves (before anything writes the
-   pools), writes the blocks it read back, and applies copy-on-write block copies;
+1. frees that state, grows the pool when the step needs it, reads the blocks the disk tier
+   saves (before anything writes the pools), writes the blocks it read back, applies
+   copy-on-write block copies, and shrinks the pool after them (they may read there);
 2. splits the scheduled requests into a decode group (one token each) and prefill groups of
    similar chunk length (requests of one group are right-padded to the group's longest chunk;
    padding a decode to a prefill chunk would cost the chunk's FLOPs);
@@ -40,7 +42,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from mlxpa.config import EngineConfig, kv_budget_bytes
+from mlxpa.config import DEFAULT_KV_SEGMENT_BYTES, EngineConfig, kv_budget_bytes
 from mlxpa.core.disk_cache import DiskStore
 from mlxpa.core.kv_disk import KVLoad, KVSave
 from mlxpa.core.kv_sizing import num_kv_blocks
@@ -133,7 +135,6 @@ class ModelRunner:
             constrained requests (None: requests cannot be constrained).
 
     Attributes:
-        num_blocks: Blocks per pool, null block included (0 before :meth:`allocate_kv_cache`).
         budget_blocks: Blocks the memory budget allows (:meth:`kv_blocks_for` of no need).
         kv_cache: The pools (:class:`PagedKVCache`), None before :meth:`allocate_kv_cache`.
         max_model_len: Model context in tokens (``max_position_embeddings`` or config).
@@ -178,7 +179,6 @@ class ModelRunner:
                                        self.kv_storage)
         self.block_bytes = self.kv_storage.block_bytes(self.block_size)
         self.budget_blocks = self.kv_blocks_for(None)
-        self.num_blocks = 0
         self.kv_cache: PagedKVCache | None = None
         args = getattr(model, "args", None)
         ctx = getattr(args, "max_position_embeddings", None) or 1 << 20
@@ -206,6 +206,30 @@ class ModelRunner:
             return self.config.num_blocks
         return num_kv_blocks(kv_budget_bytes(self.config), self.block_bytes, kv_blocks_needed)
 
+    def kv_segment_blocks(self, num_blocks: int) -> int:
+        """Blocks of one segment of a growing pool of at most ``num_blocks`` blocks:
+        ``config.kv_segment_bytes`` (None: :data:`~mlxpa.config.DEFAULT_KV_SEGMENT_BYTES`)
+        over :attr:`block_bytes`, at least 2, at most ``num_blocks`` (0: ``num_blocks``, a
+        pool that takes it all at once)."""
+        size = self.config.kv_segment_bytes
+        if size == 0:
+            return num_blocks
+        size = DEFAULT_KV_SEGMENT_BYTES if size is None else size
+        return max(2, min(num_blocks, size // self.block_bytes))
+
+    @staticmethod
+    def thread_stream():
+        """A context manager running MLX work on a new stream of the calling thread: MLX's
+        streams belong to the thread that made them, so a thread other than the one that
+        built the runner (``LLM``'s release thread) runs the runner's work on its own."""
+        return mx.stream(mx.new_stream(mx.default_device()))
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the pools hold now, null block included (0 before
+        :meth:`allocate_kv_cache`)."""
+        return self.kv_cache.num_blocks if self.kv_cache is not None else 0
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Build the KV pools with ``num_blocks`` blocks (null block included), in place of
         any pool before (vLLM's ``initialize_kv_cache``). The runner must hold no request's
@@ -223,7 +247,6 @@ class ModelRunner:
         self.kv_cache = None  # the old pools go before the new ones take memory
         self.kv_cache = PagedKVCache(self.kv_storage.slot_specs, num_blocks, self.block_size,
                                      self.dtype, self.block_bytes)
-        self.num_blocks = num_blocks
 
     def prepare(self, on_wait: Callable[[int], None] | None = None) -> bool:
         """Make the first constrained step ready now: wait for the grammar tokenizer's build
@@ -285,11 +308,16 @@ class ModelRunner:
             endings; :data:`EMPTY_STEP_RESULT` when no token is scheduled.
         """
         self._free(out.finished, out.preempted)
+        size = self.num_blocks if out.num_kv_blocks is None else out.num_kv_blocks
+        if size > self.num_blocks:
+            self.kv_cache.resize(size)  # grown before the loads and copies, which may write there
         if out.kv_saves:  # first: the step may reuse the blocks they read
             self.save_kv(out.kv_saves)
         if out.kv_loads:
             self._load_kv(out.kv_loads)
         self.kv_cache.copy_blocks(out.blocks_to_copy)
+        if size < self.num_blocks:
+            self.kv_cache.resize(size)  # shrunk after them, which may read there
         if out.state_restores:
             restore_states(self.states, self.kv_cache, self._codec, out.state_restores)
         if not out.total_num_scheduled_tokens:

@@ -23,8 +23,8 @@ def make_request(request_id: object, tokens: list[int] | int) -> Request:
 
 
 def snapshot(pool: BlockPool) -> tuple[list[int], list[int]]:
-    """Ref counts and free-queue order (the whole mutable state of the pool)."""
-    return list(pool._ref_cnt), list(pool._free)
+    """Ref counts and free-queue order (the whole mutable state of a pool of one segment)."""
+    return list(pool._ref_cnt), pool.free_queue()
 
 
 def ref_cnts(pool: BlockPool) -> list[int]:

@@ -102,7 +102,7 @@ def test_free_appends_to_tail_in_given_order():
     pool.free([2, 3, 1])
     assert pool.num_free_blocks == USABLE
     pool.check_invariants([])
-    assert list(pool._free) == [4, 5, 6, 7, 8, 9, 10, 2, 3, 1]
+    assert pool.free_queue() == [4, 5, 6, 7, 8, 9, 10, 2, 3, 1]
     # Blocks already free come first; the freed ones follow in the order they were given.
     assert pool.allocate(USABLE) == [4, 5, 6, 7, 8, 9, 10, 2, 3, 1]
     del a
@@ -124,10 +124,10 @@ def test_free_shared_block_drops_one_reference():
     pool.check_invariants([t, [1]])
     pool.free([1, 2])
     assert pool.ref_cnt(1) == 1 and pool.ref_cnt(2) == 0
-    assert list(pool._free)[-1] == 2
+    assert pool.free_queue()[-1] == 2
     pool.check_invariants([[1]])
     pool.free([1])
-    assert list(pool._free)[-2:] == [2, 1]
+    assert pool.free_queue()[-2:] == [2, 1]
     pool.check_invariants([])
 
 
@@ -258,14 +258,14 @@ def test_check_invariants_catches_negative_count():
 
 def test_check_invariants_catches_duplicate_in_free_queue():
     pool = make_pool()
-    pool._free.append(3)
+    pool._free[0].append(3)
     with pytest.raises(AssertionError, match="duplicate"):
         pool.check_invariants()
 
 
 def test_check_invariants_catches_null_block_in_free_queue():
     pool = make_pool()
-    pool._free.append(NULL_BLOCK)
+    pool._free[0].append(NULL_BLOCK)
     with pytest.raises(AssertionError):
         pool.check_invariants()
 
@@ -296,7 +296,7 @@ def test_check_invariants_catches_counts_differing_from_holders():
 
 def test_check_invariants_catches_foreign_id_in_free_queue():
     pool = make_pool()
-    pool._free.append(NB)  # no such block; allocate() would hand it out later
+    pool._free[0].append(NB)  # no such block; allocate() would hand it out later
     with pytest.raises(AssertionError):
         pool.check_invariants()
 
@@ -405,7 +405,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         self.pool.check_invariants(self.tables.values())
-        assert list(self.pool._free) == self.model_free
+        assert self.pool.free_queue() == self.model_free
         assert self.pool.num_free_blocks == len(self.model_free)
         for b in range(NB):
             assert self.pool.ref_cnt(b) == self.model_ref.get(b, 0)
@@ -421,7 +421,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.tables.clear()
         self.pool.check_invariants([])
         assert self.pool.num_free_blocks == USABLE
-        assert sorted(self.pool._free) == list(range(1, NB))
+        assert sorted(self.pool.free_queue()) == list(range(1, NB))
 
 
 BlockPoolMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,

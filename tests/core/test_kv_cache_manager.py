@@ -82,7 +82,7 @@ def test_manager_free_releases_tail_first():
     kv.free(a)
     assert a.block_tables == []
     kv.check_invariants([a, b])
-    assert list(kv.pool._free) == [6, 7, 8, 9, 10, 3, 2, 1]
+    assert kv.pool.free_queue() == [6, 7, 8, 9, 10, 3, 2, 1]
     c = make_request("c", 32)
     assert kv.allocate_slots(c, 32) == [[6, 7, 8, 9, 10, 3, 2, 1]]
     kv.check_invariants([a, b, c])
@@ -142,7 +142,7 @@ def test_manager_fork_then_copy_on_write_of_partial_block():
     kv.free(parent)
     kv.free(child)
     kv.check_invariants([parent, child])
-    assert list(kv.pool._free) == [4, 5, 6, 7, 8, 9, 10, 3, 2, 1]
+    assert kv.pool.free_queue() == [4, 5, 6, 7, 8, 9, 10, 3, 2, 1]
 
 
 def test_manager_fork_at_block_boundary_needs_no_copy():

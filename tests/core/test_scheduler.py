@@ -107,7 +107,7 @@ def run_to_completion(sched: Scheduler, max_steps: int = 200) -> list[list]:
 
 def next_ids(sched: Scheduler, n: int) -> list[int]:
     """The next ``n`` block ids the pool would hand out (free-queue order)."""
-    return list(sched.kv_cache_manager.pool._free)[:n]
+    return sched.kv_cache_manager.pool.free_queue()[:n]
 
 
 # ----------------------------------------------------------------------------- basics
@@ -632,7 +632,7 @@ def test_random_workloads_terminate_without_leaks(prompts, arrivals, budget, max
         assert r.block_tables == []
     assert sched.kv_cache_manager.num_used_blocks == 0
     sched.kv_cache_manager.pool.check_invariants([])
-    assert sorted(sched.kv_cache_manager.pool._free) == list(range(1, num_blocks))
+    assert sorted(sched.kv_cache_manager.pool.free_queue()) == list(range(1, num_blocks))
     event(f"preempted: {sched.num_preemptions > 0}")
 
 

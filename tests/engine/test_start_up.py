@@ -69,7 +69,7 @@ def test_llm_probes_and_checks_the_model_once_while_its_pool_grows(folder, count
 
     from mlxpa import LLM
 
-    llm = LLM(folder, kv_cache_memory_bytes=2**22)
+    llm = LLM(folder, kv_cache_memory_bytes=2**22, kv_segment_bytes=2**14)  # 2 blocks
     runner = llm.llm_engine.runner
     sizes = [runner.num_blocks]
     prompts = ["x" * 20, "the cat sat on the mat " * 3, "hello world, " * 12]

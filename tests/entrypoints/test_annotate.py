@@ -13,6 +13,7 @@ from mlxpa.annotation.temperature import calibrated_probs
 from mlxpa.entrypoints.annotate import question_set
 from mlxpa.entrypoints.outputs import AnnotationOutput, QuestionAnswer
 from tests.cli.test_run_cli import invoke, read_jsonl, write_jsonl
+from tests.entrypoints.conftest import KV_BYTES
 from tests.tiny_models import teacher_forced
 
 QUESTIONS = {"preamble": "Tag each note.", "questions": [
@@ -51,7 +52,12 @@ def test_answers_equal_teacher_forcing_for_texts_and_conversations(llm, mlx_lm_m
     assert outs[0].prompt == DOCS[0] and outs[3].prompt is None
 
 
-def test_annotate_equals_the_file_run(llm, folder, tmp_path):
+def test_annotate_equals_the_file_run(folder, tmp_path):
+    """A fresh ``LLM`` (an empty prefix cache, as the file run's) answers as the file run
+    does, to the last bit of each probability."""
+    from mlxpa import LLM
+
+    llm = LLM(folder, kv_cache_memory_bytes=KV_BYTES)
     q = tmp_path / "q.json"
     q.write_text(json.dumps(QUESTIONS))
     cal = tmp_path / "cal.json"

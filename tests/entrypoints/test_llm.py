@@ -7,6 +7,7 @@ chat template rendered by the tokenizer itself, a float64 log-softmax of mlx-lm'
 from __future__ import annotations
 
 import json
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -242,27 +243,64 @@ def test_generate_equals_mlxpa_run_on_the_same_rows(tmp_path, folder, monkeypatc
         assert [t["logprob"] for t in entry["top_logprobs"]] == [e.logprob for e in top]
 
 
-def test_the_kv_pool_is_sized_to_each_call_as_mlxpa_run_sizes_it(folder):
-    """What the call's prompts can use (1 + Σ n·⌈(prompt + max_tokens) / block⌉), kept (with
-    its prefix cache) while later calls fit, grown when one needs more (the same engine and
-    runner: the model is not loaded or checked again); a stream takes the budget."""
+SEGMENT = 4 * 8192  # 4 blocks of the tiny llama (8 KiB a block)
+
+
+def test_the_kv_pool_grows_in_place_to_each_call_in_segments(folder):
+    """The pool starts at one segment; a call grows it at once, by whole segments, to what
+    its prompts can use (1 + Σ n·⌈(prompt + max_tokens) / block⌉, as ``mlxpa run`` sizes its
+    pool), in place: the same engine, runner, manager and prefix cache; a stream grows it as
+    its steps need blocks; at most the budget."""
     from mlxpa import LLM
 
-    llm = LLM(folder, kv_cache_memory_bytes=KV_BYTES)
-    assert llm.llm_engine.runner.num_blocks == 2  # nothing to hold before a call
+    llm = LLM(folder, kv_cache_memory_bytes=KV_BYTES, kv_segment_bytes=SEGMENT,
+              kv_release_after=-1)
+    engine, runner = llm.llm_engine, llm.llm_engine.runner
+    kv = engine.kv_cache_manager
+    assert runner.num_blocks == kv.pool.num_blocks == 4  # one segment before a call
+    assert kv.pool.max_num_blocks == runner.budget_blocks == KV_BYTES // runner.block_bytes + 1
     params = SamplingParams(max_tokens=8)
     llm.generate("x" * 40, params, use_tqdm=False)
-    engine, runner = llm.llm_engine, llm.llm_engine.runner
-    assert engine.runner.num_blocks == 1 + 3  # 48 tokens: 3 blocks of 16
+    assert runner.num_blocks == 4  # 48 tokens: 3 blocks of 16 and the null block
     (again,) = llm.generate("x" * 33, params, use_tqdm=False)
-    assert llm.llm_engine is engine and again.num_cached_tokens == 32  # two full blocks
-    pool = engine.kv_cache_manager
+    assert again.num_cached_tokens == 32  # two full blocks
     llm.generate(["x" * 40, "y" * 40], params, use_tqdm=False)
-    assert llm.llm_engine is engine and engine.runner is runner
-    assert engine.kv_cache_manager is not pool and runner.num_blocks == 1 + 2 * 3
-    list(llm.generate_iter(["a"], params))
-    runner = llm.llm_engine.runner
-    assert runner.num_blocks == runner.budget_blocks == KV_BYTES // runner.block_bytes + 1
+    assert runner.num_blocks == 8  # 1 + 2 * 3 blocks: two segments
+    assert (llm.llm_engine, engine.runner, engine.kv_cache_manager) == (engine, runner, kv)
+    (again,) = llm.generate("x" * 33, params, use_tqdm=False)
+    assert again.num_cached_tokens == 32  # the prefix cache kept while the pool grew
+    list(llm.generate_iter(["z" * 100] * 3, params))  # each its own 7 blocks: grown by steps
+    assert 8 < runner.num_blocks < kv.pool.max_num_blocks and runner.num_blocks % 4 == 0
+    kv.check_invariants([])
+
+
+def test_an_idle_llm_gives_its_kv_pool_back_between_calls(folder, mlx_lm_model):
+    """``kv_release_after`` seconds after a call, the LLM's release thread shrinks the pool
+    to one segment, keeping the most recently used cached blocks that fit; the next call
+    grows it again, hits a kept prefix and gives the oracle's tokens."""
+    from mlxpa import LLM
+
+    model, tok = mlx_lm_model
+    llm = LLM(folder, kv_cache_memory_bytes=KV_BYTES, kv_segment_bytes=SEGMENT,
+              kv_release_after=0.2)
+    engine, runner = llm.llm_engine, llm.llm_engine.runner
+    params = SamplingParams(max_tokens=4)
+    prompts = ["the cat sat on the mat " * 2, "x" * 30, "hello world, " * 5]
+    first = llm.generate(prompts, params, use_tqdm=False)
+    grown = runner.num_blocks
+    assert grown > 4
+    deadline = time.monotonic() + 20
+    while runner.num_blocks > 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runner.num_blocks == engine.kv_cache_manager.pool.num_blocks == 4
+    assert runner.kv_cache.key_caches[0].shape[0] == 4
+    engine.kv_cache_manager.check_invariants([])
+    assert engine.kv_cache_manager.tree.total_blocks == 3  # what fits in one segment
+    again = llm.generate(prompts, params, use_tqdm=False)
+    assert sum(o.num_cached_tokens for o in again) >= 16  # a kept block is a prefix's first
+    for out in again:
+        assert out.outputs[0].token_ids == greedy_ids(model, tok.encode(out.prompt), 4)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
 
 
 def test_prompt_logprobs_in_vllms_shape_against_a_float64_log_softmax(llm, mlx_lm_model):

@@ -4,9 +4,12 @@ where vLLM has the metric, ``mlxpa:`` names where it has none, every one labelle
 
 Read from the engine thread's :class:`~mlxpa.engine.async_llm.EngineStats` at each scrape:
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
-(blocks held by requests over usable blocks, 0 to 1), ``mlxpa:kv_blocks_in_use``,
-``mlxpa:kv_blocks_total``, ``mlxpa:kv_cache_peak_bytes`` (KV held at peak, every KV cache
-group) and ``mlxpa:kv_cache_peak_bytes_by_group`` (by ``group``: ``full_attention``,
+(blocks held by requests over usable blocks at the pool's ceiling, 0 to 1),
+``mlxpa:kv_blocks_in_use``, ``mlxpa:kv_blocks_total`` (at the ceiling), the pool held now and
+its ceiling (``mlxpa:kv_pool_blocks``, ``mlxpa:kv_pool_bytes``,
+``mlxpa:kv_pool_ceiling_bytes``; the counters ``mlxpa:kv_pool_growths_total`` and
+``mlxpa:kv_pool_releases_total``), ``mlxpa:kv_cache_peak_bytes`` (KV held at peak, every KV
+cache group) and ``mlxpa:kv_cache_peak_bytes_by_group`` (by ``group``: ``full_attention``,
 ``sliding_window_<n>``, ``recurrent``), and the counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` (prompt tokens looked up)
 and ``vllm:prefix_cache_hits_total`` (of those, served from the cache),
@@ -56,9 +59,17 @@ class _EngineCollector(Collector):
         gauges = (("vllm:num_requests_running", "Requests running (samples).", s.num_running),
                   ("vllm:num_requests_waiting", "Requests waiting.", self.llm.num_waiting()),
                   ("vllm:kv_cache_usage_perc", "KV blocks held by requests over usable "
-                   "blocks (1 = full).", s.kv_blocks_in_use / max(s.kv_blocks_total, 1)),
+                   "blocks at the pool's ceiling (1 = full).",
+                   s.kv_blocks_in_use / max(s.kv_blocks_total, 1)),
                   ("mlxpa:kv_blocks_in_use", "KV blocks held by requests.", s.kv_blocks_in_use),
-                  ("mlxpa:kv_blocks_total", "Usable KV blocks of the pool.", s.kv_blocks_total),
+                  ("mlxpa:kv_blocks_total", "Usable KV blocks of the pool at its ceiling.",
+                   s.kv_blocks_total),
+                  ("mlxpa:kv_pool_blocks", "Usable KV blocks the pool holds now (it grows by "
+                   "segments up to its ceiling and gives them back when idle).",
+                   s.kv_pool_blocks),
+                  ("mlxpa:kv_pool_bytes", "Bytes of the KV pool held now.", s.kv_pool_bytes),
+                  ("mlxpa:kv_pool_ceiling_bytes", "Bytes of the KV pool at its ceiling "
+                   "(the KV memory budget).", s.kv_pool_ceiling_bytes),
                   ("mlxpa:kv_cache_peak_bytes", "Most bytes of KV held at once since start, "
                    "every KV cache group.", c.peak_kv_bytes),
                   ("mlxpa:kv_disk_blocks", "Block files in the disk KV tier's folder.",
@@ -87,6 +98,10 @@ class _EngineCollector(Collector):
                      c.disk_bytes_written),
                     ("mlxpa:kv_disk_invalid_files", "Disk KV tier files skipped as invalid "
                      "(removed; their tokens computed).", c.disk_invalid_files),
+                    ("mlxpa:kv_pool_growths", "Steps that grew the KV pool.",
+                     c.kv_pool_growths),
+                    ("mlxpa:kv_pool_releases", "Times the idle KV pool gave its segments "
+                     "back but one.", c.kv_pool_releases),
                     ("vllm:spec_decode_num_drafts", "Request steps that verified draft "
                      "tokens.", c.spec.num_drafts),
                     ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
