@@ -6,9 +6,10 @@ Part ``rss``: the resident memory of each server's process tree (RSS, psutil: ML
 cache and the allocator's free lists included) after one small request ("start"), at the end
 of a c16 load (the serve bench's shared-prefix chat workload: 48 requests, a 512-token system
 prompt, 32-token questions, 32 output tokens), and 60 s after it; the growing server's
-``/metrics`` pool gauges at each point. The smallest pool (``--kv-cache-memory-bytes 1``: the
-null block and one more) cannot serve the load: it is the server without KV memory, read
-after the same small request and again 60 s later.
+``/metrics`` pool gauges at each point. The smallest pool (``--kv-cache-memory-bytes
+2000000``: 20 blocks of the default model in float32, what one short request needs in its 6
+KV cache groups) cannot serve the load: it is the server without KV memory, read after the
+same small request and again 60 s later.
 
 Part ``timing`` (on a quiet machine): c16 output tok/s of the growing pool against the pool
 preallocated at the budget (``--kv-segment-bytes 0``, the server's old behaviour), each
@@ -68,7 +69,7 @@ def ttft(base: str, name: str, request) -> float | None:
 def rss_part(model: str, requests, count_tokens, wait_s: float, timing: bool) -> dict:
     spec = LoadSpec(concurrency=16, max_duration_s=3600, request_timeout_s=1800)
     out: dict = {}
-    for system, extra in (("smallest", ["--kv-cache-memory-bytes", "1"]), ("growing", [])):
+    for system, extra in (("smallest", ["--kv-cache-memory-bytes", "2000000"]), ("growing", [])):
         port = free_port()
         base = f"http://{HOST}:{port}"
         with ServerProcess(mlxpa_serve_argv(model, port) + extra, base,
@@ -127,6 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the default model)")
     p.add_argument("--parts", default="rss", help="rss, timing, or both (comma-separated)")
+    p.add_argument("--prompts", type=int, default=48, help="requests of the c16 load")
     p.add_argument("--wait", type=float, default=60.0, help="seconds after the load")
     p.add_argument("--repeats", type=int, default=2, help="timing: runs per server")
     p.add_argument("--json", default=None)
@@ -138,7 +140,7 @@ def main() -> None:
     model = str(resolve_model(args.model))
     tokenizer = load_tokenizer_of(model)
     requests = synthetic_requests("shared-prefix", tokenizer, "chat", num_groups=1,
-                                  prompts_per_group=48, system_prompt_len=512,
+                                  prompts_per_group=args.prompts, system_prompt_len=512,
                                   question_len=32, output_len=32).requests
 
     def count_tokens(text: str) -> int:

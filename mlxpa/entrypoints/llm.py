@@ -58,9 +58,9 @@ class LLM:
             ``block_size``, ``kv_cache_memory_bytes``, ``kv_cache_dtype``, ``max_num_seqs``,
             ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``,
             ``disable_cascade_attn``, ``attention_backend``), mlxpa's own where it has none
-            (``adapter_path``, ``keep_quantized``, ``kv_group_size``, ``kv_cache_dir`` and
-            ``kv_cache_disk_gb``: the disk KV tier, whose blocks are written at the end of
-            each call).
+            (``adapter_path``, ``keep_quantized``, ``kv_group_size``, ``kv_segment_bytes``,
+            ``kv_release_after``, ``kv_cache_dir`` and ``kv_cache_disk_gb``: the disk KV tier,
+            whose blocks are written at the end of each call).
 
     The KV pool starts at one segment (``kv_segment_bytes``, 64 MiB by default) and grows in
     place, by whole segments, to what a call's prompts can use (as ``mlxpa run`` sizes its
