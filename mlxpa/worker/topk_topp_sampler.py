@@ -34,6 +34,8 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = (np.uint64(c) for c in (
     0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 def request_key(seed: int, position: int) -> int:
     """The noise key (64 bits) of the token at output ``position`` of a request seeded with
@@ -70,7 +72,8 @@ class SamplingMetadata:
         """From each row's parameters, seed and output position (the index of the token
         being sampled, 0 for the first)."""
         return cls(np.array([p.temperature for p in params], np.float64),
-                   np.array([p.top_k for p in params], np.int64),
+                   # top_k at least the vocabulary is off: one past int64 is too
+                   np.array([min(p.top_k, _INT64_MAX) for p in params], np.int64),
                    np.array([p.top_p for p in params], np.float64),
                    np.array([p.min_p for p in params], np.float64),
                    np.array([request_key(s, n) for s, n in zip(seeds, positions)], np.uint64),

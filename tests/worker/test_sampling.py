@@ -66,6 +66,7 @@ FILTERS = [
     SamplingParams(temperature=1.0, top_k=2),
     SamplingParams(temperature=1.0, top_k=3),  # the 3rd largest ties with others: all kept
     SamplingParams(temperature=0.7, top_k=1000),  # top_k >= vocab: off
+    SamplingParams(temperature=0.7, top_k=2**70),  # past int64 (it stopped a server): off
     SamplingParams(temperature=1.0, top_p=1e-300),  # only the largest (and its ties)
     SamplingParams(temperature=0.8, top_p=0.9, top_k=50),
     SamplingParams(temperature=2.0, top_p=0.5),
