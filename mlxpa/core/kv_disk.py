@@ -38,7 +38,7 @@ no disk tier: :func:`supports_disk_tier`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
@@ -74,6 +74,53 @@ def supports_disk_tier(layout: KVCacheLayout) -> bool:
     """Whether the disk tier serves this layout: it has K/V groups (recurrent snapshots or
     not)."""
     return bool(layout.groups)
+
+
+def usable_ends(windows: Sequence[int | None], block_size: int, recurrent: bool, m: int,
+                headers: Sequence[BlockHeader], tree_snapshots: set[int] = frozenset()
+                ) -> Iterator[tuple[int, list[set[int]], bool]]:
+    """The ends (blocks) a hit may have over the files ``headers`` of positions ``m ..``,
+    deepest first: every full-attention group present up to it, each sliding group's window
+    before it present (from ``m`` on; the tree holds it before), and, ``recurrent``, a
+    snapshot there (in ``tree_snapshots``, or in the file of the block before it); with the
+    positions to load per group and whether that file's snapshot is loaded."""
+    full = [g for g, w in enumerate(windows) if w is None]
+    sliding = [g for g, w in enumerate(windows) if w is not None]
+    top = m
+    while top - m < len(headers) and all(headers[top - m].groups[g] for g in full):
+        top += 1
+    for end in range(top, m, -1):
+        snapshot = recurrent and end not in tree_snapshots
+        if snapshot and not headers[end - 1 - m].snapshot:
+            continue
+        need = [set(range(m, end)) if w is None else
+                set(range(max(m, max(0, end * block_size - w + 1) // block_size), end))
+                for w in windows]
+        if any(not headers[p - m].groups[g] for g in sliding for p in need[g]):
+            continue
+        yield end, need, snapshot
+
+
+def disk_prefix_end(store: DiskStore, layout: KVCacheLayout, tokens: Sequence[int],
+                    cache_salt: str | None = None, start: int = 0) -> int:
+    """The end (blocks) of the hit the disk tier would give ``tokens`` (capped as a lookup
+    caps them) after ``start`` blocks from memory: the chain continued over the consecutive
+    files that name their block (headers peeked, not verified) to the deepest usable end
+    (:func:`usable_ends`; ``start`` when none). ``mlxpa plan``'s count; the pool's room and
+    the tier's read-or-compute choice are not modelled."""
+    bs = layout.block_size
+    n = len(tokens) // bs
+    root = chain_root(store.namespace, cache_salt)
+    keys = chain_keys(root, tokens[:n * bs], bs)
+    headers = []
+    for p in range(start, n):
+        header = store.peek(keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs])
+        if header is None:
+            break
+        headers.append(header)
+    for end, _, _ in usable_ends(layout.windows, bs, bool(layout.recurrent), start, headers):
+        return end
+    return start
 
 
 class DiskTier:
@@ -374,24 +421,12 @@ class DiskTier:
 
     def _usable_end(self, m: int, found: list, room: int, num_tokens: int,
                     tree_snapshots: set[int]) -> tuple[int, list[set[int]], bool]:
-        """The deepest end (blocks) of a hit over the positions ``found`` after ``m``: every
-        full group present up to it, each sliding group's window before it present (on disk
-        after ``m``; the tree holds it before), for a recurrent model a snapshot there (in
-        the tree, or in the file of the block before it), its blocks and the request's next
-        ones within ``room``; with the positions to load per group and whether the file's
-        snapshot is loaded (``m`` and nothing: no such end)."""
-        top = m
-        while top - m < len(found) and all(found[top - m][0].groups[g] for g in self.full):
-            top += 1
-        for end in range(top, m, -1):
-            snapshot = self.recurrent and end not in tree_snapshots
-            if snapshot and not found[end - 1 - m][0].snapshot:
-                continue
-            need = [set(range(m, end)) if g in self.full else
-                    set(range(max(m, self._first(g, end)), end)) for g in
-                    range(len(self.windows))]
-            if any(not found[p - m][0].groups[g] for g in self.sliding for p in need[g]):
-                continue
+        """The deepest end (blocks) of a hit over the positions ``found`` after ``m``
+        (:func:`usable_ends`) whose blocks and the request's next ones fit ``room``; with the
+        positions to load per group and whether the file's snapshot is loaded (``m`` and
+        nothing: no such end)."""
+        for end, need, snapshot in usable_ends(self.windows, self.bs, self.recurrent, m,
+                                               [f[0] for f in found], tree_snapshots):
             rest = len(self.windows) * (-(-(num_tokens + 1 - end * self.bs) // self.bs))
             if sum(map(len, need)) + rest + snapshot * self.snapshot_blocks <= room:
                 return end, need, snapshot
@@ -459,4 +494,5 @@ class DiskTier:
         self.recompute_ms_per_block = ms if old is None else 0.8 * old + 0.2 * ms
 
 
-__all__ = ["DiskTier", "KVLoad", "KVSave", "supports_disk_tier"]
+__all__ = ["DiskTier", "KVLoad", "KVSave", "disk_prefix_end", "supports_disk_tier",
+           "usable_ends"]

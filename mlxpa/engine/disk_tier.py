@@ -36,18 +36,28 @@ def disk_identity(config: EngineConfig, runner, model, tokenizer,
                   model_folder: str | Path | None) -> dict:
     """What the namespace hashes (see the module docstring) for ``runner``'s storage; the
     folder's fingerprint is cheap, a model object's weights are hashed (O(weights))."""
-    from mlxpa.loader.identity import folder_fingerprint
     from mlxpa.worker.identity import tokenizer_fingerprint, weights_fingerprint
 
     if model_folder is not None:
-        model_id = {"folder": folder_fingerprint(model_folder),
-                    "name": Path(model_folder).name}
+        model_id = folder_identity(model_folder)
         tok = None  # the folder's files
     else:
         model_id = {"weights": weights_fingerprint(model), "name": type(model).__module__}
         tok = tokenizer_fingerprint(tokenizer)
     return storage_identity(config, model_id, tok, str(runner.dtype),
                             runner.kv_storage, model_folder is not None)
+
+
+def folder_identity(folder: str | Path) -> dict:
+    """The model's part of the identity of a model loaded from ``folder`` (its files'
+    fingerprint, no weight read).
+
+    Raises:
+        OSError: The folder cannot be listed.
+    """
+    from mlxpa.loader.identity import folder_fingerprint
+
+    return {"folder": folder_fingerprint(folder), "name": Path(folder).name}
 
 
 def storage_identity(config: EngineConfig, model_id: dict, tokenizer: str | None, dtype: str,
@@ -93,6 +103,26 @@ def open_disk_store(config: EngineConfig, runner, model, tokenizer,
     except OSError as e:
         _warn_once(f"the KV disk cache is off: {folder}: {e.strerror or e}")
         return None
+
+
+def existing_disk_store(config: EngineConfig, model_folder: str | Path, dtype: str,
+                        storage) -> DiskStore | None:
+    """The store a run of ``config`` (the model loaded from ``model_folder``, computing in
+    ``dtype``, its KV in ``storage``) would open under ``config.kv_cache_dir``, if that
+    namespace's folder exists (None otherwise; nothing is created): ``mlxpa plan``'s view of
+    the disk tier, identified as :func:`disk_identity` identifies a run's.
+
+    Raises:
+        OSError: The model folder or the cache folder cannot be read.
+    """
+    folder = kv_cache_folder(config.kv_cache_dir)
+    identity = storage_identity(config, folder_identity(model_folder), None, dtype, storage)
+    namespace = namespace_key(identity)
+    if not (folder / namespace[:16]).is_dir():
+        return None
+    return DiskStore(folder, namespace, identity, int(config.kv_cache_disk_gb * 2**30),
+                     storage.block_bytes(config.block_size), len(storage.layout.groups),
+                     background=False, snapshot_nbytes=storage.snapshot_bytes)
 
 
 def _warn_once(message: str) -> None:

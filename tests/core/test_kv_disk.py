@@ -12,6 +12,7 @@ from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
 from mlxpa.core.disk_cache import DiskStore, list_files, namespace_key
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.kv_disk import disk_prefix_end
 from mlxpa.request import Request
 from mlxpa.sampling_params import SamplingParams
 
@@ -295,5 +296,33 @@ def test_a_disk_hit_ends_only_at_a_snapshot(tmp_path):
     keys = fresh.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
     h, parts = fresh.store.read(keys[4], keys[3], 4, SHARED[16:20])
     assert h.snapshot and len(parts[1]) == SNAP
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 5  # mlxpa plan's count
     fresh.store.put(h._replace(snapshot=False), bytes(parts[0]))
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 3
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1], start=3) == 3
     assert fresh.run(C) == 12 and fresh.loaded == 3 + 2
+
+
+def test_plan_counts_the_consecutive_usable_files(tmp_path):
+    """:func:`disk_prefix_end` (``mlxpa plan``) continues the chain from a memory hit over
+    the files, to the end a lookup would use: none under another salt, none past a file
+    missing its window blocks."""
+    sim = Sim(tmp_path, WINDOW)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1]) == 5
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1], start=2) == 5
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1], cache_salt="") == 0
+    # a hit of 2 blocks needs the window blocks of 0 and 1, which the files do not keep
+    assert disk_prefix_end(sim.store, WINDOW, C[:9]) == 0
+    keys = sim.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
+    h, parts = sim.store.read(keys[4], keys[3], 4, SHARED[16:20])
+    sim.store.put(h._replace(groups=(True, False)), bytes(parts[0]))
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1]) == 0  # as a lookup: 0 (above)
+    full = Sim(tmp_path / "full")
+    full.run(A)
+    full.run(B)
+    full.write_back()
+    assert disk_prefix_end(full.store, FULL, C[:-1]) == 5
+    assert disk_prefix_end(full.store, FULL, C[:9]) == 2  # whole blocks of the tokens
