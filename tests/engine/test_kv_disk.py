@@ -1,9 +1,9 @@
 """The disk KV tier end to end on tiny models (a full-attention llama, a Gemma 3 layout with
-sliding windows, a Qwen 3.5 hybrid whose hits resume from recurrent snapshots): greedy tokens
-identical, and log-probabilities within 1e-4, with no hit, memory hits and disk hits read by
-a new engine (mlx-lm's own generation the oracle); bit-flipped files (a snapshot's bytes
-among them) are never used; a folder that refuses writes loses no row; a state-space model
-without K/V runs without the tier."""
+sliding windows, Qwen 3.5 and LFM2 hybrids whose hits resume from recurrent snapshots):
+greedy tokens identical, and log-probabilities within 1e-4, with no hit, memory hits and
+disk hits read by a new engine (mlx-lm's own generation the oracle); bit-flipped files (a
+snapshot's bytes among them) are never used; a folder that refuses writes loses no row; a
+state-space model without K/V runs without the tier."""
 
 from __future__ import annotations
 
@@ -117,13 +117,13 @@ def test_an_unusable_folder_runs_without_the_tier(setup, tmp_path):
     assert eng.disk_store is None and [o.token_ids for o in outs] == refs
 
 
-@pytest.fixture(scope="module")
-def hybrid():
+@pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
+def hybrid(request):
     """A tiny Qwen 3.5 (gated-delta layers with a recurrent state, full attention every
-    second layer)."""
+    second layer) or LFM2 (short convolutions and attention)."""
     from tests.loader.tiny_archs import build
 
-    model, tok = build("qwen3_5"), byte_tokenizer(eos_id=-1)
+    model, tok = build(request.param), byte_tokenizer(eos_id=-1)
     ids = [tok.encode(p) for p in PROMPTS]
     return model, tok, ids, [mlx_lm_greedy(model, p, OUT) for p in ids]
 
