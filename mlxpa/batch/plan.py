@@ -5,7 +5,11 @@ Makes every row's request as ``mlxpa run`` does (tokenizer only, no weights), or
 requests the way ``mlxpa run --order prefix`` admits them, and replays that order through a
 simulated radix tree (:class:`RadixCache` with no pool, no eviction) to predict each row's
 prefix cache hit exactly as the engine computes it: whole blocks, capped at ``len(prompt) - 1``,
-only between rows of the same ``cache_salt``.
+only between rows of the same ``cache_salt``. With a disk KV tier (``--kv-cache-dir``), each
+row's hit then continues over the blocks a run would read from disk
+(:func:`mlxpa.core.kv_disk.disk_prefix_end`: the engine's hash chain under the namespace a run
+of this model and storage writes, the files' headers peeked), and the blocks join the
+simulated tree, as a run's do: hits are reported by tier.
 The KV memory (:func:`plan_kv`) comes from the engine's own probe of the model's caches
 (:func:`mlxpa.worker.model_probe.probe_model`), traced on a lazily loaded model: no weight is
 read, so a folder without weights plans too (its compute dtype is then float32).
@@ -13,6 +17,7 @@ read, so a folder without weights plans too (its compute dtype is then float32).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +36,12 @@ from mlxpa.utils import cdiv
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    from mlxpa.worker.kv_storage import KVStorage
+
+# A row's hit continued on disk: (its tokens as looked up, its cache_salt, the blocks of its
+# hit in memory) -> the end of its hit in blocks.
+DiskLookup = Callable[[Sequence[int], "str | None", int], int]
 
 MAX_LISTED = 20  # rows over the context named in a plan
 
@@ -68,6 +79,9 @@ class Plan:
             ``run``'s problems (``file line N: prompt has T tokens; ...``).
         request_blocks: Per row, ``(blocks of prompt + output, n)`` (what a sliding-window
             group's share is counted from; not in :meth:`to_dict`).
+        disk_cached_prompt_tokens: Of the prompt tokens cached (``prompt - computed``), those
+            a run would read from the disk KV tier; None without ``--kv-cache-dir``.
+        kv_cache_dir: The disk tier's folder looked in, or None.
     """
 
     rows: int
@@ -82,10 +96,21 @@ class Plan:
     shared_prefixes: list[SharedPrefixReport]
     over_context: list[str]
     request_blocks: list[tuple[int, int]] = field(default_factory=list)
+    disk_cached_prompt_tokens: int | None = None
+    kv_cache_dir: str | None = None
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens the prefix cache serves, every tier."""
+        return self.prompt_tokens - self.computed_prompt_tokens
 
     def to_dict(self) -> dict:
         out = asdict(self)
         del out["request_blocks"]
+        out["cached_prompt_tokens"] = self.cached_prompt_tokens
+        if self.disk_cached_prompt_tokens is not None:
+            out["memory_cached_prompt_tokens"] = (self.cached_prompt_tokens
+                                                  - self.disk_cached_prompt_tokens)
         return out
 
 
@@ -96,24 +121,40 @@ def plan_token_lists(token_lists: list[list[int]], max_tokens: list[int],
     admitted in prefix order with ``max_tokens`` outputs (already clamped to the context) and
     ``n`` samples each (None: one), each under its ``cache_salt`` in ``salts`` (None: all
     unsalted; rows of two salts share nothing)."""
+    return _simulate(token_lists, max_tokens, block_size, n, salts)[:4]
+
+
+def _simulate(token_lists: list[list[int]], max_tokens: list[int], block_size: int,
+              n: list[int] | None = None, salts: list[str | None] | None = None,
+              disk: DiskLookup | None = None) -> tuple[int, int, int, int, int]:
+    """:func:`plan_token_lists`, and the prompt tokens of the hits read from disk (each row's
+    hit continued by ``disk``; 0 without)."""
     n = n or [1] * len(token_lists)
     salts = salts or [None] * len(token_lists)
     tree = RadixCache(None, block_size)
-    computed = 0
+    computed = from_disk = 0
     for i in prefix_order(token_lists, block_size, salts):
         ids = token_lists[i]
-        computed += len(ids) - tree.match_prefix(ids[:len(ids) - 1], salts[i]).num_tokens
+        looked_up = ids[:len(ids) - 1]
+        hit = tree.match_prefix(looked_up, salts[i]).num_tokens
+        if disk is not None:
+            end = disk(looked_up, salts[i], hit // block_size) * block_size
+            from_disk += end - hit
+            hit = end
+        computed += len(ids) - hit
         tree.insert(ids, cache_salt=salts[i])
     without = sum(k * cdiv(len(t) + m, block_size)
                   for t, m, k in zip(token_lists, max_tokens, n))
     tails = sum(k * (cdiv(len(t) + m, block_size) - len(t) // block_size)
                 for t, m, k in zip(token_lists, max_tokens, n))
-    return sum(map(len, token_lists)), computed, without, tree.total_blocks + tails
+    return (sum(map(len, token_lists)), computed, without, tree.total_blocks + tails,
+            from_disk)
 
 
 def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
               defaults: SamplingParams, *, block_size: int = 16, top_k: int = 5,
-              max_model_len: int | None = None) -> Plan:
+              max_model_len: int | None = None, disk: DiskLookup | None = None,
+              kv_cache_dir: str | None = None) -> Plan:
     """Predict prefix sharing for every row of ``src``: its requests as ``mlxpa run`` makes
     them (:func:`~mlxpa.batch.requests.rows_to_requests`, the same merge and tokenization).
 
@@ -128,6 +169,8 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
         top_k: Shared prefixes to report.
         max_model_len: The context in tokens (prompt + output); each row's output is clamped
             to it, and a prompt that leaves no room is counted over the context (None: no cap).
+        disk: Continues a row's hit over the disk KV tier's blocks (None: no tier).
+        kv_cache_dir: The tier's folder (reported; with ``disk``).
 
     Raises:
         InputError: The input is malformed.
@@ -151,12 +194,14 @@ def plan_file(src: Source, validation: Validation, tokenizer: TokenizerWrapper,
         caps.append(cap)
         ns.append(params.n)
         salts.append(rr.request.cache_salt)
-    return _plan(rows, ids, caps, ns, salts, bad, over, tokenizer, block_size, top_k)
+    return _plan(rows, ids, caps, ns, salts, bad, over, tokenizer, block_size, top_k, disk,
+                 kv_cache_dir)
 
 
 def _plan(rows, ids, caps, ns, salts, bad: int, over: list[str], tokenizer, block_size: int,
-          top_k: int) -> Plan:
-    prompt, computed, without, with_sharing = plan_token_lists(ids, caps, block_size, ns, salts)
+          top_k: int, disk: DiskLookup | None = None, kv_cache_dir: str | None = None) -> Plan:
+    prompt, computed, without, with_sharing, from_disk = _simulate(ids, caps, block_size, ns,
+                                                                   salts, disk)
     stats = shared_prefix_stats(ids, block_size, top_k, salts)
     shared = [SharedPrefixReport(s.num_tokens, s.num_rows, rows[s.first_row].id,
                                  tokenizer.decode(ids[s.first_row][:s.num_tokens])[:80])
@@ -164,7 +209,8 @@ def _plan(rows, ids, caps, ns, salts, bad: int, over: list[str], tokenizer, bloc
     return Plan(len(rows), bad, len(over), prompt, computed,
                 1 - computed / prompt if prompt else 0.0, without, with_sharing, block_size,
                 shared, over[:MAX_LISTED],
-                [(cdiv(len(t) + m, block_size), k) for t, m, k in zip(ids, caps, ns)])
+                [(cdiv(len(t) + m, block_size), k) for t, m, k in zip(ids, caps, ns)],
+                from_disk if disk is not None else None, kv_cache_dir)
 
 
 def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
@@ -175,6 +221,10 @@ def plan_tables(plan: Plan, title: str) -> tuple[Table, Table]:
     for k, v in [("rows", f"{plan.rows} (+{skipped})"),
                  ("prompt tokens", f"{plan.prompt_tokens}"),
                  ("tokens after sharing", f"{plan.computed_prompt_tokens}"),
+                 *([("cached prompt tokens", f"{plan.cached_prompt_tokens} (memory "
+                     f"{plan.cached_prompt_tokens - plan.disk_cached_prompt_tokens}, disk "
+                     f"{plan.disk_cached_prompt_tokens})")]
+                   if plan.disk_cached_prompt_tokens is not None else []),
                  ("predicted prefix cache hit rate", f"{plan.predicted_hit_rate:.1%}"),
                  ("KV blocks without sharing", f"{plan.kv_blocks_without_sharing}"),
                  ("KV blocks with sharing", f"{plan.kv_blocks_with_sharing}"),
@@ -201,6 +251,9 @@ class KVPlan:
             chosen storage, null block excluded.
         layout: The model's KV cache groups.
         chunk: The most tokens a step computes for one request (``max_num_batched_tokens``).
+        dtype: The compute dtype's name, as the engine's runner reports it.
+        kv_storage: The chosen storage (:class:`~mlxpa.worker.kv_storage.KVStorage`).
+        model_folder: The folder the model resolved to.
     """
 
     kv_cache_dtype: str
@@ -210,6 +263,9 @@ class KVPlan:
     budget_blocks: int
     layout: KVCacheLayout | None = None
     chunk: int = 2048
+    dtype: str | None = None
+    kv_storage: KVStorage | None = None
+    model_folder: str | None = None
 
     def pool_blocks(self, plan: Plan) -> tuple[int, int]:
         """``(without, with)`` sharing: pool blocks over every KV cache group, each
@@ -279,8 +335,8 @@ def plan_kv(config: EngineConfig) -> KVPlan:
 
     # Lazy and not strict: no weight is read, and a folder without weights (a tokenizer and
     # config only, enough for the rest of the plan) still gives the shapes.
-    model, _ = load_model(resolve_model(config.model, config.revision), lazy=True,
-                          strict=False)
+    folder = resolve_model(config.model, config.revision)
+    model, _ = load_model(folder, lazy=True, strict=False)
     dtype = "float32" if config.dtype == "auto" and on_cpu() else config.dtype
     if dtype != "auto":
         model.set_dtype(getattr(mx, dtype))
@@ -291,4 +347,25 @@ def plan_kv(config: EngineConfig) -> KVPlan:
     chosen = config.kv_cache_dtype
     return KVPlan(chosen, config.block_size, sizes, storages[chosen].describe(),
                   num_kv_blocks(kv_budget_bytes(config), sizes[chosen]) - 1,
-                  storages[chosen].layout, config.max_num_batched_tokens)
+                  storages[chosen].layout, config.max_num_batched_tokens, str(geometry.dtype),
+                  storages[chosen], str(folder))
+
+
+def disk_lookup(config: EngineConfig, kv: KVPlan) -> DiskLookup:
+    """The disk KV tier's lookup for a plan (``config.kv_cache_dir``): the store a run of
+    this model and storage would open (:func:`mlxpa.engine.disk_tier.existing_disk_store`)
+    and :func:`~mlxpa.core.kv_disk.disk_prefix_end` over it; none found when the folder holds no
+    block of that namespace, or the model has no K/V (no tier): then no hit continues.
+
+    Raises:
+        OSError: The model folder or the cache folder cannot be read.
+    """
+    from mlxpa.core.kv_disk import disk_prefix_end, supports_disk_tier
+    from mlxpa.engine.disk_tier import existing_disk_store
+
+    layout = kv.layout
+    store = (existing_disk_store(config, kv.model_folder, kv.dtype, kv.kv_storage)
+             if layout is not None and supports_disk_tier(layout) else None)
+    if store is None:
+        return lambda tokens, salt, start: start
+    return lambda tokens, salt, start: disk_prefix_end(store, layout, tokens, salt, start)

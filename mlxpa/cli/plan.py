@@ -21,9 +21,11 @@ from mlxpa.cli.options import (
     input_options,
 )
 
-# The engine options a plan reads (the KV figures need the model's geometry, not its weights).
-PLAN_ENGINE = ("model", "revision", "dtype", "block_size", "max_model_len", "kv_cache_dtype",
-               "kv_group_size", "kv_cache_memory_bytes")
+# The engine options a plan reads (the KV figures need the model's geometry, not its weights;
+# the disk tier's blocks, what names them: the adapter, the attention kernels).
+PLAN_ENGINE = ("model", "revision", "adapter_path", "dtype", "block_size", "max_model_len",
+               "kv_cache_dtype", "kv_group_size", "kv_cache_memory_bytes", "kv_cache_dir",
+               "attention_backend")
 
 
 @engine_options(*PLAN_ENGINE)
@@ -48,8 +50,9 @@ def plan(
 ) -> None:
     """Predict prefix sharing without running the model: prompt tokens, tokens after
     sharing, hit rate, KV blocks with and without sharing and their memory in the chosen
-    --kv-cache-dtype, the longest shared prefixes. Invalid rows are listed as run lists them
-    (exit 2); rows over the context are named."""
+    --kv-cache-dtype, the longest shared prefixes. With --kv-cache-dir, hits also continue
+    over the blocks a run would read from that disk tier, counted by tier. Invalid rows are
+    listed as run lists them (exit 2); rows over the context are named."""
     import json
 
     from rich.console import Console
@@ -66,14 +69,16 @@ def plan(
         inputs = input_options(input_format, prompt_column, messages_column, id_column, system)
         defaults, options = _plan_settings(max_tokens, skip_invalid)
         meta = ModelMeta(config)
+        kv, why = _kv_plan(config)
+        disk = _disk_lookup(config, kv, why, console)
         with Source.open(input, inputs) as src:  # the tokenizer loads when a row needs it
             v = validate_input(
                 src, None, defaults, options, console, vocab_size=meta.vocab_size(),
                 tokenizer=meta.tokenizer,
                 refusal="nothing was planned (--skip-invalid plans the rest)").validation
             p = plan_file(src, v, meta.tokenizer(), defaults, block_size=config.block_size,
-                          top_k=top, max_model_len=meta.context_len())
-        kv, why = _kv_plan(config)
+                          top_k=top, max_model_len=meta.context_len(), disk=disk,
+                          kv_cache_dir=config.kv_cache_dir if disk else None)
     except InputError as e:
         fail(console, e, 2)
     except (FileNotFoundError, ValueError) as e:
@@ -106,6 +111,24 @@ def _kv_plan(config):
         return plan_kv(config), None
     except Exception as e:  # noqa: BLE001 - the prefix figures stand without the KV ones
         return None, f"{type(e).__name__}: {e}"
+
+
+def _disk_lookup(config, kv, why: str | None, console):
+    """The disk tier's lookup for ``--kv-cache-dir`` (None without it, or, with a warning,
+    when the model's identity cannot be computed)."""
+    from mlxpa.batch.plan import disk_lookup
+
+    if config.kv_cache_dir is None:
+        return None
+    problem = why
+    if kv is not None:
+        try:
+            return disk_lookup(config, kv)
+        except OSError as e:
+            problem = f"{e.strerror or e}: {e.filename}"
+    console.print(f"warning: no disk KV tier figures: {problem}", style="yellow",
+                  markup=False, highlight=False, soft_wrap=True)
+    return None
 
 
 def _plan_settings(max_tokens: int, skip_invalid: bool):

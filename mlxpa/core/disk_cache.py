@@ -11,20 +11,22 @@ granularity). A file's name is its *key*, a hash chain (vLLM's prefix-caching bl
 so a key fixes everything the block's K/V depend on, and a folder serves later runs, a
 restarted server and several processes at once. The file holds, per KV cache group, the
 block's bytes at that position where it was kept (a sliding-window group's block may be a
-tombstone already), as the pool stores them (:meth:`PagedKVCache.read_bytes`)::
+tombstone already), as the pool stores them (:meth:`PagedKVCache.read_bytes`), and, for a
+model with recurrent layers, the recurrent snapshot after the block's last token where one
+was kept (its ``snapshot_nbytes`` bytes of state, without the padding of its pool blocks)::
 
-    MAGIC (8) | header length (4, little-endian) | header (JSON) | payload | BLAKE2b-256 of
-    everything before it (32)
+    MAGIC (8) | header length (4, little-endian) | header (JSON) | payload (present groups'
+    blocks, in group order, then the snapshot) | BLAKE2b-256 of everything before it (32)
 
 The header repeats the key, its parent, the position, the tokens, the namespace, which groups
-are present and the byte counts; a reader checks every one of them and the digest, and a file
-that fails (truncated, bit-flipped, another model's, another format's) is removed and counted,
-never used: the request computes those tokens instead. Files are written to a temporary name
-in the same folder and renamed (``os.replace``), so a reader sees a whole file or none; two
-processes writing one key write equal bytes. A write that fails for lack of room or
-permission warns once and turns writing off (reads go on); the folder is kept under its bound
-by removing the least recently used files (a read refreshes a file's modification time), by
-whichever process finds it over.
+are present, whether a snapshot is, and the byte counts; a reader checks every one of them and
+the digest, and a file that fails (truncated, bit-flipped, another model's, another format's)
+is removed and counted, never used: the request computes those tokens instead. Files are
+written to a temporary name in the same folder and renamed (``os.replace``), so a reader sees a
+whole file or none; two processes writing one key write equal bytes. A write that fails for
+lack of room or permission warns once and turns writing off (reads go on); the folder is kept
+under its bound by removing the least recently used files (a read refreshes a file's
+modification time), by whichever process finds it over.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class BlockHeader(NamedTuple):
         position: The block's index in the prompt (block 0 first).
         tokens: The block's token ids.
         groups: Per KV cache group, whether the file holds its block.
+        snapshot: Whether the file holds the recurrent snapshot after the block's last token.
     """
 
     key: bytes
@@ -107,6 +110,7 @@ class BlockHeader(NamedTuple):
     position: int
     tokens: tuple[int, ...]
     groups: tuple[bool, ...]
+    snapshot: bool = False
 
 
 @dataclass(slots=True)
@@ -116,6 +120,7 @@ class DiskStats:
     Attributes:
         blocks_read, bytes_read: Block positions read back and verified, and their bytes.
         blocks_written, bytes_written: Block positions written (files), and their bytes.
+        snapshots_read, snapshots_written: Of those, files holding a recurrent snapshot.
         invalid_files: Files skipped as invalid (and removed).
         files_removed: Files removed to keep the folder within its bound.
         read_s: Seconds spent reading and verifying.
@@ -125,6 +130,8 @@ class DiskStats:
     bytes_read: int = 0
     blocks_written: int = 0
     bytes_written: int = 0
+    snapshots_read: int = 0
+    snapshots_written: int = 0
     invalid_files: int = 0
     files_removed: int = 0
     read_s: float = 0.0
@@ -149,6 +156,8 @@ class DiskStore:
         num_groups: KV cache groups of the model.
         background: Write files on a thread (False: at once, for tests).
         warn: Called once with a message when writing stops working (default: log).
+        snapshot_nbytes: Bytes of one recurrent snapshot's state (0: the model has none, no
+            file holds one).
 
     Raises:
         OSError: ``root`` cannot be created or read (the caller runs without the tier).
@@ -156,13 +165,15 @@ class DiskStore:
 
     def __init__(self, root: str | os.PathLike[str], namespace: str, identity: dict,
                  max_bytes: int, block_nbytes: int, num_groups: int,
-                 background: bool = True, warn: Callable[[str], None] | None = None) -> None:
+                 background: bool = True, warn: Callable[[str], None] | None = None,
+                 snapshot_nbytes: int = 0) -> None:
         self.root = os.fspath(root)
         self.namespace = namespace
         self.folder = os.path.join(self.root, namespace[:16])
         self.max_bytes = max_bytes
         self.block_nbytes = block_nbytes
         self.num_groups = num_groups
+        self.snapshot_nbytes = snapshot_nbytes
         self.writable = True
         self._warn = warn or logger.warning
         self._lock = threading.Lock()
@@ -204,8 +215,9 @@ class DiskStore:
     def read(self, key: bytes, parent: bytes, position: int,
              tokens: Sequence[int]) -> tuple[BlockHeader, list[memoryview | None]] | None:
         """The block of ``key`` (whose parent, position and tokens the caller knows), verified:
-        its header and, per group, its bytes (None: not kept); None when there is no file or
-        it fails a check (then it is removed and counted in ``invalid_files``)."""
+        its header and, per group, its bytes, then the snapshot's ``snapshot_nbytes`` (None:
+        not kept); None when there is no file or it fails a check (then it is removed and
+        counted in ``invalid_files``)."""
         path = self.path(key)
         start = time.perf_counter()
         try:
@@ -227,6 +239,7 @@ class DiskStore:
         with self._lock:
             s = self._stats
             s.blocks_read += 1
+            s.snapshots_read += parsed[0].snapshot
             s.bytes_read += len(data)
             s.read_s += time.perf_counter() - start
         return parsed
@@ -245,37 +258,72 @@ class DiskStore:
             h = json.loads(body[at:at + n])
         except ValueError:
             return None
-        if not isinstance(h, dict):
-            return None
-        groups = h.get("groups")
-        if (h.get("version") != FORMAT_VERSION or h.get("namespace") != self.namespace
-                or h.get("key") != key.hex() or h.get("parent") != parent.hex()
-                or h.get("position") != position or h.get("tokens") != list(tokens)
-                or h.get("block_nbytes") != self.block_nbytes
-                or not isinstance(groups, list) or len(groups) != self.num_groups):
+        header = self._check(h, key, parent, position, tokens)
+        if header is None:
             return None
         payload = memoryview(body)[at + n:]
-        if len(payload) != sum(map(bool, groups)) * self.block_nbytes:
+        if len(payload) != self._payload_nbytes(header):
             return None
         parts: list[memoryview | None] = []
         off = 0
-        for present in groups:
+        for present in header.groups:
             if present:
                 parts.append(payload[off:off + self.block_nbytes])
                 off += self.block_nbytes
             else:
                 parts.append(None)
-        header = BlockHeader(key, parent, position, tuple(tokens), tuple(map(bool, groups)))
+        parts.append(payload[off:] if header.snapshot else None)
         return header, parts
+
+    def _check(self, h, key: bytes, parent: bytes, position: int,
+               tokens: Sequence[int]) -> BlockHeader | None:
+        """A file's header ``h`` (parsed JSON) as a :class:`BlockHeader` if it is this
+        namespace's block of ``key`` at ``position`` after ``parent`` with ``tokens``."""
+        if not isinstance(h, dict):
+            return None
+        groups, snapshot = h.get("groups"), h.get("snapshot", 0)
+        if (h.get("version") != FORMAT_VERSION or h.get("namespace") != self.namespace
+                or h.get("key") != key.hex() or h.get("parent") != parent.hex()
+                or h.get("position") != position or h.get("tokens") != list(tokens)
+                or h.get("block_nbytes") != self.block_nbytes
+                or not isinstance(groups, list) or len(groups) != self.num_groups
+                or snapshot not in (0, 1) or (snapshot and (
+                    not self.snapshot_nbytes
+                    or h.get("snapshot_nbytes") != self.snapshot_nbytes))):
+            return None
+        return BlockHeader(key, parent, position, tuple(tokens), tuple(map(bool, groups)),
+                           bool(snapshot))
+
+    def _payload_nbytes(self, header: BlockHeader) -> int:
+        return (sum(header.groups) * self.block_nbytes
+                + (self.snapshot_nbytes if header.snapshot else 0))
+
+    def peek(self, key: bytes, parent: bytes, position: int,
+             tokens: Sequence[int]) -> BlockHeader | None:
+        """The header of ``key``'s file if it names this block (its payload and digest not
+        read or verified: :meth:`read` does), else None; nothing is removed."""
+        try:
+            with open(self.path(key), "rb") as f:
+                head = f.read(len(MAGIC) + _LEN.size)
+                if len(head) < len(MAGIC) + _LEN.size or not head.startswith(MAGIC):
+                    return None
+                (n,) = _LEN.unpack_from(head, len(MAGIC))
+                h = json.loads(f.read(n))
+        except (OSError, ValueError):
+            return None
+        return self._check(h, key, parent, position, tokens)
 
     # ------------------------------------------------------------------ writing
 
     def put(self, header: BlockHeader, payload: bytes) -> None:
         """Write the block of ``header`` (``payload``: its present groups' bytes, in group
-        order), in the background; nothing once writing failed."""
+        order, then, with ``header.snapshot``, the snapshot's pool blocks, of which the first
+        ``snapshot_nbytes`` are kept), in the background; nothing once writing failed."""
         if not self.writable:
             return
-        assert len(payload) == sum(header.groups) * self.block_nbytes, header
+        n = self._payload_nbytes(header)
+        assert len(payload) == n or header.snapshot and len(payload) > n, (header, len(payload))
+        payload = memoryview(payload)[:n]
         if self._queue is None:
             self._write(_Write(header, payload))
         else:
@@ -311,6 +359,7 @@ class DiskStore:
             "version": FORMAT_VERSION, "namespace": self.namespace, "key": h.key.hex(),
             "parent": h.parent.hex(), "position": h.position, "tokens": list(h.tokens),
             "groups": [int(g) for g in h.groups], "block_nbytes": self.block_nbytes,
+            **({"snapshot": 1, "snapshot_nbytes": self.snapshot_nbytes} if h.snapshot else {}),
         }, separators=(",", ":")).encode()
         body = b"".join((MAGIC, _LEN.pack(len(header)), header, item.payload))
         data = body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
@@ -323,6 +372,7 @@ class DiskStore:
             return
         with self._lock:
             self._stats.blocks_written += 1
+            self._stats.snapshots_written += h.snapshot
             self._stats.bytes_written += len(data)
             self._bytes += len(data)
             self._files += 1

@@ -81,7 +81,7 @@ class KVCacheManager:
 
     def attach_disk(self, store: DiskStore) -> bool:
         """Put the disk tier ``store`` under the radix tree (:mod:`mlxpa.core.kv_disk`);
-        returns False (no tier) without prefix caching or for a recurrent model."""
+        returns False (no tier) without prefix caching or for a model without K/V."""
         if self.tree is None or not supports_disk_tier(self.layout):
             return False
         self.disk = DiskTier(store, self.tree, self.pool, self.layout)

@@ -6,33 +6,39 @@ layer under its radix tree; vLLM's KV offloading). The files are :mod:`mlxpa.cor
 
 **Written**: a block position that a prefix hit covered (some request read it from the tree:
 it was worth keeping, a unique prompt's blocks are not) when it leaves memory (the tree
-evicts it, or drops one of its sliding-window blocks), and, at the end of a run or a server's
-life, every such position still in memory (:meth:`DiskTier.write_back`). A position's file
-holds its full-attention blocks and, of each sliding-window group, the block if the tree
-still has it and it lies in the window before the end of its node (where hits end: a hit of
-``L`` tokens needs the window before ``L`` only). The scheduler queues ``(header, blocks)``
-saves in ``SchedulerOutput.kv_saves``; the runner reads their bytes before the step's
-forward (so a block the step reuses is read first) and the store writes them on a thread.
+evicts it, drops one of its sliding-window blocks, or drops the recurrent snapshot at its
+end), and, at the end of a run or a server's life, every such position still in memory
+(:meth:`DiskTier.write_back`). A position's file holds its full-attention blocks, of each
+sliding-window group the block if the tree still has it and it lies in the window before the
+end of its node (where hits end: a hit of ``L`` tokens needs the window before ``L`` only),
+and, for a model with recurrent layers, the snapshot the tree keeps after the position's last
+token, if any (a recurrent hit ends only at a snapshot). The scheduler queues ``(header,
+blocks)`` saves in ``SchedulerOutput.kv_saves``; the runner reads their bytes before the
+step's forward (so a block the step reuses is read first) and the store writes them on a
+thread. A file is written again only when the tree holds more of the position than it does
+(a window block, a snapshot) and nothing less.
 
 **Read back**: after the tree's match (``m`` blocks), the chain continues over the next full
 blocks; each file found is read and verified (:meth:`DiskStore.read`), the hit ends at the
 deepest usable position (every full-attention block; each sliding group's window before the
-end, from the files or the tree; the same rule as the tree's tombstones), fresh blocks are
-allocated (evicting the tree's LRU blocks if needed; never a running request's), the bytes
-go to the runner in ``SchedulerOutput.kv_loads`` (written before the forward), and the blocks
-join the tree, so the request's hit includes them. Reading is chosen while it is faster than
-computing: the tier keeps the measured milliseconds of reading a block and the engine those
-of computing one (:attr:`DiskTier.recompute_ms_per_block`), and reads while the first is at
-most the second (or either is unknown).
+end, from the files or the tree; for a recurrent model, a snapshot there, from the file or
+the tree: the tree's rules), fresh blocks are allocated (a snapshot's too; evicting the
+tree's LRU blocks if needed; never a running request's), the bytes go to the runner in
+``SchedulerOutput.kv_loads`` (written before the forward; a snapshot's then restored into
+the request's recurrent state from its blocks, as a memory hit's is), and the blocks and the
+snapshot join the tree, so the request's hit includes them. Reading is chosen while it is
+faster than computing: the tier keeps the measured milliseconds of reading a block and the
+engine those of computing one (:attr:`DiskTier.recompute_ms_per_block`), and reads while the
+first is at most the second (or either is unknown).
 
-A model with recurrent layers has no disk tier (its hits need snapshots, which the files do
-not hold): :func:`supports_disk_tier`.
+A model without K/V (a state-space model alone: its positions have no blocks to chain) has
+no disk tier: :func:`supports_disk_tier`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
@@ -65,8 +71,56 @@ class KVLoad(NamedTuple):
 
 
 def supports_disk_tier(layout: KVCacheLayout) -> bool:
-    """Whether the disk tier serves this layout: K/V groups and no recurrent state."""
-    return bool(layout.groups) and not layout.recurrent
+    """Whether the disk tier serves this layout: it has K/V groups (recurrent snapshots or
+    not)."""
+    return bool(layout.groups)
+
+
+def usable_ends(windows: Sequence[int | None], block_size: int, recurrent: bool, m: int,
+                headers: Sequence[BlockHeader], tree_snapshots: set[int] = frozenset()
+                ) -> Iterator[tuple[int, list[set[int]], bool]]:
+    """The ends (blocks) a hit may have over the files ``headers`` of positions ``m ..``,
+    deepest first: every full-attention group present up to it, each sliding group's window
+    before it present (from ``m`` on; the tree holds it before), and, ``recurrent``, a
+    snapshot there (in ``tree_snapshots``, or in the file of the block before it); with the
+    positions to load per group and whether that file's snapshot is loaded."""
+    full = [g for g, w in enumerate(windows) if w is None]
+    sliding = [g for g, w in enumerate(windows) if w is not None]
+    top = m
+    while top - m < len(headers) and all(headers[top - m].groups[g] for g in full):
+        top += 1
+    for end in range(top, m, -1):
+        snapshot = recurrent and end not in tree_snapshots
+        if snapshot and not headers[end - 1 - m].snapshot:
+            continue
+        need = [set(range(m, end)) if w is None else
+                set(range(max(m, max(0, end * block_size - w + 1) // block_size), end))
+                for w in windows]
+        if any(not headers[p - m].groups[g] for g in sliding for p in need[g]):
+            continue
+        yield end, need, snapshot
+
+
+def disk_prefix_end(store: DiskStore, layout: KVCacheLayout, tokens: Sequence[int],
+                    cache_salt: str | None = None, start: int = 0) -> int:
+    """The end (blocks) of the hit the disk tier would give ``tokens`` (capped as a lookup
+    caps them) after ``start`` blocks from memory: the chain continued over the consecutive
+    files that name their block (headers peeked, not verified) to the deepest usable end
+    (:func:`usable_ends`; ``start`` when none). ``mlxpa plan``'s count; the pool's room and
+    the tier's read-or-compute choice are not modelled."""
+    bs = layout.block_size
+    n = len(tokens) // bs
+    root = chain_root(store.namespace, cache_salt)
+    keys = chain_keys(root, tokens[:n * bs], bs)
+    headers = []
+    for p in range(start, n):
+        header = store.peek(keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs])
+        if header is None:
+            break
+        headers.append(header)
+    for end, _, _ in usable_ends(layout.windows, bs, bool(layout.recurrent), start, headers):
+        return end
+    return start
 
 
 class DiskTier:
@@ -76,7 +130,9 @@ class DiskTier:
         store: The files.
         tree: The radix tree (its evictions call :meth:`on_evict`).
         pool: The block pool.
-        layout: The KV cache groups (:func:`supports_disk_tier` must hold).
+        layout: The KV cache groups and recurrent snapshots (:func:`supports_disk_tier`
+            must hold); ``store.snapshot_nbytes`` is a snapshot's state bytes, at most its
+            ``snapshot_blocks`` blocks.
 
     Attributes:
         disk_hit_tokens: Prompt tokens of admitted requests' hits read from disk, since
@@ -94,11 +150,13 @@ class DiskTier:
         self.windows = layout.windows
         self.full = [g for g, w in enumerate(self.windows) if w is None]
         self.sliding = [g for g, w in enumerate(self.windows) if w is not None]
+        self.recurrent = bool(layout.recurrent)
+        self.snapshot_blocks = layout.snapshot_blocks
         self._roots: dict[str | None, bytes] = {}
         self._chains: dict[int, list[bytes]] = {}  # by request key: keys of its blocks
         self._memo: dict[tuple[int, int], list[bytes]] = {}  # (node_id, start) -> keys
         self._hit: dict[bytes, None] = {}  # keys of blocks a hit covered (ordered set)
-        self._known: dict[bytes, tuple[bool, ...]] = {}  # on disk: its groups
+        self._known: dict[bytes, tuple[bool, ...]] = {}  # on disk: its groups, snapshot
         self._saves: list[KVSave] = []
         self._loads: list[KVLoad] = []
         self._loading: set[int] = set()  # blocks whose load is queued, not yet run
@@ -167,9 +225,9 @@ class DiskTier:
     # ------------------------------------------------------------------ writing
 
     def on_evict(self, node: RadixNode, index: int) -> None:
-        """The tree is about to drop blocks of ``node`` at ``index`` (some group's, or the
-        whole position): queue a save of the position if a hit covered it and the disk
-        lacks what the tree holds there."""
+        """The tree is about to drop blocks of ``node`` at ``index`` (some group's, the whole
+        position, or the snapshot at the node's end): queue a save of the position if a hit
+        covered it and the disk lacks what the tree holds there."""
         keys = self._node_keys(node)
         key = keys[index]
         if key not in self._hit:
@@ -180,17 +238,23 @@ class DiskTier:
             present[g] = present[g] and pos >= self._first(g, end)
         if not all(present[g] for g in self.full):
             return
+        snapshot = (self.recurrent and index == self.tree._size(node) - 1
+                    and bool(node.snapshot))
         blocks = [node.value[g][index] for g, p in enumerate(present) if p]
+        if snapshot:
+            blocks += node.snapshot
         if self._loading.intersection(blocks):
             return  # its bytes arrive with this step's loads: on disk already
-        known = self._on_disk(key)
-        if known is not None and all(k or not p for k, p in zip(known, present)):
-            return
         parent = keys[index - 1] if index else self._parent_key(node)
         tokens = tuple(node.key[index * self.bs:(index + 1) * self.bs])
-        self._saves.append(KVSave(BlockHeader(key, parent, pos, tokens, tuple(present)),
-                                  blocks))
-        self._remember(key, tuple(present))
+        have = (*present, snapshot)
+        known = self._on_disk(key, parent, pos, tokens)
+        if known is not None and (all(k or not h for k, h in zip(known, have))
+                                  or not all(h or not k for k, h in zip(known, have))):
+            return  # the file holds all of it, or something the tree no longer has
+        self._saves.append(KVSave(BlockHeader(key, parent, pos, tokens, tuple(present),
+                                              snapshot), blocks))
+        self._remember(key, have)
 
     def _parent_key(self, node: RadixNode) -> bytes:
         parent = node.parent
@@ -198,15 +262,16 @@ class DiskTier:
             return self._root(getattr(parent, "cache_salt", None))
         return self._node_keys(parent)[self.tree._size(parent) - 1]
 
-    def _on_disk(self, key: bytes) -> tuple[bool, ...] | None:
-        """The groups the disk holds for ``key`` as far as this process knows, or all
-        groups when another process wrote it (not read here); None: no file."""
+    def _on_disk(self, key: bytes, parent: bytes, position: int,
+                 tokens: Sequence[int]) -> tuple[bool, ...] | None:
+        """The groups, then whether a snapshot, the disk holds for ``key``, as far as this
+        process knows or the file's header says (another process wrote it); None: no
+        file, or not one of this block."""
         known = self._known.get(key)
         if known is not None:
             return known
-        if self.store.contains(key):
-            return (True,) * len(self.windows)
-        return None
+        header = self.store.peek(key, parent, position, tokens)
+        return None if header is None else (*header.groups, header.snapshot)
 
     def _remember(self, key: bytes, groups: tuple[bool, ...]) -> None:
         if len(self._known) >= _MAX_KNOWN:
@@ -230,6 +295,10 @@ class DiskTier:
         """``match`` (the tree's hit of ``tokens``) continued with the blocks on disk, when
         reading them pays; their loads are queued and they join the tree.
 
+        The positions after the hit that the tree holds in every group (a recurrent model's
+        blocks whose snapshot was dropped, or never taken there) are used from the tree; the
+        files are read from the first position it lacks.
+
         Args:
             req: The request looked up (its ``cache_salt`` roots the chain).
             tokens: Its tokens as matched (capped so the last prompt token is computed).
@@ -242,92 +311,145 @@ class DiskTier:
         n = len(tokens) // bs
         if m >= n or not self._reading_pays():
             return match
+        kept, snapshots = self._tree_path(tokens, req.cache_salt, m)
+        skip = m + len(kept[0])  # the tree holds positions m .. skip - 1 in every group
         held = [b for ids in match.block_ids for b in ids if b != NULL_BLOCK]
+        held += (match.snapshot or []) + [b for ids in kept for b in ids]
         room = self.pool.num_free_blocks + self.tree.evictable_blocks - len(held)
         keys = self._keys(req, tokens)
         root = self._root(req.cache_salt)
         found = []
         start = time.perf_counter()
-        for p in range(m, n):
-            if (p - m + 1) * len(self.full) > room:
+        for p in range(skip, n):
+            if (p - skip + 1) * len(self.full) > room:
                 break
             got = self.store.read(keys[p], keys[p - 1] if p else root, p,
                                   tokens[p * bs:(p + 1) * bs])
             if got is None:
                 break
             found.append(got)
-            self._remember(keys[p], got[0].groups)
-        if not found:
+            self._remember(keys[p], (*got[0].groups, got[0].snapshot))
+        if found:
+            ms = (time.perf_counter() - start) * 1e3 / len(found)
+            self.read_ms_per_block = ms if self.read_ms_per_block is None else (
+                0.8 * self.read_ms_per_block + 0.2 * ms)
+        end, need, snapshot = self._usable_end(skip, found, room, len(tokens), snapshots)
+        state = found[end - 1 - skip][1][len(self.windows)] if snapshot else None
+        if end == skip and skip > m and self.recurrent:
+            end, state = self._snapshot_within(req, tokens, m, skip, room, snapshots)
+            need = [set() for _ in self.windows]
+        if end == m or end == skip and state is None:
             return match
-        ms = (time.perf_counter() - start) * 1e3 / len(found)
-        self.read_ms_per_block = ms if self.read_ms_per_block is None else (
-            0.8 * self.read_ms_per_block + 0.2 * ms)
-        end, need = self._usable_end(m, found, room, len(tokens))
-        if end == m:
-            return match
-        ids = self._allocate(match, need)
+        node = (self.tree.node_for(tokens[:min(end, skip) * bs], req.cache_salt) if skip > m
+                else match.last_node)
+        ids = self._allocate(node, held, need, state is not None)
         if ids is None:
             return match
         flat, parts = [], []
-        table = [list(match.block_ids[g][:m]) for g in range(len(self.windows))]
-        for g, positions in enumerate(need):
-            got = iter(ids[g])
-            for p in range(m, end):
-                if p in positions:
-                    b = next(got)
-                    table[g].append(b)
-                    flat.append(b)
-                    parts.append(found[p - m][1][g])
-                else:
-                    table[g].append(NULL_BLOCK)
+        if end > skip:
+            table = [list(match.block_ids[g][:m]) + kept[g] for g in range(len(self.windows))]
+            for g, positions in enumerate(need):
+                got = iter(ids[g])
+                for p in range(skip, end):
+                    if p in positions:
+                        b = next(got)
+                        table[g].append(b)
+                        flat.append(b)
+                        parts.append(found[p - skip][1][g])
+                    else:
+                        table[g].append(NULL_BLOCK)
+            self.tree.insert(tokens[:end * bs], table, skip, cache_salt=req.cache_salt)
+            self.pool.free(reversed(flat))  # the tree holds what it took
+            self.tree.release(flat)
+        if state is not None:  # the tree takes the blocks' reference
+            blocks = ids[len(self.windows)]
+            if self.tree.attach_snapshot(tokens[:end * bs], blocks, req.cache_salt):
+                flat += blocks
+                parts += [state, bytes(len(blocks) * self.store.block_nbytes - len(state))]
+            else:
+                self.pool.free(blocks)
         self._loads.append(KVLoad(flat, b"".join(parts)))
         self._loading.update(flat)
-        self.tree.insert(tokens[:end * bs], table, m, cache_salt=req.cache_salt)
-        self.pool.free(reversed(flat))  # the tree holds what it took
-        self.tree.release(flat)
         hit = self.tree.match_prefix(tokens, req.cache_salt)
-        self._pending[req.key] = max(0, min(end * bs, hit.num_tokens) - m * bs)
+        # the tokens whose blocks came from disk (a snapshot alone adds none)
+        self._pending[req.key] = max(0, min(end * bs, hit.num_tokens) - skip * bs)
         return hit
+
+    def _snapshot_within(self, req: Request, tokens: Sequence[int], m: int, skip: int,
+                         room: int, tree_snapshots: set[int]) -> tuple[int, memoryview | None]:
+        """A recurrent hit over positions the tree holds (``m .. skip - 1``) without the
+        snapshot at their end: the deepest end with one in a file (its header peeked, then
+        read and verified), and its state; ``(m, None)`` when there is none."""
+        bs, keys, root = self.bs, self._keys(req, tokens), self._root(req.cache_salt)
+        for end in range(skip, m, -1):
+            rest = len(self.windows) * (-(-(len(tokens) + 1 - end * bs) // bs))
+            if end in tree_snapshots or self.snapshot_blocks + rest > room:
+                continue
+            p = end - 1
+            where = (keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs])
+            header = self.store.peek(*where)
+            if header is None or not header.snapshot:
+                continue
+            got = self.store.read(*where)
+            if got is not None and got[0].snapshot:
+                self._remember(keys[p], (*got[0].groups, True))
+                return end, got[1][len(self.windows)]
+        return m, None
 
     def _reading_pays(self) -> bool:
         read, compute = self.read_ms_per_block, self.recompute_ms_per_block
         return read is None or compute is None or read <= compute
 
-    def _usable_end(self, m: int, found: list, room: int,
-                    num_tokens: int) -> tuple[int, list[set[int]]]:
-        """The deepest end (blocks) of a hit over the positions ``found`` after ``m``: every
-        full group present up to it, each sliding group's window before it present (on disk
-        after ``m``; the tree holds it before), its blocks and the request's next ones within
-        ``room``; with the positions to load per group."""
-        top = m
-        while top - m < len(found) and all(found[top - m][0].groups[g] for g in self.full):
-            top += 1
-        for end in range(top, m, -1):
-            need = [set(range(m, end)) if g in self.full else
-                    set(range(max(m, self._first(g, end)), end)) for g in
-                    range(len(self.windows))]
-            if any(not found[p - m][0].groups[g] for g in self.sliding for p in need[g]):
-                continue
-            rest = len(self.windows) * (-(-(num_tokens + 1 - end * self.bs) // self.bs))
-            if sum(map(len, need)) + rest <= room:
-                return end, need
-        return m, []
+    def _tree_path(self, tokens: Sequence[int], salt: str | None,
+                   m: int) -> tuple[list[list[int]], set[int]]:
+        """Along ``tokens``' path in the tree: per group, the blocks of the positions from
+        ``m`` on that it holds in every group (up to the first it lacks in one), and the ends
+        (blocks) where it keeps a recurrent snapshot."""
+        tree = self.tree
+        kept: list[list[int]] = [[] for _ in self.windows]
+        snapshots: set[int] = set()
+        whole = True
+        for c, k in tree._walk(tokens, tree.root_of(salt)):
+            if self.recurrent and k == tree._size(c) and c.snapshot:
+                snapshots.add(c.start + k)
+            for i in range(max(0, m - c.start), k):
+                whole = whole and all(v[i] != NULL_BLOCK for v in c.value)
+                if whole:
+                    for g, v in enumerate(c.value):
+                        kept[g].append(v[i])
+        return kept, snapshots
 
-    def _allocate(self, match: PrefixMatch, need: list[set[int]]) -> list[list[int]] | None:
-        """Blocks per group for ``need`` (evicting the tree's LRU blocks, ``match``'s kept),
-        or None when the pool lacks them."""
-        node = match.last_node
-        held = [b for ids in match.block_ids for b in ids if b != NULL_BLOCK]
+    def _usable_end(self, m: int, found: list, room: int, num_tokens: int,
+                    tree_snapshots: set[int]) -> tuple[int, list[set[int]], bool]:
+        """The deepest end (blocks) of a hit over the positions ``found`` after ``m``
+        (:func:`usable_ends`) whose blocks and the request's next ones fit ``room``; with the
+        positions to load per group and whether the file's snapshot is loaded (``m`` and
+        nothing: no such end)."""
+        for end, need, snapshot in usable_ends(self.windows, self.bs, self.recurrent, m,
+                                               [f[0] for f in found], tree_snapshots):
+            rest = len(self.windows) * (-(-(num_tokens + 1 - end * self.bs) // self.bs))
+            if sum(map(len, need)) + rest + snapshot * self.snapshot_blocks <= room:
+                return end, need, snapshot
+        return m, [], False
+
+    def _allocate(self, node: RadixNode | None, held: list[int], need: list[set[int]],
+                  snapshot: bool) -> list[list[int]] | None:
+        """Blocks per group for ``need``, then a snapshot's (none unless ``snapshot``),
+        evicting the tree's LRU blocks but ``held`` (the hit's and the tree's positions it
+        continues; ``node`` ends them: locked meanwhile), or None when the pool lacks
+        them."""
         if node is not None:
             self.tree.lock(node)
         self.pool.incref(held)
         self.tree.acquire(held)
-        total = sum(map(len, need))
+        sizes = [len(positions) for positions in need]
+        sizes.append(self.snapshot_blocks if snapshot else 0)
+        total = sum(sizes)
         if total > self.pool.num_free_blocks:
             self.tree.evict(total - self.pool.num_free_blocks)
         ids = None
         if total <= self.pool.num_free_blocks:
-            ids = [self.pool.allocate(len(positions), g) for g, positions in enumerate(need)]
+            ids = [self.pool.allocate(n, g) for g, n in enumerate(sizes)]
         self.pool.free(reversed(held))
         self.tree.release(held)
         if node is not None:
@@ -372,4 +494,5 @@ class DiskTier:
         self.recompute_ms_per_block = ms if old is None else 0.8 * old + 0.2 * ms
 
 
-__all__ = ["DiskTier", "KVLoad", "KVSave", "supports_disk_tier"]
+__all__ = ["DiskTier", "KVLoad", "KVSave", "disk_prefix_end", "supports_disk_tier",
+           "usable_ends"]

@@ -126,8 +126,9 @@ class RadixCache:
         self.windows = tuple(windows)
         self.recurrent = recurrent
         self._sliding = [g for g, w in enumerate(self.windows) if w is not None]
-        # Called with (node, index) before blocks of the node at that index leave (a disk
-        # tier saves what is worth keeping: mlxpa.core.kv_disk).
+        # Called with (node, index) before blocks of the node at that index leave, or its
+        # snapshot (index: the node's last) (a disk tier saves what is worth keeping:
+        # mlxpa.core.kv_disk).
         self.on_evict: Callable[[RadixNode, int], None] | None = None
         self._clear()
 
@@ -557,6 +558,8 @@ class RadixCache:
         return 1
 
     def _drop_snapshot(self, node: RadixNode) -> int:
+        if self.on_evict is not None and node.snapshot:
+            self.on_evict(node, self._size(node) - 1)
         blocks, node.snapshot = node.snapshot or [], None
         self._forget(node, _SNAPSHOT, blocks)
         return len(blocks)

@@ -34,33 +34,57 @@ def kv_cache_folder(value: str) -> Path:
 
 def disk_identity(config: EngineConfig, runner, model, tokenizer,
                   model_folder: str | Path | None) -> dict:
-    """What the namespace hashes (see the module docstring); the folder's fingerprint is
-    cheap, a model object's weights are hashed (O(weights))."""
-    from mlxpa.loader.identity import folder_fingerprint
-    from mlxpa.worker.identity import (
-        runtime_identity,
-        tokenizer_fingerprint,
-        weights_fingerprint,
-    )
+    """What the namespace hashes (see the module docstring) for ``runner``'s storage; the
+    folder's fingerprint is cheap, a model object's weights are hashed (O(weights))."""
+    from mlxpa.worker.identity import tokenizer_fingerprint, weights_fingerprint
 
-    layout = runner.kv_cache_layout
     if model_folder is not None:
-        model_id = {"folder": folder_fingerprint(model_folder), "name": Path(model_folder).name}
-        adapter = (folder_fingerprint(config.adapter_path) if config.adapter_path else None)
+        model_id = folder_identity(model_folder)
         tok = None  # the folder's files
     else:
         model_id = {"weights": weights_fingerprint(model), "name": type(model).__module__}
-        adapter = None  # applied: in the weights
         tok = tokenizer_fingerprint(tokenizer)
-    return {
-        "format": FORMAT_VERSION, "model": model_id, "adapter": adapter, "tokenizer": tok,
-        "dtype": str(runner.dtype), "kv_cache_dtype": config.kv_cache_dtype,
+    return storage_identity(config, model_id, tok, str(runner.dtype),
+                            runner.kv_storage, model_folder is not None)
+
+
+def folder_identity(folder: str | Path) -> dict:
+    """The model's part of the identity of a model loaded from ``folder`` (its files'
+    fingerprint, no weight read).
+
+    Raises:
+        OSError: The folder cannot be listed.
+    """
+    from mlxpa.loader.identity import folder_fingerprint
+
+    return {"folder": folder_fingerprint(folder), "name": Path(folder).name}
+
+
+def storage_identity(config: EngineConfig, model_id: dict, tokenizer: str | None, dtype: str,
+                     storage, from_folder: bool = True) -> dict:
+    """The namespace's identity from its parts: the model's (``model_id``), the tokenizer's
+    fingerprint (None: the model folder's files), the compute ``dtype``'s name, and the KV
+    storage (:class:`~mlxpa.worker.kv_storage.KVStorage`: groups, slots, block bytes, a
+    snapshot's bytes); the adapter counts when the model came from a folder (applied into a
+    model object's weights otherwise)."""
+    from mlxpa.loader.identity import folder_fingerprint
+    from mlxpa.worker.identity import runtime_identity
+
+    layout = storage.layout
+    adapter = (folder_fingerprint(config.adapter_path)
+               if from_folder and config.adapter_path else None)
+    identity = {
+        "format": FORMAT_VERSION, "model": model_id, "adapter": adapter, "tokenizer": tokenizer,
+        "dtype": dtype, "kv_cache_dtype": config.kv_cache_dtype,
         "kv_group_size": config.kv_group_size, "block_size": config.block_size,
         "groups": [[g.sliding_window, list(g.entries)] for g in layout.groups],
-        "num_slots": layout.num_slots, "block_nbytes": runner.block_bytes,
+        "num_slots": layout.num_slots, "block_nbytes": storage.block_bytes(config.block_size),
         "attention_backend": config.attention_backend, "fused_cpu_ops": config.fused_cpu_ops,
         **runtime_identity(),
     }
+    if layout.recurrent:  # absent otherwise: the namespaces of models without are unchanged
+        identity["recurrent"] = [list(layout.recurrent), storage.snapshot_bytes]
+    return identity
 
 
 def open_disk_store(config: EngineConfig, runner, model, tokenizer,
@@ -74,10 +98,31 @@ def open_disk_store(config: EngineConfig, runner, model, tokenizer,
     try:
         return DiskStore(folder, namespace_key(identity), identity,
                          int(config.kv_cache_disk_gb * 2**30), runner.block_bytes,
-                         len(runner.kv_cache_layout.groups), warn=_warn_once)
+                         len(runner.kv_cache_layout.groups), warn=_warn_once,
+                         snapshot_nbytes=runner.kv_storage.snapshot_bytes)
     except OSError as e:
         _warn_once(f"the KV disk cache is off: {folder}: {e.strerror or e}")
         return None
+
+
+def existing_disk_store(config: EngineConfig, model_folder: str | Path, dtype: str,
+                        storage) -> DiskStore | None:
+    """The store a run of ``config`` (the model loaded from ``model_folder``, computing in
+    ``dtype``, its KV in ``storage``) would open under ``config.kv_cache_dir``, if that
+    namespace's folder exists (None otherwise; nothing is created): ``mlxpa plan``'s view of
+    the disk tier, identified as :func:`disk_identity` identifies a run's.
+
+    Raises:
+        OSError: The model folder or the cache folder cannot be read.
+    """
+    folder = kv_cache_folder(config.kv_cache_dir)
+    identity = storage_identity(config, folder_identity(model_folder), None, dtype, storage)
+    namespace = namespace_key(identity)
+    if not (folder / namespace[:16]).is_dir():
+        return None
+    return DiskStore(folder, namespace, identity, int(config.kv_cache_disk_gb * 2**30),
+                     storage.block_bytes(config.block_size), len(storage.layout.groups),
+                     background=False, snapshot_nbytes=storage.snapshot_bytes)
 
 
 def _warn_once(message: str) -> None:

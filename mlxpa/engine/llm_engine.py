@@ -111,8 +111,7 @@ class LLMEngine:
                 self.disk_store):
             logging.getLogger("mlxpa").info(
                 "KV disk cache: off for this model (%s)", "no prefix caching"
-                if not self.config.enable_prefix_caching else "its recurrent layers resume "
-                "from snapshots, which the disk tier does not hold")
+                if not self.config.enable_prefix_caching else "it has no K/V blocks")
         self.scheduler = Scheduler(self.config, self.kv_cache_manager,
                                    self.runner.max_model_len,
                                    frozenset(self.tokenizer.eos_token_ids))

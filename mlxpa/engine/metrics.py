@@ -84,6 +84,8 @@ class Counters:
         disk_cached_prompt_tokens: Of ``cached_prompt_tokens``, those read back from disk.
         disk_blocks_read, disk_bytes_read: Block positions (files) read and verified, bytes.
         disk_blocks_written, disk_bytes_written: Block positions written, bytes.
+        disk_snapshots_read, disk_snapshots_written: Of those positions, files holding a
+            recurrent snapshot (hybrid and state-space models).
         disk_invalid_files: Files skipped as invalid (removed; their tokens computed).
         disk_files_removed: Files removed to keep the folder within its bound.
         disk_files, disk_bytes: Files and bytes in the folder now (gauges).
@@ -118,6 +120,8 @@ class Counters:
     disk_bytes_read: int = 0
     disk_blocks_written: int = 0
     disk_bytes_written: int = 0
+    disk_snapshots_read: int = 0
+    disk_snapshots_written: int = 0
     disk_invalid_files: int = 0
     disk_files_removed: int = 0
     disk_files: int = 0
@@ -223,8 +227,8 @@ def summarize(c: Counters, now: float | None = None) -> Stats:
         disk_cached_prompt_tokens=c.disk_cached_prompt_tokens, kv_disk=_kv_disk(c))
 
 
-_DISK_KEYS = ("blocks_read", "bytes_read", "blocks_written", "bytes_written", "invalid_files",
-              "files_removed", "files", "bytes")
+_DISK_KEYS = ("blocks_read", "bytes_read", "blocks_written", "bytes_written", "snapshots_read",
+              "snapshots_written", "invalid_files", "files_removed", "files", "bytes")
 
 
 def _kv_disk(c: Counters) -> dict | None:

@@ -125,8 +125,10 @@ def summary_table(stats: Stats, kv_blocks_total: int | None = None,
     ]
     if stats.kv_disk is not None:
         d = stats.kv_disk
+        snaps = (f", {d['snapshots_read']} / {d['snapshots_written']} with a recurrent "
+                 f"snapshot" if d["snapshots_read"] or d["snapshots_written"] else "")
         rows.append(("KV disk cache", f"read {d['blocks_read']} blocks ({_mib(d['bytes_read'])}"
-                     f"), wrote {d['blocks_written']} ({_mib(d['bytes_written'])}); "
+                     f"), wrote {d['blocks_written']} ({_mib(d['bytes_written'])}){snaps}; "
                      f"{d['files']} files ({_mib(d['bytes'])}) on disk"
                      + (f"; {d['invalid_files']} invalid files skipped"
                         if d["invalid_files"] else "")))

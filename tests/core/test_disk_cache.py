@@ -220,3 +220,28 @@ def test_summarize_and_clear(tmp_path):
     assert clear_folder(tmp_path, b.namespace[:16])[0] == 2
     assert [s.model for s in summarize_folder(tmp_path)] == ["model-a"]
     assert clear_folder(tmp_path)[0] == 1 and summarize_folder(tmp_path) == []
+
+
+def test_a_snapshot_is_kept_without_its_padding_and_verified(tmp_path):
+    """A position's file with the recurrent snapshot after it: the snapshot's state bytes
+    only (its pool blocks' padding dropped), read back exactly; its header peeked without a
+    read; a store whose snapshots differ in size, or a truncated file, never uses it."""
+    s = DiskStore(tmp_path, namespace_key({"n": "h"}), {}, 1 << 30, NB, 2, background=False,
+                  snapshot_nbytes=10)
+    h = header(s)._replace(snapshot=True)
+    state = bytes(range(10))
+    s.put(h, payload() + state + bytes(2 * NB - 10))  # the snapshot's 2 pool blocks
+    (f,) = list_files(tmp_path)
+    assert s.peek(h.key, h.parent, h.position, h.tokens) == h
+    head, parts = read(s, h)
+    assert head == h and bytes(parts[0]) == bytes(parts[1]) == payload((True,))
+    assert bytes(parts[2]) == state
+    assert s.take_stats().snapshots_written == 1
+    other = DiskStore(tmp_path, s.namespace, {}, 1 << 30, NB, 2, background=False,
+                      snapshot_nbytes=12)
+    assert other.peek(h.key, h.parent, h.position, h.tokens) is None
+    assert read(other, h) is None and not os.path.exists(f.path)  # removed
+    s.put(h, payload() + state)
+    with open(f.path, "r+b") as fh:
+        fh.truncate(f.nbytes - 1)
+    assert read(s, h) is None and s.take_stats().invalid_files == 1

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
-from mlxpa.core.disk_cache import DiskStore, namespace_key
+from mlxpa.core.disk_cache import DiskStore, list_files, namespace_key
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.kv_cache_manager import KVCacheManager
+from mlxpa.core.kv_disk import disk_prefix_end
 from mlxpa.request import Request
 from mlxpa.sampling_params import SamplingParams
 
@@ -186,3 +187,142 @@ def test_reading_stops_when_computing_is_faster(tmp_path):
     assert fresh.run(C) == 0
     fresh.kv.disk.recompute_ms_per_block = 3.0
     assert fresh.run(C) == 20
+
+
+# ---------------------------------------------------------------------- recurrent snapshots
+
+SNAP = 12  # bytes of a simulated snapshot's state (in 2 blocks of NB: 4 bytes of padding)
+HYBRID = KVCacheLayout(BS, (KVCacheGroupSpec(None, (0,)),), 1, recurrent=(1,),
+                       snapshot_blocks=2)
+
+
+def state(tokens: list[int], position: int) -> bytes:
+    """The recurrent state after ``tokens[:position]``, padded to its 2 blocks."""
+    h = hash(("state", tuple(tokens[:position]))) & (2**64 - 1)
+    return (h.to_bytes(8, "little") + bytes([position % 256]) * 4) + bytes(2 * NB - SNAP)
+
+
+class RecurrentSim(Sim):
+    """A hybrid model's manager: snapshot points, the states a step saves and restores (their
+    bytes checked like the blocks')."""
+
+    def __init__(self, root, num_blocks=40) -> None:
+        self.layout = HYBRID
+        self.kv = KVCacheManager(BlockPool(num_blocks, BS), True, HYBRID)
+        self.store = DiskStore(root, namespace_key({"m": "hybrid"}), {}, 1 << 30, NB, 1,
+                               background=False, snapshot_nbytes=SNAP)
+        assert self.kv.attach_disk(self.store)
+        self.bytes = {}
+        self.saved = self.loaded = 0
+
+    def run(self, tokens: list[int], points=()) -> int:
+        """One request, computed in chunks that end at its snapshot points; returns its
+        hit."""
+        req = SaltedRequest("r", list(tokens), SamplingParams(max_tokens=1))
+        hit = self.kv.get_computed_blocks(req)
+        for p in points:
+            self.kv.add_snapshot_point(req, p)
+        start, computed = hit.num_tokens, hit
+        while start < len(tokens):
+            n = min(len(tokens) - start, self.kv.chunk_limit(req, start) or len(tokens))
+            assert self.kv.allocate_slots(req, n, computed) is not None
+            self.apply_disk_ops()
+            saves, restores = self.kv.take_state_ops()
+            for _, blocks in restores:  # the state resumed from is exact
+                assert b"".join(self.bytes[b] for b in blocks) == state(tokens, start)
+            if computed is not None:
+                for p, b in enumerate(req.block_tables[0][:start // BS]):
+                    assert self.bytes[b] == content(tokens, p, 0), p
+                computed = None
+            for p in range(start // BS, len(req.block_tables[0])):
+                self.bytes[req.block_tables[0][p]] = content(tokens, p, 0)
+            for _, blocks in saves:
+                data = state(tokens, start + n)
+                for i, b in enumerate(blocks):
+                    self.bytes[b] = data[i * NB:(i + 1) * NB]
+            req.num_computed_tokens = start = start + n
+            self.kv.cache_blocks(req)
+        self.kv.free(req)
+        self.kv.check_invariants([])
+        return hit.num_tokens
+
+
+def test_a_snapshot_goes_to_disk_with_its_position_and_a_new_process_resumes_there(tmp_path):
+    sim = RecurrentSim(tmp_path)
+    assert sim.run(A, points=[20]) == 0
+    assert sim.run(B) == 20  # from the tree's snapshot
+    sim.write_back()
+    stats = sim.store.take_stats()
+    assert (sim.saved, stats.blocks_written, stats.snapshots_written) == (5, 5, 1)
+    assert stats.bytes_written == sum(f.nbytes for f in list_files(tmp_path))
+    fresh = RecurrentSim(tmp_path)
+    assert fresh.run(C) == 20 and fresh.loaded == 5 + 2  # the blocks, the snapshot's 2
+    assert fresh.store.take_stats().snapshots_read == 1
+    assert fresh.kv.disk.take_hit_tokens() == 20
+
+
+def test_an_evicted_snapshot_is_saved_before_its_reuse(tmp_path):
+    sim = RecurrentSim(tmp_path, num_blocks=10)  # 9 blocks
+    sim.run(A, points=[20])
+    sim.run(B)
+    sim.run(list(range(300, 332)))  # 8 blocks: the snapshot and shared blocks 1..4 evicted
+    assert sim.saved == 4 and sim.kv.tree.num_cached_blocks(C) == 1
+    assert sim.run(C) == 20 and sim.loaded == 4 + 2  # block 0 from the tree, 1..4 from disk
+
+
+def test_a_snapshot_dropped_alone_is_read_back_for_the_blocks_in_memory(tmp_path):
+    """The tree drops the idle snapshot, keeps the blocks: the snapshot is saved with its
+    position, and the next hit reads it back alone (its tokens count as memory hits)."""
+    sim = RecurrentSim(tmp_path)
+    sim.run(A, points=[20])
+    assert sim.run(B) == 20
+    assert sim.kv.tree.evict(1) == 2  # the snapshot's 2 blocks, the oldest idle ones
+    sim.apply_disk_ops()  # the save, read before the blocks are used again
+    assert sim.saved == 1 and sim.kv.tree.num_cached_blocks(C) == 5
+    assert sim.kv.tree.match_prefix(C).num_tokens == 0  # no snapshot in memory
+    assert sim.run(C) == 20 and sim.loaded == 2
+    assert sim.kv.disk.take_hit_tokens() == 0
+
+
+def test_a_disk_hit_ends_only_at_a_snapshot(tmp_path):
+    """Snapshots after blocks 3 and 5; the file of block 5 rewritten without its snapshot:
+    a new process's hit ends after block 3, the deepest snapshot on disk."""
+    sim = RecurrentSim(tmp_path)
+    sim.run(A, points=[12, 20])
+    assert sim.run(B) == 20
+    sim.write_back()
+    assert sim.store.take_stats().snapshots_written == 2
+    fresh = RecurrentSim(tmp_path)
+    keys = fresh.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
+    h, parts = fresh.store.read(keys[4], keys[3], 4, SHARED[16:20])
+    assert h.snapshot and len(parts[1]) == SNAP
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 5  # mlxpa plan's count
+    fresh.store.put(h._replace(snapshot=False), bytes(parts[0]))
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 3
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1], start=3) == 3
+    assert fresh.run(C) == 12 and fresh.loaded == 3 + 2
+
+
+def test_plan_counts_the_consecutive_usable_files(tmp_path):
+    """:func:`disk_prefix_end` (``mlxpa plan``) continues the chain from a memory hit over
+    the files, to the end a lookup would use: none under another salt, none past a file
+    missing its window blocks."""
+    sim = Sim(tmp_path, WINDOW)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1]) == 5
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1], start=2) == 5
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1], cache_salt="") == 0
+    # a hit of 2 blocks needs the window blocks of 0 and 1, which the files do not keep
+    assert disk_prefix_end(sim.store, WINDOW, C[:9]) == 0
+    keys = sim.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
+    h, parts = sim.store.read(keys[4], keys[3], 4, SHARED[16:20])
+    sim.store.put(h._replace(groups=(True, False)), bytes(parts[0]))
+    assert disk_prefix_end(sim.store, WINDOW, C[:-1]) == 0  # as a lookup: 0 (above)
+    full = Sim(tmp_path / "full")
+    full.run(A)
+    full.run(B)
+    full.write_back()
+    assert disk_prefix_end(full.store, FULL, C[:-1]) == 5
+    assert disk_prefix_end(full.store, FULL, C[:9]) == 2  # whole blocks of the tokens

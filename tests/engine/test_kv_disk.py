@@ -1,8 +1,9 @@
 """The disk KV tier end to end on tiny models (a full-attention llama, a Gemma 3 layout with
-sliding windows): greedy tokens identical, and log-probabilities within 1e-4, with no hit,
-memory hits and disk hits read by a new engine (mlx-lm's own generation the oracle);
-bit-flipped files are never used; a folder that refuses writes loses no row; a recurrent
-model runs without the tier."""
+sliding windows, Qwen 3.5 and LFM2 hybrids whose hits resume from recurrent snapshots):
+greedy tokens identical, and log-probabilities within 1e-4, with no hit, memory hits and
+disk hits read by a new engine (mlx-lm's own generation the oracle); bit-flipped files (a
+snapshot's bytes among them) are never used; a folder that refuses writes loses no row; a
+state-space model without K/V runs without the tier."""
 
 from __future__ import annotations
 
@@ -116,10 +117,75 @@ def test_an_unusable_folder_runs_without_the_tier(setup, tmp_path):
     assert eng.disk_store is None and [o.token_ids for o in outs] == refs
 
 
-def test_a_recurrent_model_runs_without_the_tier(tmp_path):
+@pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
+def hybrid(request):
+    """A tiny Qwen 3.5 (gated-delta layers with a recurrent state, full attention every
+    second layer) or LFM2 (short convolutions and attention)."""
     from tests.loader.tiny_archs import build
 
-    model, tok = build("lfm2"), byte_tokenizer(eos_id=-1)
+    model, tok = build(request.param), byte_tokenizer(eos_id=-1)
+    ids = [tok.encode(p) for p in PROMPTS]
+    return model, tok, ids, [mlx_lm_greedy(model, p, OUT) for p in ids]
+
+
+def test_a_hybrid_model_resumes_from_a_snapshot_read_from_disk(hybrid, tmp_path):
+    """The first run keeps the shared prefix's blocks and the snapshot at its end; a new
+    engine reads both and every row resumes there (the first from disk, the rest from
+    memory), with the tokens and log-probabilities of a cold run."""
+    model, tok, ids, refs = hybrid
+    cold_engine, cold = run(model, tok, ids)
+    assert [o.token_ids for o in cold] == refs
+    first, outs = run(model, tok, ids, kv_cache_dir=str(tmp_path))
+    assert first.kv_cache_manager.disk is not None and first.kv_cache_manager.recurrent
+    same(outs, refs, cold)
+    c = first.counters
+    assert c.cached_prompt_tokens == cold_engine.counters.cached_prompt_tokens == 3 * N * BS
+    assert c.disk_blocks_written == N and c.disk_snapshots_written == 1
+    snapshot = first.runner.kv_storage.snapshot_bytes
+    assert first.disk_store.snapshot_nbytes == snapshot > 0
+    assert c.disk_bytes_written == sum(f.nbytes for f in list_files(tmp_path))
+    second, outs = run(model, tok, ids, kv_cache_dir=str(tmp_path))
+    same(outs, refs, cold)
+    c = second.counters
+    assert [o.num_cached_tokens for o in outs] == [N * BS] * 4
+    assert c.cached_prompt_tokens == 4 * N * BS and c.disk_cached_prompt_tokens == N * BS
+    assert (c.disk_blocks_read, c.disk_snapshots_read, c.disk_blocks_written) == (N, 1, 0)
+    assert summarize(c).kv_disk["snapshots_read"] == 1
+
+
+def test_a_bit_flipped_snapshot_is_computed_instead(hybrid, tmp_path):
+    """The snapshot's bytes of the prefix's last file flipped: that file is removed, no hit
+    comes from disk (no other position has a snapshot), the prefix is computed again, with
+    the tokens and log-probabilities of a cold run, and written again."""
+    model, tok, ids, refs = hybrid
+    _, cold = run(model, tok, ids)
+    first, _ = run(model, tok, ids, kv_cache_dir=str(tmp_path))
+    snapshot = first.disk_store.snapshot_nbytes
+    flipped = 0
+    for f in list_files(tmp_path):
+        with open(f.path, "rb") as fh:
+            data = bytearray(fh.read())
+        if b'"snapshot":1' in data:  # the snapshot's bytes end before the digest
+            data[len(data) - 32 - snapshot // 2] ^= 0x10
+            with open(f.path, "wb") as fh:
+                fh.write(data)
+            flipped += 1
+    assert flipped == 1
+    eng, outs = run(model, tok, ids, kv_cache_dir=str(tmp_path))
+    same(outs, refs, cold)
+    c = eng.counters
+    assert c.disk_invalid_files == 1 and c.disk_cached_prompt_tokens == 0
+    assert c.cached_prompt_tokens == 3 * N * BS  # memory hits after the first row's prefix
+    assert c.disk_snapshots_written == 1  # the prefix's last position, computed again
+    eng, outs = run(model, tok, ids, kv_cache_dir=str(tmp_path))
+    same(outs, refs, cold)
+    assert eng.counters.disk_cached_prompt_tokens == N * BS
+
+
+def test_a_model_without_kv_runs_without_the_tier(tmp_path):
+    from tests.loader.tiny_archs import build
+
+    model, tok = build("mamba2"), byte_tokenizer(eos_id=-1)
     ids = [tok.encode(p) for p in PROMPTS[:2]]
     refs = [mlx_lm_greedy(model, p, OUT) for p in ids]
     for _ in range(2):
