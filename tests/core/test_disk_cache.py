@@ -222,6 +222,32 @@ def test_summarize_and_clear(tmp_path):
     assert clear_folder(tmp_path)[0] == 1 and summarize_folder(tmp_path) == []
 
 
+def test_clear_touches_only_the_cache_folders_files(tmp_path):
+    """``mlxpa cache clear``: a ``--namespace`` that is not one of the folder's namespaces
+    (``..``, a path) is refused, and a folder pointed at by mistake loses no file, empty
+    folder or ``namespace.json`` that the tier did not write."""
+    root = tmp_path / "kv"
+    s = store(root)
+    s.put(header(s), payload())
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "namespace.json").write_text("{}")
+    (root / "notes" / "empty").mkdir(parents=True)
+    (root / "notes" / "namespace.json").write_text("mine")
+    (root / "notes" / "draft").mkdir()
+    (root / "notes" / "draft" / "essay.txt.tmp-1").write_text("mine")
+    for bad in ("..", "../kv", str(tmp_path), ".", "", "notes"):
+        with pytest.raises(ValueError):
+            clear_folder(root, bad)
+    assert (tmp_path / "empty").is_dir() and (tmp_path / "namespace.json").exists()
+    assert [s.model for s in summarize_folder(root)] == ["ns0"]
+    (f,) = list_files(root)
+    assert clear_folder(root) == (1, f.nbytes)
+    assert (root / "notes" / "empty").is_dir()
+    assert (root / "notes" / "namespace.json").read_text() == "mine"
+    assert (root / "notes" / "draft" / "essay.txt.tmp-1").exists()
+    assert summarize_folder(root) == [] and not os.path.exists(s.folder)
+
+
 def test_a_snapshot_is_kept_without_its_padding_and_verified(tmp_path):
     """A position's file with the recurrent snapshot after it: the snapshot's state bytes
     only (its pool blocks' padding dropped), read back exactly; its header peeked without a
