@@ -230,10 +230,13 @@ class DiskStore:
             return None
         parsed = self._parse(data, key, parent, position, tokens)
         if parsed is None:
+            logger.debug("kv cache: skipped invalid file %s", path)
+            removed = _remove(path)
             with self._lock:
                 self._stats.invalid_files += 1
-            logger.debug("kv cache: skipped invalid file %s", path)
-            _remove(path)
+                if removed:
+                    self._files = max(0, self._files - 1)
+                    self._bytes = max(0, self._bytes - len(data))
             return None
         try:
             os.utime(path)  # least recently used goes first
@@ -368,6 +371,10 @@ class DiskStore:
         data = body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
         path = self.path(h.key)
         try:
+            replaced = os.stat(path).st_size  # a file of the key (rewritten with more)
+        except OSError:
+            replaced = None
+        try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             _atomic_write(path, data)
         except OSError as e:
@@ -377,8 +384,8 @@ class DiskStore:
             self._stats.blocks_written += 1
             self._stats.snapshots_written += h.snapshot
             self._stats.bytes_written += len(data)
-            self._bytes += len(data)
-            self._files += 1
+            self._bytes += len(data) - (replaced or 0)
+            self._files += replaced is None
             over = self._bytes > self.max_bytes
         if over:
             self.cleanup()

@@ -122,6 +122,26 @@ def test_a_foreign_file_is_never_read(tmp_path):
     assert mine.take_stats().invalid_files == 3
 
 
+def test_the_files_on_disk_are_counted_as_they_are(tmp_path):
+    """``num_files`` / ``num_bytes`` (the run report's files on disk, ``mlxpa:kv_disk_blocks``
+    and ``_bytes``) follow the folder: a file written again is one file, an invalid file
+    removed on reading is gone."""
+    s = store(tmp_path)
+    h0, h1 = header(s, 0), header(s, 1)
+    s.put(h0, payload())
+    s.put(h0, payload())  # another process's same block, or a file rewritten with more
+    s.put(h1, payload())
+    with open(s.path(h1.key), "rb") as f:
+        data = bytearray(f.read())
+    data[-1] ^= 1  # a bit flipped
+    with open(s.path(h1.key), "wb") as f:
+        f.write(data)
+    assert read(s, h1) is None and s.take_stats().invalid_files == 1
+    files = list_files(tmp_path)
+    assert (s.num_files, s.num_bytes) == (len(files), sum(f.nbytes for f in files)) == (
+        1, os.path.getsize(s.path(h0.key)))
+
+
 def test_a_half_written_file_is_invisible(tmp_path):
     s = store(tmp_path)
     h = header(s)
