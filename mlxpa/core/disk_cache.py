@@ -55,6 +55,11 @@ _LEN = struct.Struct("<I")
 _LOW_WATER = 0.9
 # A temporary file older than this (seconds) is a dead writer's and is removed by a cleanup.
 _STALE_TMP_S = 3600.0
+# A file's modification time is its last use, less this many seconds per block position: a
+# prefix is written and read from block 0 on, and a hit needs every file from block 0, so of
+# the files a write or a read used together the deepest go first over the bound, the first
+# ones last (not block 0 while the files after it, that no lookup could reach, stay).
+_DEPTH_S = 0.01
 # A namespace's folder: the first hex digits of its key (anything else under a cache folder
 # is not the tier's, and listing, cleaning and clearing leave it alone).
 _NAMESPACE_DIGITS = 16
@@ -238,10 +243,7 @@ class DiskStore:
                     self._files = max(0, self._files - 1)
                     self._bytes = max(0, self._bytes - len(data))
             return None
-        try:
-            os.utime(path)  # least recently used goes first
-        except OSError:
-            pass
+        _touch(path, position)  # least recently used goes first
         with self._lock:
             s = self._stats
             s.blocks_read += 1
@@ -380,6 +382,7 @@ class DiskStore:
         except OSError as e:
             self._stop_writing(e)
             return
+        _touch(path, h.position)
         with self._lock:
             self._stats.blocks_written += 1
             self._stats.snapshots_written += h.snapshot
@@ -565,6 +568,15 @@ def _atomic_write(path: str, data: bytes) -> None:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _touch(path: str, position: int) -> None:
+    """Mark ``path`` used now (its block at ``position``: see :data:`_DEPTH_S`)."""
+    t = time.time() - position * _DEPTH_S
+    try:
+        os.utime(path, (t, t))
+    except OSError:
+        pass
 
 
 def _remove(path: str) -> bool:

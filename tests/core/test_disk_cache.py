@@ -202,6 +202,30 @@ def test_the_bound_removes_the_least_recently_used(tmp_path):
     assert small.num_files == 2
 
 
+def test_the_bound_keeps_the_start_of_a_chain(tmp_path):
+    """A prefix's files are written and read from block 0 on, and a hit needs every file
+    from block 0: over the bound, the deepest files go first, never block 0 while a file
+    after it stays (which no lookup could reach)."""
+    tokens = list(range(10, 10 + 8 * 8))
+    s = store(tmp_path)
+    keys = chain_keys(chain_root(s.namespace), tokens, 8)
+    headers = [BlockHeader(k, keys[p - 1] if p else chain_root(s.namespace), p,
+                           tuple(tokens[p * 8:(p + 1) * 8]), (True, True))
+               for p, k in enumerate(keys)]
+    s.put(headers[0], payload())
+    size = os.path.getsize(s.path(keys[0]))
+    small = store(tmp_path, max_bytes=int(size * 5.5))
+    for h in headers[1:]:
+        small.put(h, payload())
+    kept = [small.contains(k) for k in keys]
+    assert kept == sorted(kept, reverse=True) and 3 <= sum(kept) <= 5, kept
+    for h in headers[:sum(kept)]:  # reads keep it so
+        assert read(small, h) is not None
+    small.put(headers[sum(kept)], payload())
+    kept = [small.contains(k) for k in keys]
+    assert kept == sorted(kept, reverse=True) and kept[0], kept
+
+
 WRITER = """
 import sys
 from tests.core.test_disk_cache import header, payload, store
