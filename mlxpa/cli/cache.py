@@ -54,10 +54,14 @@ def clear(kv_cache_dir: DirOpt = "auto",
           yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
           ) -> None:
     """Remove the folder's block files (every namespace, or one)."""
-    from mlxpa.core.disk_cache import clear_folder
+    from mlxpa.core.disk_cache import clear_folder, is_namespace_folder
     from mlxpa.engine.disk_tier import kv_cache_folder
 
     folder = kv_cache_folder(kv_cache_dir)
+    if namespace is not None and not is_namespace_folder(namespace):
+        typer.echo(f"error: --namespace must be a namespace as `mlxpa cache list` shows it "
+                   f"(16 hex digits), got {namespace!r}", err=True)
+        raise typer.Exit(2)
     what = f"namespace {namespace} of {folder}" if namespace else str(folder)
     if not yes and not typer.confirm(f"remove the KV cache files under {what}?"):
         raise typer.Exit(1)

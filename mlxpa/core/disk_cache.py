@@ -55,6 +55,14 @@ _LEN = struct.Struct("<I")
 _LOW_WATER = 0.9
 # A temporary file older than this (seconds) is a dead writer's and is removed by a cleanup.
 _STALE_TMP_S = 3600.0
+# A file's modification time is its last use, less this many seconds per block position: a
+# prefix is written and read from block 0 on, and a hit needs every file from block 0, so of
+# the files a write or a read used together the deepest go first over the bound, the first
+# ones last (not block 0 while the files after it, that no lookup could reach, stay).
+_DEPTH_S = 0.01
+# A namespace's folder: the first hex digits of its key (anything else under a cache folder
+# is not the tier's, and listing, cleaning and clearing leave it alone).
+_NAMESPACE_DIGITS = 16
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +177,7 @@ class DiskStore:
                  snapshot_nbytes: int = 0) -> None:
         self.root = os.fspath(root)
         self.namespace = namespace
-        self.folder = os.path.join(self.root, namespace[:16])
+        self.folder = os.path.join(self.root, namespace[:_NAMESPACE_DIGITS])
         self.max_bytes = max_bytes
         self.block_nbytes = block_nbytes
         self.num_groups = num_groups
@@ -227,15 +235,15 @@ class DiskStore:
             return None
         parsed = self._parse(data, key, parent, position, tokens)
         if parsed is None:
+            logger.debug("kv cache: skipped invalid file %s", path)
+            removed = _remove(path)
             with self._lock:
                 self._stats.invalid_files += 1
-            logger.debug("kv cache: skipped invalid file %s", path)
-            _remove(path)
+                if removed:
+                    self._files = max(0, self._files - 1)
+                    self._bytes = max(0, self._bytes - len(data))
             return None
-        try:
-            os.utime(path)  # least recently used goes first
-        except OSError:
-            pass
+        _touch(path, position)  # least recently used goes first
         with self._lock:
             s = self._stats
             s.blocks_read += 1
@@ -365,17 +373,22 @@ class DiskStore:
         data = body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
         path = self.path(h.key)
         try:
+            replaced = os.stat(path).st_size  # a file of the key (rewritten with more)
+        except OSError:
+            replaced = None
+        try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             _atomic_write(path, data)
         except OSError as e:
             self._stop_writing(e)
             return
+        _touch(path, h.position)
         with self._lock:
             self._stats.blocks_written += 1
             self._stats.snapshots_written += h.snapshot
             self._stats.bytes_written += len(data)
-            self._bytes += len(data)
-            self._files += 1
+            self._bytes += len(data) - (replaced or 0)
+            self._files += replaced is None
             over = self._bytes > self.max_bytes
         if over:
             self.cleanup()
@@ -439,26 +452,24 @@ class CacheFile(NamedTuple):
     namespace: str
 
 
+def is_namespace_folder(name: str, digits: int = _NAMESPACE_DIGITS) -> bool:
+    """Whether ``name`` is a namespace folder's (:attr:`DiskStore.folder`: 16 hex digits;
+    ``digits=2``: a shard folder's in it)."""
+    return len(name) == digits and all(c in "0123456789abcdef" for c in name)
+
+
 def list_files(root: str | os.PathLike[str]) -> list[CacheFile]:
     """Every block file (and temporary file) under ``root``'s namespace folders."""
     out: list[CacheFile] = []
     root = os.fspath(root)
-    try:
-        spaces = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return out
-    for space in spaces:
-        try:
-            shards = [e for e in os.scandir(space.path) if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            continue
-        for shard in shards:
+    for space in _scan(root):
+        for shard in _scan(space.path, 2):
             try:
                 entries = list(os.scandir(shard.path))
             except OSError:
                 continue
             for e in entries:
-                tmp = _TMP in e.name
+                tmp = SUFFIX + _TMP in e.name
                 if not (tmp or e.name.endswith(SUFFIX)):
                     continue
                 try:
@@ -485,12 +496,8 @@ def summarize_folder(root: str | os.PathLike[str]) -> list[NamespaceSummary]:
     by: dict[str, list[CacheFile]] = {}
     for f in list_files(root):
         by.setdefault(f.namespace, []).append(f)
-    try:
-        spaces = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        spaces = []
     out = []
-    for space in spaces:
+    for space in (e.name for e in _scan(os.fspath(root))):
         files = [f for f in by.get(space, []) if not f.temporary]
         model = "?"
         try:
@@ -506,7 +513,14 @@ def summarize_folder(root: str | os.PathLike[str]) -> list[NamespaceSummary]:
 
 def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> tuple[int, int]:
     """Remove the block files (and temporary files) under ``root``, or one namespace's;
-    returns the files and bytes removed. Empty namespace folders go too."""
+    returns the files and bytes removed. Empty namespace folders go too; nothing else.
+
+    Raises:
+        ValueError: ``namespace`` is not a namespace folder's name (16 hex digits).
+    """
+    if namespace is not None and not is_namespace_folder(namespace):
+        raise ValueError(f"--namespace must be a namespace as `mlxpa cache list` shows it "
+                         f"({_NAMESPACE_DIGITS} hex digits), got {namespace!r}")
     removed = nbytes = 0
     for f in list_files(root):
         if namespace is not None and f.namespace != namespace:
@@ -517,7 +531,7 @@ def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> 
     root = os.fspath(root)
     for space in [namespace] if namespace else [e.name for e in _scan(root)]:
         folder = os.path.join(root, space)
-        for shard in _scan(folder):
+        for shard in _scan(folder, 2):
             try:
                 os.rmdir(shard.path)
             except OSError:
@@ -530,9 +544,11 @@ def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> 
     return removed, nbytes
 
 
-def _scan(folder: str) -> list[os.DirEntry]:
+def _scan(folder: str, digits: int = _NAMESPACE_DIGITS) -> list[os.DirEntry]:
+    """The namespace folders in ``folder`` (``digits=2``: the shard folders)."""
     try:
-        return [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+        return [e for e in os.scandir(folder)
+                if is_namespace_folder(e.name, digits) and e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
@@ -554,6 +570,15 @@ def _atomic_write(path: str, data: bytes) -> None:
         raise
 
 
+def _touch(path: str, position: int) -> None:
+    """Mark ``path`` used now (its block at ``position``: see :data:`_DEPTH_S`)."""
+    t = time.time() - position * _DEPTH_S
+    try:
+        os.utime(path, (t, t))
+    except OSError:
+        pass
+
+
 def _remove(path: str) -> bool:
     try:
         os.remove(path)
@@ -564,4 +589,5 @@ def _remove(path: str) -> bool:
 
 __all__ = ["BlockHeader", "CacheFile", "DiskStats", "DiskStore", "FORMAT_VERSION",
            "NamespaceSummary", "chain_keys", "chain_next", "chain_root", "clear_folder",
-           "folder_bytes", "list_files", "namespace_key", "summarize_folder"]
+           "folder_bytes", "is_namespace_folder", "list_files", "namespace_key",
+           "summarize_folder"]

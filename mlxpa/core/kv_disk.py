@@ -44,6 +44,7 @@ from typing import NamedTuple
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
 from mlxpa.core.disk_cache import BlockHeader, DiskStore, chain_keys, chain_root
 from mlxpa.core.kv_cache_groups import KVCacheLayout
+from mlxpa.core.pool_size import grow_for
 from mlxpa.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from mlxpa.request import Request
 
@@ -315,7 +316,9 @@ class DiskTier:
         skip = m + len(kept[0])  # the tree holds positions m .. skip - 1 in every group
         held = [b for ids in match.block_ids for b in ids if b != NULL_BLOCK]
         held += (match.snapshot or []) + [b for ids in kept for b in ids]
-        room = self.pool.num_free_blocks + self.tree.evictable_blocks - len(held)
+        pool = self.pool  # a pool below its ceiling grows for a hit (:meth:`_allocate`)
+        room = (pool.num_free_blocks + pool.max_num_blocks - pool.num_blocks
+                + self.tree.evictable_blocks - len(held))
         keys = self._keys(req, tokens)
         root = self._root(req.cache_salt)
         found = []
@@ -435,9 +438,9 @@ class DiskTier:
     def _allocate(self, node: RadixNode | None, held: list[int], need: list[set[int]],
                   snapshot: bool) -> list[list[int]] | None:
         """Blocks per group for ``need``, then a snapshot's (none unless ``snapshot``),
-        evicting the tree's LRU blocks but ``held`` (the hit's and the tree's positions it
-        continues; ``node`` ends them: locked meanwhile), or None when the pool lacks
-        them."""
+        growing a pool below its ceiling first, then evicting the tree's LRU blocks but
+        ``held`` (the hit's and the tree's positions it continues; ``node`` ends them: locked
+        meanwhile), or None when the pool lacks them."""
         if node is not None:
             self.tree.lock(node)
         self.pool.incref(held)
@@ -445,8 +448,10 @@ class DiskTier:
         sizes = [len(positions) for positions in need]
         sizes.append(self.snapshot_blocks if snapshot else 0)
         total = sum(sizes)
-        if total > self.pool.num_free_blocks:
-            self.tree.evict(total - self.pool.num_free_blocks)
+        short = total - self.pool.num_free_blocks
+        short -= grow_for(self.pool, short)  # a pool below its ceiling grows before evicting
+        if short > 0:
+            self.tree.evict(short)
         ids = None
         if total <= self.pool.num_free_blocks:
             ids = [self.pool.allocate(n, g) for g, n in enumerate(sizes)]

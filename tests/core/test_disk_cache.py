@@ -122,6 +122,26 @@ def test_a_foreign_file_is_never_read(tmp_path):
     assert mine.take_stats().invalid_files == 3
 
 
+def test_the_files_on_disk_are_counted_as_they_are(tmp_path):
+    """``num_files`` / ``num_bytes`` (the run report's files on disk, ``mlxpa:kv_disk_blocks``
+    and ``_bytes``) follow the folder: a file written again is one file, an invalid file
+    removed on reading is gone."""
+    s = store(tmp_path)
+    h0, h1 = header(s, 0), header(s, 1)
+    s.put(h0, payload())
+    s.put(h0, payload())  # another process's same block, or a file rewritten with more
+    s.put(h1, payload())
+    with open(s.path(h1.key), "rb") as f:
+        data = bytearray(f.read())
+    data[-1] ^= 1  # a bit flipped
+    with open(s.path(h1.key), "wb") as f:
+        f.write(data)
+    assert read(s, h1) is None and s.take_stats().invalid_files == 1
+    files = list_files(tmp_path)
+    assert (s.num_files, s.num_bytes) == (len(files), sum(f.nbytes for f in files)) == (
+        1, os.path.getsize(s.path(h0.key)))
+
+
 def test_a_half_written_file_is_invisible(tmp_path):
     s = store(tmp_path)
     h = header(s)
@@ -182,6 +202,30 @@ def test_the_bound_removes_the_least_recently_used(tmp_path):
     assert small.num_files == 2
 
 
+def test_the_bound_keeps_the_start_of_a_chain(tmp_path):
+    """A prefix's files are written and read from block 0 on, and a hit needs every file
+    from block 0: over the bound, the deepest files go first, never block 0 while a file
+    after it stays (which no lookup could reach)."""
+    tokens = list(range(10, 10 + 8 * 8))
+    s = store(tmp_path)
+    keys = chain_keys(chain_root(s.namespace), tokens, 8)
+    headers = [BlockHeader(k, keys[p - 1] if p else chain_root(s.namespace), p,
+                           tuple(tokens[p * 8:(p + 1) * 8]), (True, True))
+               for p, k in enumerate(keys)]
+    s.put(headers[0], payload())
+    size = os.path.getsize(s.path(keys[0]))
+    small = store(tmp_path, max_bytes=int(size * 5.5))
+    for h in headers[1:]:
+        small.put(h, payload())
+    kept = [small.contains(k) for k in keys]
+    assert kept == sorted(kept, reverse=True) and 3 <= sum(kept) <= 5, kept
+    for h in headers[:sum(kept)]:  # reads keep it so
+        assert read(small, h) is not None
+    small.put(headers[sum(kept)], payload())
+    kept = [small.contains(k) for k in keys]
+    assert kept == sorted(kept, reverse=True) and kept[0], kept
+
+
 WRITER = """
 import sys
 from tests.core.test_disk_cache import header, payload, store
@@ -220,6 +264,32 @@ def test_summarize_and_clear(tmp_path):
     assert clear_folder(tmp_path, b.namespace[:16])[0] == 2
     assert [s.model for s in summarize_folder(tmp_path)] == ["model-a"]
     assert clear_folder(tmp_path)[0] == 1 and summarize_folder(tmp_path) == []
+
+
+def test_clear_touches_only_the_cache_folders_files(tmp_path):
+    """``mlxpa cache clear``: a ``--namespace`` that is not one of the folder's namespaces
+    (``..``, a path) is refused, and a folder pointed at by mistake loses no file, empty
+    folder or ``namespace.json`` that the tier did not write."""
+    root = tmp_path / "kv"
+    s = store(root)
+    s.put(header(s), payload())
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "namespace.json").write_text("{}")
+    (root / "notes" / "empty").mkdir(parents=True)
+    (root / "notes" / "namespace.json").write_text("mine")
+    (root / "notes" / "draft").mkdir()
+    (root / "notes" / "draft" / "essay.txt.tmp-1").write_text("mine")
+    for bad in ("..", "../kv", str(tmp_path), ".", "", "notes"):
+        with pytest.raises(ValueError):
+            clear_folder(root, bad)
+    assert (tmp_path / "empty").is_dir() and (tmp_path / "namespace.json").exists()
+    assert [s.model for s in summarize_folder(root)] == ["ns0"]
+    (f,) = list_files(root)
+    assert clear_folder(root) == (1, f.nbytes)
+    assert (root / "notes" / "empty").is_dir()
+    assert (root / "notes" / "namespace.json").read_text() == "mine"
+    assert (root / "notes" / "draft" / "essay.txt.tmp-1").exists()
+    assert summarize_folder(root) == [] and not os.path.exists(s.folder)
 
 
 def test_a_snapshot_is_kept_without_its_padding_and_verified(tmp_path):

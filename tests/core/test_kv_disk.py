@@ -37,9 +37,11 @@ class Sim:
     """A manager over a pool whose blocks' bytes live in a dict; the runner's part of a step
     (saves read before anything is written, loads, then the computed blocks) simulated."""
 
-    def __init__(self, root, layout=FULL, num_blocks=40, namespace="m") -> None:
+    def __init__(self, root, layout=FULL, num_blocks=40, namespace="m",
+                 segment_blocks=None) -> None:
         self.layout = layout
-        self.kv = KVCacheManager(BlockPool(num_blocks, BS), True, layout)
+        self.kv = KVCacheManager(BlockPool(num_blocks, BS, segment_blocks, segment_blocks),
+                                 True, layout)
         self.store = DiskStore(root, namespace_key({"m": namespace}), {}, 1 << 30, NB,
                                len(layout.groups), background=False)
         assert self.kv.attach_disk(self.store)
@@ -175,6 +177,21 @@ def test_no_room_in_the_pool_reads_nothing(tmp_path):
     assert tiny.kv.take_disk_ops() == ([], [])
     tiny.kv.free(other)
     assert tiny.kv.get_computed_blocks(req).num_tokens == 20
+
+
+def test_a_pool_below_its_ceiling_grows_for_a_disk_hit(tmp_path):
+    """A server's pool holds one segment at start and after a release: a hit on disk larger
+    than the segment grows the pool (as a computed prompt does), and the hit is the one a
+    pool preallocated at the ceiling gets."""
+    sim = Sim(tmp_path)
+    sim.run(A)
+    sim.run(B)
+    sim.write_back()
+    small = Sim(tmp_path, num_blocks=40, segment_blocks=4)  # 3 usable blocks now
+    assert small.kv.pool.num_blocks == 4
+    assert small.run(C) == 20 and small.loaded == 5
+    assert small.kv.pool.num_blocks > 4
+    assert small.store.take_stats().blocks_read == 5
 
 
 def test_reading_stops_when_computing_is_faster(tmp_path):
