@@ -321,23 +321,18 @@ class DiskTier:
                 + self.tree.evictable_blocks - len(held))
         keys = self._keys(req, tokens)
         root = self._root(req.cache_salt)
-        found = []
-        start = time.perf_counter()
+        headers = []  # peeked (header only): which ends are usable is known before reading
         for p in range(skip, n):
             if (p - skip + 1) * len(self.full) > room:
                 break
-            got = self.store.read(keys[p], keys[p - 1] if p else root, p,
-                                  tokens[p * bs:(p + 1) * bs])
-            if got is None:
+            header = self.store.peek(keys[p], keys[p - 1] if p else root, p,
+                                     tokens[p * bs:(p + 1) * bs])
+            if header is None:
                 break
-            found.append(got)
-            self._remember(keys[p], (*got[0].groups, got[0].snapshot))
-        if found:
-            ms = (time.perf_counter() - start) * 1e3 / len(found)
-            self.read_ms_per_block = ms if self.read_ms_per_block is None else (
-                0.8 * self.read_ms_per_block + 0.2 * ms)
-        end, need, snapshot = self._usable_end(skip, found, room, len(tokens), snapshots)
-        state = found[end - 1 - skip][1][len(self.windows)] if snapshot else None
+            headers.append(header)
+        end, need, snapshot, found = self._read_end(keys, root, tokens, skip, headers, room,
+                                                    snapshots)
+        state = found[end - 1][1][len(self.windows)] if snapshot else None
         if end == skip and skip > m and self.recurrent:
             end, state = self._snapshot_within(req, tokens, m, skip, room, snapshots)
             need = [set() for _ in self.windows]
@@ -358,7 +353,7 @@ class DiskTier:
                         b = next(got)
                         table[g].append(b)
                         flat.append(b)
-                        parts.append(found[p - skip][1][g])
+                        parts.append(found[p][1][g])
                     else:
                         table[g].append(NULL_BLOCK)
             self.tree.insert(tokens[:end * bs], table, skip, cache_salt=req.cache_salt)
@@ -422,14 +417,57 @@ class DiskTier:
                         kept[g].append(v[i])
         return kept, snapshots
 
-    def _usable_end(self, m: int, found: list, room: int, num_tokens: int,
+    def _read_end(self, keys: list[bytes], root: bytes, tokens: Sequence[int], m: int,
+                  headers: list[BlockHeader], room: int, tree_snapshots: set[int]
+                  ) -> tuple[int, list[set[int]], bool, dict[int, tuple]]:
+        """The deepest end (blocks) of a hit over the files of ``headers`` (peeked, positions
+        ``m ..``) that :meth:`_usable_end` allows and whose needed files read and verify:
+        only those files are read (none when no end is usable); a file failing its checks
+        (removed) ends the hit before it and the next end is tried (one whose header changed
+        since it was peeked: its read header decides). With the positions to
+        load per group, whether the snapshot is loaded, and the files read by position."""
+        bs = self.bs
+        found: dict[int, tuple] = {}
+        spent, reads = 0.0, 0
+        while True:
+            end, need, snapshot = self._usable_end(m, headers, room, len(tokens), tree_snapshots)
+            if end == m:
+                break
+            wanted = set().union(*need) | ({end - 1} if snapshot else set())
+            bad = None
+            for p in sorted(wanted - found.keys()):
+                start = time.perf_counter()
+                got = self.store.read(keys[p], keys[p - 1] if p else root, p,
+                                      tokens[p * bs:(p + 1) * bs])
+                spent += time.perf_counter() - start
+                if got is None:
+                    bad = p
+                    break
+                reads += 1
+                found[p] = got
+                self._remember(keys[p], (*got[0].groups, got[0].snapshot))
+                if got[0] != headers[p - m]:  # rewritten since peeked: choose again
+                    headers[p - m] = got[0]
+                    bad = -1
+                    break
+            if bad is None:
+                break
+            if bad >= 0:
+                del headers[bad - m:]  # the hit ends before a bad file (removed)
+        if reads:
+            ms = spent * 1e3 / reads
+            self.read_ms_per_block = ms if self.read_ms_per_block is None else (
+                0.8 * self.read_ms_per_block + 0.2 * ms)
+        return end, need, snapshot, found
+
+    def _usable_end(self, m: int, headers: list[BlockHeader], room: int, num_tokens: int,
                     tree_snapshots: set[int]) -> tuple[int, list[set[int]], bool]:
-        """The deepest end (blocks) of a hit over the positions ``found`` after ``m``
+        """The deepest end (blocks) of a hit over the files of ``headers`` after ``m``
         (:func:`usable_ends`) whose blocks and the request's next ones fit ``room``; with the
         positions to load per group and whether the file's snapshot is loaded (``m`` and
         nothing: no such end)."""
         for end, need, snapshot in usable_ends(self.windows, self.bs, self.recurrent, m,
-                                               [f[0] for f in found], tree_snapshots):
+                                               headers, tree_snapshots):
             rest = len(self.windows) * (-(-(num_tokens + 1 - end * self.bs) // self.bs))
             if sum(map(len, need)) + rest + snapshot * self.snapshot_blocks <= room:
                 return end, need, snapshot

@@ -161,7 +161,9 @@ def test_a_file_missing_its_window_blocks_serves_only_a_usable_hit(tmp_path):
             SaltedRequest("x", SHARED, SamplingParams()), SHARED)[p - 1], p, SHARED[p * 4:
                                                                                     p * 4 + 4])
         fresh.store.put(h._replace(groups=(True, False)), bytes(parts[0]))
+    fresh.store.take_stats()
     assert fresh.run(C) == 0
+    assert fresh.store.take_stats().blocks_read == 0  # no usable end: no file read
 
 
 def test_no_room_in_the_pool_reads_nothing(tmp_path):
@@ -317,7 +319,54 @@ def test_a_disk_hit_ends_only_at_a_snapshot(tmp_path):
     fresh.store.put(h._replace(snapshot=False), bytes(parts[0]))
     assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 3
     assert disk_prefix_end(fresh.store, HYBRID, C[:-1], start=3) == 3
+    fresh.store.take_stats()
     assert fresh.run(C) == 12 and fresh.loaded == 3 + 2
+    assert fresh.store.take_stats().blocks_read == 3  # the files the hit needs, no more
+
+
+def test_files_without_a_usable_end_are_never_read(tmp_path):
+    """Files of every position but no snapshot on disk (a hybrid model's, the snapshot's
+    file rewritten without it): their headers show no usable end, so a lookup (repeated
+    each step while a request waits) reads and verifies none of them."""
+    sim = RecurrentSim(tmp_path)
+    sim.run(A, points=[20])
+    assert sim.run(B) == 20
+    sim.write_back()
+    fresh = RecurrentSim(tmp_path)
+    keys = fresh.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
+    h, parts = fresh.store.read(keys[4], keys[3], 4, SHARED[16:20])
+    fresh.store.put(h._replace(snapshot=False), bytes(parts[0]))
+    fresh.store.take_stats()
+    req = SaltedRequest("c", C, SamplingParams(max_tokens=1))
+    for _ in range(3):
+        assert fresh.kv.get_computed_blocks(req).num_tokens == 0
+    assert fresh.kv.take_disk_ops() == ([], [])
+    stats = fresh.store.take_stats()
+    assert (stats.blocks_read, stats.bytes_read, stats.invalid_files) == (0, 0, 0)
+    assert fresh.kv.disk.read_ms_per_block is None
+
+
+def test_a_bad_file_ends_the_hit_at_the_usable_end_before_it(tmp_path):
+    """Snapshots after blocks 3 and 5; the file of block 4 damaged (its header intact): the
+    deepest end's reads stop at it, it is removed, and the hit ends after block 3 (its files
+    already read, not read again)."""
+    sim = RecurrentSim(tmp_path)
+    sim.run(A, points=[12, 20])
+    assert sim.run(B) == 20
+    sim.write_back()
+    fresh = RecurrentSim(tmp_path)
+    keys = fresh.kv.disk._keys(SaltedRequest("x", SHARED, SamplingParams()), SHARED)
+    path = fresh.store.path(keys[3])
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert disk_prefix_end(fresh.store, HYBRID, C[:-1]) == 5  # the header still names it
+    assert fresh.run(C) == 12 and fresh.loaded == 3 + 2
+    stats = fresh.store.take_stats()
+    assert (stats.blocks_read, stats.invalid_files, stats.snapshots_read) == (3, 1, 1)
+    assert not fresh.store.contains(keys[3])
 
 
 def test_plan_counts_the_consecutive_usable_files(tmp_path):
