@@ -166,6 +166,8 @@ class DiskStore:
         warn: Called once with a message when writing stops working (default: log).
         snapshot_nbytes: Bytes of one recurrent snapshot's state (0: the model has none, no
             file holds one).
+        read_only: Look only (``mlxpa plan``): nothing is created, written or removed under
+            ``root`` (no folder, no ``namespace.json``, no invalid file removed).
 
     Raises:
         OSError: ``root`` cannot be created or read (the caller runs without the tier).
@@ -174,7 +176,7 @@ class DiskStore:
     def __init__(self, root: str | os.PathLike[str], namespace: str, identity: dict,
                  max_bytes: int, block_nbytes: int, num_groups: int,
                  background: bool = True, warn: Callable[[str], None] | None = None,
-                 snapshot_nbytes: int = 0) -> None:
+                 snapshot_nbytes: int = 0, read_only: bool = False) -> None:
         self.root = os.fspath(root)
         self.namespace = namespace
         self.folder = os.path.join(self.root, namespace[:_NAMESPACE_DIGITS])
@@ -182,17 +184,19 @@ class DiskStore:
         self.block_nbytes = block_nbytes
         self.num_groups = num_groups
         self.snapshot_nbytes = snapshot_nbytes
-        self.writable = True
+        self.read_only = read_only
+        self.writable = not read_only
         self._warn = warn or logger.warning
         self._lock = threading.Lock()
         self._stats = DiskStats()
-        os.makedirs(self.folder, exist_ok=True)
-        self._write_identity(identity)
+        if not read_only:
+            os.makedirs(self.folder, exist_ok=True)
+            self._write_identity(identity)
         files = list_files(self.root)
         self._bytes = sum(f.nbytes for f in files)
         self._files = sum(not f.temporary for f in files)
         self._queue: queue.SimpleQueue[_Write | None] | None = None
-        if background:
+        if background and not read_only:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._writer, name="mlxpa-kv-disk",
                                             daemon=True)
@@ -236,7 +240,7 @@ class DiskStore:
         parsed = self._parse(data, key, parent, position, tokens)
         if parsed is None:
             logger.debug("kv cache: skipped invalid file %s", path)
-            removed = _remove(path)
+            removed = not self.read_only and _remove(path)
             with self._lock:
                 self._stats.invalid_files += 1
                 if removed:
@@ -404,7 +408,9 @@ class DiskStore:
     def cleanup(self) -> int:
         """Remove the least recently used files of the folder (every namespace) until it
         holds at most 90% of ``max_bytes``, and dead writers' temporary files; returns the
-        files removed."""
+        files removed (none when read-only)."""
+        if self.read_only:
+            return 0
         files = list_files(self.root)
         total = sum(f.nbytes for f in files)
         count = sum(not f.temporary for f in files)

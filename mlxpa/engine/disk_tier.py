@@ -109,8 +109,9 @@ def existing_disk_store(config: EngineConfig, model_folder: str | Path, dtype: s
                         storage) -> DiskStore | None:
     """The store a run of ``config`` (the model loaded from ``model_folder``, computing in
     ``dtype``, its KV in ``storage``) would open under ``config.kv_cache_dir``, if that
-    namespace's folder exists (None otherwise; nothing is created): ``mlxpa plan``'s view of
-    the disk tier, identified as :func:`disk_identity` identifies a run's.
+    namespace's folder exists (None otherwise), opened read-only (nothing is created or
+    written, not even ``namespace.json``): ``mlxpa plan``'s view of the disk tier,
+    identified as :func:`disk_identity` identifies a run's.
 
     Raises:
         OSError: The model folder or the cache folder cannot be read.
@@ -122,7 +123,7 @@ def existing_disk_store(config: EngineConfig, model_folder: str | Path, dtype: s
         return None
     return DiskStore(folder, namespace, identity, int(config.kv_cache_disk_gb * 2**30),
                      storage.block_bytes(config.block_size), len(storage.layout.groups),
-                     background=False, snapshot_nbytes=storage.snapshot_bytes)
+                     background=False, snapshot_nbytes=storage.snapshot_bytes, read_only=True)
 
 
 def _warn_once(message: str) -> None:

@@ -68,8 +68,14 @@ def test_plan_predicts_the_hits_the_next_run_reads_from_disk(tiny, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     before = _plan(tiny, src, cache)
     assert before["disk_cached_prompt_tokens"] == 0
+    assert not cache.exists()  # the plan creates nothing
     metrics = tmp_path / "m.json"
     _, _, m1 = _run(tiny, src, tmp_path / "o1.jsonl", cache, metrics)
+    (name,) = cache.glob("*/namespace.json")
+    name.unlink()  # a folder without it: the plan does not write it back
+    tree = sorted((str(f), f.stat().st_mtime_ns) for f in cache.rglob("*"))
+    assert _plan(tiny, src, cache)["disk_cached_prompt_tokens"] > 0
+    assert sorted((str(f), f.stat().st_mtime_ns) for f in cache.rglob("*")) == tree
     assert before["cached_prompt_tokens"] == m1["cached_prompt_tokens"] > 0
     later = write_jsonl(tmp_path / "later.jsonl", [
         {"prompt": FEW_SHOT + f"Review: row {i} again, and more."} for i in range(3)])
