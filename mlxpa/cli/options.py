@@ -161,6 +161,8 @@ ENGINE_FLAGS: dict[str, EngineFlag] = {
     "speculative_config": EngineFlag("Draft-free speculation: vLLM's JSON object.",
                                      metavar="JSON", kind=str | None),
 }
+# What a flag must be where the API's words (its FieldError's) name a value no one can type.
+_CLI_WANTED = {"kv_segment_bytes": "an integer >= 0 (0: the whole budget at start)"}
 # The options of a KV pool that grows with the load and shrinks when idle: a server's and
 # LLM's, not those of a command whose pool is sized to its known work (mlxpa run).
 POOL_FLAGS = ("kv_segment_bytes", "kv_release_after")
@@ -326,7 +328,10 @@ def engine_config(engine: dict[str, Any]) -> EngineConfig:
         top, dot, inner = e.field.partition(".")
         decls = ENGINE_FLAGS[top].decls if top in ENGINE_FLAGS else ()
         flag = (decls or ("--" + top.replace("_", "-"),))[0]
-        raise ValueError(f"{flag}{': ' + inner if dot else ''}{str(e)[len(e.field):]}") from None
+        rest = str(e)[len(e.field):]
+        if not dot and top in _CLI_WANTED:  # the API's words name what a flag cannot take
+            rest = rest.replace(e.wanted, _CLI_WANTED[top], 1)
+        raise ValueError(f"{flag}{': ' + inner if dot else ''}{rest}") from None
     if config.adapter_path is not None:
         from mlxpa.loader.adapters import check_adapter_path
 

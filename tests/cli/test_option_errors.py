@@ -39,6 +39,8 @@ def rows(tmp_path_factory) -> str:
      "--block-size must be a power of two from 1 to 256, got 3"),
     (["plan", "{rows}", "--max-tokens", "-1"], "--max-tokens must be an integer >= 0, got -1"),
     (["plan", "{rows}", "--kv-memory", "-1"], "--kv-memory must be > 0, got -1.0"),
+    (["serve", "--kv-segment-bytes", "-1"],
+     "--kv-segment-bytes must be an integer >= 0 (0: the whole budget at start), got -1"),
     (["plan", "{rows}", "--top", "-1"], "--top: Input should be greater than or equal to 0"),
     (["bench", "--num-prompts", "0"],
      "--num-prompts: Input should be greater than or equal to 1"),
