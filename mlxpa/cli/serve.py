@@ -109,15 +109,18 @@ def pool_line(engine) -> str:
         b = n * per
         return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:,.1f} MiB"
 
+    def blocks(n: int) -> str:
+        return f"{n:,} block{'' if n == 1 else 's'}"
+
     top = pool.max_num_blocks
-    ceiling = f"{top - 1:,} blocks ({size(top)}, --kv-memory)"
+    ceiling = f"{blocks(top - 1)} ({size(top)}, --kv-memory)"
     if pool.segment_blocks >= top:
         return f"{ceiling}, held with its prefix cache for the server's life"
     after = engine.config.kv_release_after
     release = (f"back to one segment after {after:g} s without work (--kv-release-after)"
                if after >= 0 else "kept once grown (--kv-release-after is negative)")
-    return (f"{pool.num_usable_blocks:,} blocks ({size(pool.num_blocks)}) now, growing by "
-            f"segments of {pool.segment_blocks:,} blocks (--kv-segment-bytes) as requests "
+    return (f"{blocks(pool.num_usable_blocks)} ({size(pool.num_blocks)}) now, growing by "
+            f"segments of {blocks(pool.segment_blocks)} (--kv-segment-bytes) as requests "
             f"need them up to {ceiling}, {release}")
 
 
