@@ -102,6 +102,26 @@ def usable_ends(windows: Sequence[int | None], block_size: int, recurrent: bool,
         yield end, need, snapshot
 
 
+def position(keys: Sequence[bytes], root: bytes, tokens: Sequence[int], bs: int,
+             p: int) -> tuple[bytes, bytes, int, Sequence[int]]:
+    """What a file of block position ``p`` must name (its key, its parent's key, ``p``, the
+    block's tokens): the arguments of :meth:`DiskStore.peek` and :meth:`DiskStore.read`."""
+    return keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs]
+
+
+def peek_chain(store: DiskStore, keys: Sequence[bytes], root: bytes, tokens: Sequence[int],
+               bs: int, start: int, stop: int) -> list[BlockHeader]:
+    """The headers (peeked, not verified) of the consecutive files of positions ``start ..
+    stop - 1``, up to the first position without one."""
+    headers = []
+    for p in range(start, stop):
+        header = store.peek(*position(keys, root, tokens, bs, p))
+        if header is None:
+            break
+        headers.append(header)
+    return headers
+
+
 def disk_prefix_end(store: DiskStore, layout: KVCacheLayout, tokens: Sequence[int],
                     cache_salt: str | None = None, start: int = 0) -> int:
     """The end (blocks) of the hit the disk tier would give ``tokens`` (capped as a lookup
@@ -113,12 +133,7 @@ def disk_prefix_end(store: DiskStore, layout: KVCacheLayout, tokens: Sequence[in
     n = len(tokens) // bs
     root = chain_root(store.namespace, cache_salt)
     keys = chain_keys(root, tokens[:n * bs], bs)
-    headers = []
-    for p in range(start, n):
-        header = store.peek(keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs])
-        if header is None:
-            break
-        headers.append(header)
+    headers = peek_chain(store, keys, root, tokens, bs, start, n)
     for end, _, _ in usable_ends(layout.windows, bs, bool(layout.recurrent), start, headers):
         return end
     return start
@@ -321,15 +336,10 @@ class DiskTier:
                 + self.tree.evictable_blocks - len(held))
         keys = self._keys(req, tokens)
         root = self._root(req.cache_salt)
-        headers = []  # peeked (header only): which ends are usable is known before reading
-        for p in range(skip, n):
-            if (p - skip + 1) * len(self.full) > room:
-                break
-            header = self.store.peek(keys[p], keys[p - 1] if p else root, p,
-                                     tokens[p * bs:(p + 1) * bs])
-            if header is None:
-                break
-            headers.append(header)
+        # peeked (header only): which ends are usable is known before reading; as many
+        # positions as the room holds full-attention blocks for
+        stop = n if not self.full else min(n, skip + room // len(self.full))
+        headers = peek_chain(self.store, keys, root, tokens, bs, skip, stop)
         end, need, snapshot, found = self._read_end(keys, root, tokens, skip, headers, room,
                                                     snapshots)
         state = found[end - 1][1][len(self.windows)] if snapshot else None
@@ -384,7 +394,7 @@ class DiskTier:
             if end in tree_snapshots or self.snapshot_blocks + rest > room:
                 continue
             p = end - 1
-            where = (keys[p], keys[p - 1] if p else root, p, tokens[p * bs:(p + 1) * bs])
+            where = position(keys, root, tokens, bs, p)
             header = self.store.peek(*where)
             if header is None or not header.snapshot:
                 continue
@@ -437,8 +447,7 @@ class DiskTier:
             bad = None
             for p in sorted(wanted - found.keys()):
                 start = time.perf_counter()
-                got = self.store.read(keys[p], keys[p - 1] if p else root, p,
-                                      tokens[p * bs:(p + 1) * bs])
+                got = self.store.read(*position(keys, root, tokens, bs, p))
                 spent += time.perf_counter() - start
                 if got is None:
                     bad = p
