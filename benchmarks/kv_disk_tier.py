@@ -204,7 +204,7 @@ def server(args, tok) -> dict:
 def block_costs(args, tok) -> dict:
     """Compute per block (a cold prefill of the prefix) against read + verify per block."""
     from mlxpa.config import EngineConfig
-    from mlxpa.core.disk_cache import list_files
+    from mlxpa.core.disk_folder import list_files
     from mlxpa.engine import LLMEngine
     from mlxpa.request import EngineRequest
     from mlxpa.sampling_params import SamplingParams

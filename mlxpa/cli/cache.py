@@ -28,7 +28,7 @@ def list_(kv_cache_dir: DirOpt = "auto") -> None:
     """List the folder's namespaces (one per model and KV layout): files, size, last use."""
     import time
 
-    from mlxpa.core.disk_cache import summarize_folder
+    from mlxpa.core.disk_folder import summarize_folder
     from mlxpa.engine.disk_tier import kv_cache_folder
 
     folder = kv_cache_folder(kv_cache_dir)
@@ -54,7 +54,7 @@ def clear(kv_cache_dir: DirOpt = "auto",
           yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
           ) -> None:
     """Remove the folder's block files (every namespace, or one)."""
-    from mlxpa.core.disk_cache import clear_folder, is_namespace_folder
+    from mlxpa.core.disk_folder import clear_folder, is_namespace_folder
     from mlxpa.engine.disk_tier import kv_cache_folder
 
     folder = kv_cache_folder(kv_cache_dir)

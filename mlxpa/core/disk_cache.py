@@ -39,16 +39,21 @@ import queue
 import struct
 import threading
 import time
-import uuid
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mlxpa.core.disk_folder import (
+    NAMESPACE_DIGITS,
+    SUFFIX,
+    atomic_write,
+    list_files,
+    remove_file,
+)
+
 FORMAT_VERSION = 1
 MAGIC = b"MLXPAKV1"
-SUFFIX = ".kvb"
-_TMP = ".tmp-"
 _DIGEST = 32
 _LEN = struct.Struct("<I")
 # After a cleanup the folder holds at most this share of its bound (room for the next writes).
@@ -60,9 +65,6 @@ _STALE_TMP_S = 3600.0
 # the files a write or a read used together the deepest go first over the bound, the first
 # ones last (not block 0 while the files after it, that no lookup could reach, stay).
 _DEPTH_S = 0.01
-# A namespace's folder: the first hex digits of its key (anything else under a cache folder
-# is not the tier's, and listing, cleaning and clearing leave it alone).
-_NAMESPACE_DIGITS = 16
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +181,7 @@ class DiskStore:
                  snapshot_nbytes: int = 0, read_only: bool = False) -> None:
         self.root = os.fspath(root)
         self.namespace = namespace
-        self.folder = os.path.join(self.root, namespace[:_NAMESPACE_DIGITS])
+        self.folder = os.path.join(self.root, namespace[:NAMESPACE_DIGITS])
         self.max_bytes = max_bytes
         self.block_nbytes = block_nbytes
         self.num_groups = num_groups
@@ -217,7 +219,7 @@ class DiskStore:
         if os.path.exists(path):
             return
         try:
-            _atomic_write(path, json.dumps({"namespace": self.namespace, **identity},
+            atomic_write(path, json.dumps({"namespace": self.namespace, **identity},
                                            indent=1, sort_keys=True, default=str).encode())
         except OSError as e:
             self._stop_writing(e)
@@ -240,7 +242,7 @@ class DiskStore:
         parsed = self._parse(data, key, parent, position, tokens)
         if parsed is None:
             logger.debug("kv cache: skipped invalid file %s", path)
-            removed = not self.read_only and _remove(path)
+            removed = not self.read_only and remove_file(path)
             with self._lock:
                 self._stats.invalid_files += 1
                 if removed:
@@ -382,7 +384,7 @@ class DiskStore:
             replaced = None
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _atomic_write(path, data)
+            atomic_write(path, data)
         except OSError as e:
             self._stop_writing(e)
             return
@@ -420,7 +422,7 @@ class DiskStore:
             stale = f.temporary and now - f.mtime > _STALE_TMP_S
             if not stale and (f.temporary or total <= _LOW_WATER * self.max_bytes):
                 continue
-            if _remove(f.path):
+            if remove_file(f.path):
                 removed += 1
                 total -= f.nbytes
                 count -= not f.temporary
@@ -447,135 +449,6 @@ class DiskStore:
         return stats
 
 
-class CacheFile(NamedTuple):
-    """One file under a cache folder: path, bytes, modification time, whether it is a
-    writer's temporary file, the namespace folder it is in."""
-
-    path: str
-    nbytes: int
-    mtime: float
-    temporary: bool
-    namespace: str
-
-
-def is_namespace_folder(name: str, digits: int = _NAMESPACE_DIGITS) -> bool:
-    """Whether ``name`` is a namespace folder's (:attr:`DiskStore.folder`: 16 hex digits;
-    ``digits=2``: a shard folder's in it)."""
-    return len(name) == digits and all(c in "0123456789abcdef" for c in name)
-
-
-def list_files(root: str | os.PathLike[str]) -> list[CacheFile]:
-    """Every block file (and temporary file) under ``root``'s namespace folders."""
-    out: list[CacheFile] = []
-    root = os.fspath(root)
-    for space in _scan(root):
-        for shard in _scan(space.path, 2):
-            try:
-                entries = list(os.scandir(shard.path))
-            except OSError:
-                continue
-            for e in entries:
-                tmp = SUFFIX + _TMP in e.name
-                if not (tmp or e.name.endswith(SUFFIX)):
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                out.append(CacheFile(e.path, st.st_size, st.st_mtime, tmp, space.name))
-    return out
-
-
-class NamespaceSummary(NamedTuple):
-    """One namespace folder of a cache folder (``mlxpa cache list``): its name, the model
-    it was written for (``namespace.json``), its block files, their bytes, the newest use."""
-
-    namespace: str
-    model: str
-    num_files: int
-    nbytes: int
-    last_used: float
-
-
-def summarize_folder(root: str | os.PathLike[str]) -> list[NamespaceSummary]:
-    """The namespaces under ``root``, most recently used first."""
-    by: dict[str, list[CacheFile]] = {}
-    for f in list_files(root):
-        by.setdefault(f.namespace, []).append(f)
-    out = []
-    for space in (e.name for e in _scan(os.fspath(root))):
-        files = [f for f in by.get(space, []) if not f.temporary]
-        model = "?"
-        try:
-            with open(os.path.join(root, space, "namespace.json")) as fh:
-                info = json.load(fh)
-            model = str(info.get("model", {}).get("name", "?"))
-        except (OSError, ValueError, AttributeError):
-            pass
-        out.append(NamespaceSummary(space, model, len(files), sum(f.nbytes for f in files),
-                                    max((f.mtime for f in files), default=0.0)))
-    return sorted(out, key=lambda s: -s.last_used)
-
-
-def clear_folder(root: str | os.PathLike[str], namespace: str | None = None) -> tuple[int, int]:
-    """Remove the block files (and temporary files) under ``root``, or one namespace's;
-    returns the files and bytes removed. Empty namespace folders go too; nothing else.
-
-    Raises:
-        ValueError: ``namespace`` is not a namespace folder's name (16 hex digits).
-    """
-    if namespace is not None and not is_namespace_folder(namespace):
-        raise ValueError(f"--namespace must be a namespace as `mlxpa cache list` shows it "
-                         f"({_NAMESPACE_DIGITS} hex digits), got {namespace!r}")
-    removed = nbytes = 0
-    for f in list_files(root):
-        if namespace is not None and f.namespace != namespace:
-            continue
-        if _remove(f.path):
-            removed += 1
-            nbytes += f.nbytes
-    root = os.fspath(root)
-    for space in [namespace] if namespace else [e.name for e in _scan(root)]:
-        folder = os.path.join(root, space)
-        for shard in _scan(folder, 2):
-            try:
-                os.rmdir(shard.path)
-            except OSError:
-                pass
-        _remove(os.path.join(folder, "namespace.json"))
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
-    return removed, nbytes
-
-
-def _scan(folder: str, digits: int = _NAMESPACE_DIGITS) -> list[os.DirEntry]:
-    """The namespace folders in ``folder`` (``digits=2``: the shard folders)."""
-    try:
-        return [e for e in os.scandir(folder)
-                if is_namespace_folder(e.name, digits) and e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
-def folder_bytes(root: str | os.PathLike[str]) -> int:
-    """Bytes of the block files under ``root``."""
-    return sum(f.nbytes for f in list_files(root))
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file in its folder and ``os.replace``."""
-    tmp = f"{path}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
 def _touch(path: str, position: int) -> None:
     """Mark ``path`` used now (its block at ``position``: see :data:`_DEPTH_S`)."""
     t = time.time() - position * _DEPTH_S
@@ -585,15 +458,5 @@ def _touch(path: str, position: int) -> None:
         pass
 
 
-def _remove(path: str) -> bool:
-    try:
-        os.remove(path)
-        return True
-    except OSError:
-        return False
-
-
-__all__ = ["BlockHeader", "CacheFile", "DiskStats", "DiskStore", "FORMAT_VERSION",
-           "NamespaceSummary", "chain_keys", "chain_next", "chain_root", "clear_folder",
-           "folder_bytes", "is_namespace_folder", "list_files", "namespace_key",
-           "summarize_folder"]
+__all__ = ["BlockHeader", "DiskStats", "DiskStore", "FORMAT_VERSION", "chain_keys",
+           "chain_next", "chain_root", "namespace_key"]

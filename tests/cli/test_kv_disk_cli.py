@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mlxpa.core.disk_cache import list_files
+from mlxpa.core.disk_folder import list_files
 from tests.cli.helpers import cli, write_jsonl
 
 FEW_SHOT = "Label each review.\n" + "".join(f"Review: sample {i} was fine. Label: good\n"

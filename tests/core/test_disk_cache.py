@@ -21,11 +21,9 @@ from mlxpa.core.disk_cache import (
     chain_keys,
     chain_next,
     chain_root,
-    clear_folder,
-    list_files,
     namespace_key,
-    summarize_folder,
 )
+from mlxpa.core.disk_folder import clear_folder, list_files, summarize_folder
 
 NB = 64  # bytes of a block
 TOKENS = list(range(10, 26))  # two blocks of 8
@@ -160,7 +158,7 @@ def test_a_folder_that_refuses_writes_warns_once(tmp_path, monkeypatch):
     def refuse(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_cache, "_atomic_write", refuse)
+    monkeypatch.setattr(disk_cache, "atomic_write", refuse)
     for position in (0, 1):
         s.put(header(s, position), payload())
     assert len(warnings) == 1 and "No space left" in warnings[0]

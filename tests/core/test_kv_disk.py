@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlxpa.core.block_pool import NULL_BLOCK, BlockPool
-from mlxpa.core.disk_cache import DiskStore, list_files, namespace_key
+from mlxpa.core.disk_cache import DiskStore, namespace_key
+from mlxpa.core.disk_folder import list_files
 from mlxpa.core.kv_cache_groups import KVCacheGroupSpec, KVCacheLayout
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.kv_disk import disk_prefix_end

@@ -14,7 +14,7 @@ import pytest
 
 from mlxpa.config import EngineConfig
 from mlxpa.core import disk_cache
-from mlxpa.core.disk_cache import list_files
+from mlxpa.core.disk_folder import list_files
 from mlxpa.engine import LLMEngine
 from mlxpa.engine.metrics import summarize
 from mlxpa.request import EngineRequest
@@ -100,7 +100,7 @@ def test_a_folder_that_refuses_writes_loses_no_row(setup, tmp_path, monkeypatch)
     def refuse(path, data):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(disk_cache, "_atomic_write", refuse)
+    monkeypatch.setattr(disk_cache, "atomic_write", refuse)
     with pytest.warns(RuntimeWarning, match="stops writing: Read-only") as caught:
         eng, outs = run(model, tok, ids, kv_cache_dir=str(tmp_path))
     assert len([w for w in caught if "KV disk cache" in str(w.message)]) == 1
