@@ -15,9 +15,12 @@ block_size) + 1`` blocks there, ``chunk`` the tokens one step computes: prefill 
 capped at :attr:`KVCacheLayout.max_chunk_tokens` (half the smallest window, at least 256
 tokens) so that this stays near the window (Gemma 3 270M: 512-token windows, 256-token chunks,
 49 blocks of 16 a request while it prefills, 33 while it decodes; mlx-lm's rotating caches
-keep 512 tokens after a prefill). Layers whose pool shapes differ between kinds (Gemma 4's
-global layers) cannot share slots: they keep one group and page every layer for every token
-(vLLM does the same), and :attr:`KVCacheLayout.note` says why.
+keep 512 tokens after a prefill). Sizing and admission count that cap; a chunk goes past it
+only into blocks that are free and that no request needs to finish
+(:meth:`KVCacheLayout.chunk_for_spare`), holding ``window + chunk`` tokens for a step as vLLM's
+sliding-window manager, which never caps a chunk, does. Layers whose pool shapes differ
+between kinds (Gemma 4's global layers) cannot share slots: they keep one group and page every
+layer for every token (vLLM does the same), and :attr:`KVCacheLayout.note` says why.
 
 Recurrent-state layers (mlx-lm's ``ArraysCache``) have no table: a request's live state is
 the worker's, and a snapshot of it (every recurrent entry, at one position) is stored in
@@ -92,6 +95,17 @@ class KVCacheLayout:
         if not windows:
             return None
         return cdiv(max(min(windows) // 2, MIN_CHUNK_TOKENS), self.block_size) * self.block_size
+
+    def chunk_for_spare(self, spare_blocks: int) -> int | None:
+        """The largest prefill chunk whose sliding-window blocks exceed those of a
+        :attr:`max_chunk_tokens` chunk by at most ``spare_blocks`` over every window group
+        (each block of tokens past the cap holds one more block in each); None without a
+        window group."""
+        cap = self.max_chunk_tokens
+        if cap is None:
+            return None
+        window_groups = sum(w is not None for w in self.windows)
+        return cap + max(spare_blocks, 0) // window_groups * self.block_size
 
     def window_blocks(self, window: int, chunk: int) -> int:
         """Most blocks a request holds at once in a group of ``window`` tokens while a step

@@ -118,6 +118,17 @@ class KVCacheManager:
         total = self.layout.blocks_needed(req.num_prompt_tokens + req.max_tokens, chunk)
         return max(total - held, 0)
 
+    def spare_blocks(self, running: list[Request], req: Request) -> int:
+        """Blocks a prefill chunk of ``req`` may hold for one step past what the window cap
+        lets it (:meth:`KVCacheLayout.chunk_for_spare`): free in the pool now (a transient
+        neither grows the pool nor evicts the cache) and not needed by ``req`` or any of
+        ``running`` to reach its ``max_tokens`` at the cap (negative: none)."""
+        cap = self.layout.max_chunk_tokens or 1
+        need = self.blocks_to_finish(req, cap) + sum(
+            self.blocks_to_finish(r, cap if r.num_tokens - r.num_computed_tokens > 1 else 1)
+            for r in running if r is not req)
+        return min(self.pool.num_free_blocks, self.num_available_blocks - need)
+
     @property
     def num_available_blocks(self) -> int:
         """Free blocks, those only the prefix cache holds (evictable on demand) and those the
@@ -399,10 +410,13 @@ class KVCacheManager:
     def snapshot_points(self, req: Request) -> list[int]:
         return self.snapshots.points(req)
 
-    def chunk_limit(self, req: Request, start: int) -> int | None:
+    def chunk_limit(self, req: Request, start: int, spare_blocks: int = 0) -> int | None:
         """Most tokens ``req``'s next chunk, from position ``start``, may compute: up to its
-        next snapshot point, at most the layout's chunk cap (None: no limit)."""
-        limit, point = self.layout.max_chunk_tokens, self.snapshots.next_point(req, start)
+        next snapshot point, at most the layout's chunk cap, or past the cap as far as
+        ``spare_blocks`` (:meth:`spare_blocks`) pays for (None: no limit)."""
+        limit = (self.layout.max_chunk_tokens if spare_blocks <= 0
+                 else self.layout.chunk_for_spare(spare_blocks))
+        point = self.snapshots.next_point(req, start)
         if point is None:
             return limit
         return point - start if limit is None else min(point - start, limit)

@@ -99,6 +99,9 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_cascade_attention = not config.disable_cascade_attn
         self.kv_cache_manager = kv_cache_manager
+        # The prefill chunk sizing and admission count on (no cap: the budget's).
+        self._window_cap = (kv_cache_manager.layout.max_chunk_tokens
+                            or config.max_num_batched_tokens)
         # A request alone must always fit, or preemption could loop forever.
         self.max_model_len = min(max_model_len, kv_cache_manager.capacity_tokens)
         self.waiting: deque[Request] = deque()
@@ -154,6 +157,9 @@ class Scheduler:
             while self.kv_cache_manager.allocate_slots(req, n) is None:
                 if drafts:
                     n, drafts = n - len(drafts), []  # no drafts before preempting anyone
+                    continue
+                if n > self._window_cap:
+                    n = self._window_cap  # a chunk past the cap only into spare blocks
                     continue
                 if self.running[-1] is req and n > 1:
                     n = (n + 1) // 2  # a smaller chunk before preempting itself
@@ -238,9 +244,13 @@ class Scheduler:
 
     def _chunk(self, req: Request, start: int, budget: int) -> int:
         """Tokens ``req`` computes this step from position ``start``: the rest of it, at most
-        ``budget`` and its chunk limit (a sliding window's cap, its next snapshot point)."""
+        ``budget`` and its chunk limit (its next snapshot point; a sliding window's cap, or
+        past it into spare blocks)."""
+        kv = self.kv_cache_manager
         n = min(req.num_tokens - start, budget)
-        limit = self.kv_cache_manager.chunk_limit(req, start)
+        limit = kv.chunk_limit(req, start)
+        if n > self._window_cap and limit == self._window_cap:
+            limit = kv.chunk_limit(req, start, kv.spare_blocks(self.running, req))
         return n if limit is None else min(n, limit)
 
     def _cascade_groups(self, out: SchedulerOutput) -> list[CascadeGroup]:
@@ -291,8 +301,9 @@ class Scheduler:
                     kv.add_snapshot_point(req, point)
             n = self._chunk(req, computed.num_tokens, budget)
             while (allocated := kv.allocate_slots(req, n, computed)) is None and (
-                    not self.running and n > 1):
-                n = (n + 1) // 2  # alone in the pool: a smaller chunk (a window's)
+                    n > self._window_cap or not self.running and n > 1):
+                # past the window cap only into spare blocks; alone in the pool, smaller
+                n = self._window_cap if n > self._window_cap else (n + 1) // 2
             if allocated is None:
                 self.waiting.appendleft(req)
                 break

@@ -38,6 +38,13 @@ def test_gemma3_270m_is_six_groups_of_three():
     assert layout.window_blocks(512, 256) == 49 and layout.window_blocks(512, 1) == 33
     assert layout.blocks_needed(8192, 2048) == 512 + 5 * 49
     assert layout.blocks_needed(8192, 1) == 512 + 5 * 33
+    # past the cap only as far as spare blocks pay: one block of tokens per 5 spare blocks
+    # (one in each window group), so a 2,048-token chunk's 112 more window blocks need 560
+    assert layout.chunk_for_spare(0) == layout.chunk_for_spare(-3) == 256
+    assert layout.chunk_for_spare(4) == 256 and layout.chunk_for_spare(5) == 272
+    assert layout.chunk_for_spare(560) == 2048
+    assert 5 * (layout.window_blocks(512, 2048) - layout.window_blocks(512, 256)) == 560
+    assert group_entries(_pattern(18, 6, None), 16).chunk_for_spare(100) is None
 
 
 def test_group_size_follows_vllm():

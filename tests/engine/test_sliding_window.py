@@ -180,3 +180,60 @@ def test_abort_frees_every_window_block(model_and_refs):
     eng.abort_unfinished()
     _clean(eng)
     assert np.isfinite(eng.counters.peak_kv_bytes) and eng.counters.peak_kv_bytes > 0
+
+
+def _chunks(eng: LLMEngine) -> list[list[int]]:
+    """Record the tokens every step schedules per request (``num_scheduled_tokens``)."""
+    schedule, seen = eng.scheduler.schedule, []
+
+    def spy():
+        out = schedule()
+        seen.append(list(out.num_scheduled_tokens))
+        return out
+
+    eng.scheduler.schedule = spy
+    return seen
+
+
+@pytest.mark.parametrize(("num_blocks", "prefill"), [
+    (600, [555]),            # room to spare: the whole prompt in one chunk
+    (300, [300, 255]),       # 23 spare blocks: 11 more blocks of tokens past the cap
+    (277, [256, 256, 43]),   # no spare block: the cap
+])
+def test_a_long_prefill_goes_past_the_window_cap_only_into_spare_blocks(
+        model_and_refs, num_blocks, prefill):
+    """The toy layout caps a prefill chunk at 256 tokens. A 555-token prompt (10 out) needs
+    142 full-attention blocks and, at the cap, 67 in each window group (276; the null block
+    takes one of the pool's): a chunk goes past the cap by one block of tokens for every 2
+    blocks (one per window group) free beyond that; greedy ids equal mlx-lm's, nothing
+    leaks."""
+    model, tok, _, _ = model_and_refs
+    ids = tok.encode(DOC * 5)
+    assert len(ids) == 555
+    eng = LLMEngine(EngineConfig(block_size=4, num_blocks=num_blocks,
+                                 max_num_batched_tokens=2048), model, tok)
+    seen = _chunks(eng)
+    (out,) = eng.generate([EngineRequest("r", ids, SamplingParams(max_tokens=OUT))])
+    assert [c[0] for c in seen if c][:len(prefill)] == prefill
+    assert out.token_ids == mlx_lm_greedy(model, ids, OUT)
+    assert eng.counters.num_preemptions == 0
+    _clean(eng)
+
+
+def test_a_long_chunk_leaves_room_for_the_running_requests(model_and_refs):
+    """A short request decodes beside a long prompt in a pool that holds both at the cap with
+    8 blocks to spare: the long prompt's first chunk takes 4 blocks of tokens past the cap
+    (2 window groups), nobody is preempted, and both equal mlx-lm's greedy ids."""
+    model, tok, _, _ = model_and_refs
+    short, long = tok.encode("short one"), tok.encode(DOC * 5)
+    eng = LLMEngine(EngineConfig(block_size=4, num_blocks=330, max_num_batched_tokens=2048),
+                    model, tok)
+    seen = _chunks(eng)
+    outs = {o.request_id: o for o in eng.generate([
+        EngineRequest("s", short, SamplingParams(max_tokens=50)),
+        EngineRequest("l", long, SamplingParams(max_tokens=OUT))])}
+    assert seen[0] == [len(short), 272] and seen[1] == [1, 555 - 272]
+    assert eng.counters.num_preemptions == 0
+    assert outs["s"].token_ids == mlx_lm_greedy(model, short, 50)
+    assert outs["l"].token_ids == mlx_lm_greedy(model, long, OUT)
+    _clean(eng)
