@@ -1,11 +1,13 @@
-"""Where a decode step over long contexts goes (the long-document workload's decode): the
-default model, ``--rows`` requests of ``--prompt-len`` random tokens under ``--kv-memory``,
-their prompts' K/V laid out in the pool as 256-token chunks would leave them (window blocks
-freed, blocks filled with random values) without running the prefill, then whole engine
-steps (each decodes one token of every row) and the step's parts timed alone at its shapes,
-medians over rounds.
+"""Where a step over long contexts goes (the long-document workload): the default model,
+``--rows`` requests of ``--prompt-len`` random tokens under ``--kv-memory``, their prompts' K/V
+laid out in the pool as 256-token chunks would leave them (window blocks freed, blocks filled
+with random values) without running the prefill, then whole engine steps and the step's parts
+timed alone at its shapes, medians over rounds. A step decodes one token of every row, or
+with ``--chunk C`` prefills the C prompt tokens before each row's last one (the rows' computed
+tokens are set back after each step, so every round times the same step).
 
-    python benchmarks/long_decode_step.py [--rows 16] [--prompt-len 8202] [--rounds 5]
+    python benchmarks/long_decode_step.py [--rows 16] [--prompt-len 8202] [--chunk 1]
+        [--rounds 5]
 
 Prints a table of milliseconds per step by part and the bytes a step reads (weights, K/V):
 the bandwidth floor next to the measured step.
@@ -32,6 +34,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--rows", type=int, default=16)
 ap.add_argument("--prompt-len", type=int, default=8202)
 ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--chunk", type=int, default=1, help="prompt tokens a row computes a step")
 ap.add_argument("--kv-memory", type=float, default=1.0, help="GiB")
 args = ap.parse_args()
 
@@ -49,15 +52,27 @@ for i in range(args.rows):
 while sched.waiting:
     req = sched.waiting.popleft()
     req.status, req.num_cached_tokens = RequestStatus.RUNNING, 0
-    while req.num_computed_tokens < req.num_prompt_tokens - 1:
-        n = min(256, req.num_prompt_tokens - 1 - req.num_computed_tokens)
+    ready = req.num_prompt_tokens - 1 - (args.chunk if args.chunk > 1 else 0)
+    while req.num_computed_tokens < ready:
+        n = min(256, ready - req.num_computed_tokens)
         assert kv.allocate_slots(req, n) is not None, "the pool is too small for the rows"
         req.num_computed_tokens += n
         kv.cache_blocks(req)
     sched.running.append(req)
 runner = engine.runner
 pool = runner.kv_cache
-engine.step()  # the runner adopts the requests' tables; one token each
+C = args.chunk
+
+
+def step() -> None:
+    before = {r.key: r.num_computed_tokens for r in sched.running}
+    engine.step()
+    if C > 1:  # the same chunk again next time
+        for r in sched.running:
+            r.num_computed_tokens = before[r.key]
+
+
+step()  # the runner adopts the requests' tables
 for caches in (pool.key_caches, pool.value_caches):
     for j, c in enumerate(caches):
         caches[j] = mx.random.normal(c.shape).astype(c.dtype) * 0.5  # real pages, not zeros
@@ -74,8 +89,9 @@ window = next(i for i, layer in enumerate(layers) if layer.self_attn.is_sliding)
 attn = layers[full].self_attn
 H, KVH, D = attn.n_heads, attn.n_kv_heads, A.head_dim
 rnd = lambda *s: mx.random.normal(s) * 0.5  # noqa: E731
-x, a = rnd(B, 1, A.hidden_size), rnd(B, 1, H * D)
-q = rnd(B, H, 1, D)
+L = max(counts)
+x, a = rnd(B, L, A.hidden_size), rnd(B, L, H * D)
+q = rnd(B, H, L, D)
 hrows = rnd(B, A.hidden_size)
 mx.eval(x, a, q, hrows)
 slot = {i: (g, j) for g, spec in enumerate(runner.kv_cache_layout.groups)
@@ -97,7 +113,7 @@ PARTS = {  # name: (lazy result, calls per step)
     "matmuls q/k/v/o": (lambda: [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x),
                                  attn.o_proj(a)], len(layers)),
     "MLP": (lambda: mlp(x), len(layers)),
-    "LM head": (lambda: runner._split.head(hrows), 1),
+    "LM head": (lambda: runner._split.head(hrows), 1 if C == 1 else 0),
 }
 
 
@@ -116,12 +132,13 @@ for _ in range(args.rounds):
         for n, (fn, _) in PARTS.items():
             times[n].append(seconds(fn))
     t0 = time.perf_counter()
-    engine.step()
+    step()
     times["step"].append(time.perf_counter() - t0)
 med = {n: statistics.median(v) for n, v in times.items()}
 step = med["step"]
 ctx = int(np.mean([r.num_tokens for r in reqs]))
-print(f"decode: {B} rows, contexts ~{ctx:,} tokens, {args.rounds} rounds, median step "
+print(f"{'decode' if C == 1 else f'{C}-token chunks'}: {B} rows, contexts ~{ctx:,} tokens, "
+      f"{args.rounds} rounds, median step "
       f"{step * 1e3:.0f} ms")
 print("| part | ms per call | calls | ms per step | share |")
 print("|---|---|---|---|---|")
