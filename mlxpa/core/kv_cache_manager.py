@@ -120,14 +120,18 @@ class KVCacheManager:
 
     def spare_blocks(self, running: list[Request], req: Request) -> int:
         """Blocks a prefill chunk of ``req`` may hold for one step past what the window cap
-        lets it (:meth:`KVCacheLayout.chunk_for_spare`): free in the pool now (a transient
-        neither grows the pool nor evicts the cache) and not needed by ``req`` or any of
-        ``running`` to reach its ``max_tokens`` at the cap (negative: none)."""
+        lets it (:meth:`KVCacheLayout.chunk_for_spare`): free in the pool after the capped
+        chunk's own new blocks (the extra neither grows the pool nor evicts the cache) and not
+        needed by ``req`` or any of ``running`` to reach its ``max_tokens`` at the cap
+        (negative: none)."""
         cap = self.layout.max_chunk_tokens or 1
         need = self.blocks_to_finish(req, cap) + sum(
             self.blocks_to_finish(r, cap if r.num_tokens - r.num_computed_tokens > 1 else 1)
             for r in running if r is not req)
-        return min(self.pool.num_free_blocks, self.num_available_blocks - need)
+        end = req.num_computed_tokens + cap  # the capped chunk's own new blocks come first
+        capped = sum(max(cdiv(end, self.block_size) - len(t), 0)
+                     for t in req.block_tables or [[] for _ in self.windows])
+        return min(self.pool.num_free_blocks - capped, self.num_available_blocks - need)
 
     @property
     def num_available_blocks(self) -> int:
