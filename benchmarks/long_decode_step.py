@@ -21,6 +21,7 @@ import time
 
 import mlx.core as mx
 import numpy as np
+from timing import seconds  # benchmarks/timing.py
 
 from mlxpa.config import EngineConfig
 from mlxpa.engine import LLMEngine
@@ -115,15 +116,6 @@ PARTS = {  # name: (lazy result, calls per step)
     "MLP": (lambda: mlp(x), len(layers)),
     "LM head": (lambda: runner._split.head(hrows), 1 if C == 1 else 0),
 }
-
-
-def seconds(fn, reps=3) -> float:
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 times: dict[str, list[float]] = {n: [] for n in [*PARTS, "step"]}

@@ -15,6 +15,7 @@ import sys
 import time
 
 import mlx.core as mx
+from timing import seconds  # benchmarks/timing.py
 
 from mlxpa.bench.limits import gemm_flops_per_s
 from mlxpa.bench.workloads import random_workload
@@ -178,15 +179,6 @@ WHOLE = {
     "attention as run (paged, tiles, 2 streams)": (lambda: cache.attend(q, attn.scale), NL),
     "MLP block as run (row halves, 2 streams)": (lambda: split_mlp(x), NL),
 }
-
-
-def seconds(fn, reps=3) -> float:
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 times = {n: [] for n in [*CATS, *WHOLE, "step"]}

@@ -128,9 +128,9 @@ class KVCacheManager:
         need = self.blocks_to_finish(req, cap) + sum(
             self.blocks_to_finish(r, cap if r.num_tokens - r.num_computed_tokens > 1 else 1)
             for r in running if r is not req)
-        end = req.num_computed_tokens + cap  # the capped chunk's own new blocks come first
-        capped = sum(max(cdiv(end, self.block_size) - len(t), 0)
-                     for t in req.block_tables or [[] for _ in self.windows])
+        # the capped chunk's own new blocks come first
+        capped = sum(self._new_blocks(req.block_tables or [[] for _ in self.windows],
+                                      req.num_computed_tokens + cap))
         return min(self.pool.num_free_blocks - capped, self.num_available_blocks - need)
 
     @property
@@ -238,8 +238,7 @@ class KVCacheManager:
         start = req.num_computed_tokens + (hit.num_tokens if hit else 0)
         end = start + num_new_tokens
         tables = req.block_tables or [[] for _ in self.windows]
-        have = [len(t) + (len(hit.block_ids[g]) if hit else 0) for g, t in enumerate(tables)]
-        need = [max(cdiv(end, self.block_size) - h, 0) for h in have]
+        need = self._new_blocks(tables, end, hit)
         cow = [] if hit else [g for g in range(self.num_groups) if self._needs_cow(req, g)]
         snap = self.layout.snapshot_blocks if self.snapshots.due(req, end) else 0
         total = sum(need) + len(cow)
@@ -272,6 +271,13 @@ class KVCacheManager:
             self.snapshots.save(req, end)
         self.snapshots.start(req)
         return new
+
+    def _new_blocks(self, tables: list[list[int]], end: int,
+                    hit: PrefixMatch | None = None) -> list[int]:
+        """Per group, the blocks a request with ``tables`` (and a prefix ``hit`` about to be
+        adopted) still lacks to hold tokens up to ``end``."""
+        return [max(cdiv(end, self.block_size) - len(t)
+                    - (len(hit.block_ids[g]) if hit else 0), 0) for g, t in enumerate(tables)]
 
     def _hold(self, hit: PrefixMatch) -> list[int]:
         """Lock ``hit``'s node and take a reference of its blocks and snapshot, so no

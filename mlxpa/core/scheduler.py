@@ -99,7 +99,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_cascade_attention = not config.disable_cascade_attn
         self.kv_cache_manager = kv_cache_manager
-        # The prefill chunk sizing and admission count on (no cap: the budget's).
+        # The prefill chunk that sizing and admission count on (the budget without windows);
+        # a chunk goes past it only into spare blocks.
         self._window_cap = (kv_cache_manager.layout.max_chunk_tokens
                             or config.max_num_batched_tokens)
         # A request alone must always fit, or preemption could loop forever.
