@@ -120,18 +120,17 @@ class KVCacheManager:
 
     def spare_blocks(self, running: list[Request], req: Request) -> int:
         """Blocks a prefill chunk of ``req`` may hold for one step past what the window cap
-        lets it (:meth:`KVCacheLayout.chunk_for_spare`): free in the pool after the capped
-        chunk's own new blocks (the extra neither grows the pool nor evicts the cache) and not
-        needed by ``req`` or any of ``running`` to reach its ``max_tokens`` at the cap
-        (negative: none)."""
+        lets it (:meth:`KVCacheLayout.chunk_for_spare`): available (free, the pool's growth up
+        to its budget, blocks only the prefix cache holds: evicted LRU, as vLLM's free queue
+        hands out cached free blocks) and not needed by ``req`` or any of ``running`` to reach
+        its ``max_tokens`` at the cap (negative: none). Window blocks a chunk leaves behind
+        stay cached, so counting only free blocks would cap every later chunk once the pool
+        is full of them."""
         cap = self.layout.max_chunk_tokens or 1
         need = self.blocks_to_finish(req, cap) + sum(
             self.blocks_to_finish(r, cap if r.num_tokens - r.num_computed_tokens > 1 else 1)
             for r in running if r is not req)
-        # the capped chunk's own new blocks come first
-        capped = sum(self._new_blocks(req.block_tables or [[] for _ in self.windows],
-                                      req.num_computed_tokens + cap))
-        return min(self.pool.num_free_blocks - capped, self.num_available_blocks - need)
+        return self.num_available_blocks - need
 
     @property
     def num_available_blocks(self) -> int:

@@ -1,4 +1,5 @@
-"""Paged attention for MLX's CPU back end, in MLX ops, without copying the context.
+"""Paged attention for MLX's CPU back end: decode in MLX ops without copying the context,
+prefill chunks in numpy.
 
 The reference gathers each row's blocks into a contiguous ``[B, kv_heads, S, D]`` copy before
 attending, and in a decode step that copy is most of the cost. Here decode reads the pool in
@@ -7,12 +8,11 @@ place through ``mx.gather_mm``, a batched matmul whose right operand is picked b
 base-2 softmax over the row's keys, and one ``[q_per_kv, block_size] @ [block_size, D]``
 product per (row, KV head, block) summed over blocks gives the output (PagedAttention's
 per-block loop, Kwon et al., SOSP 2023, as batched matmuls). Prefill chunks keep the gather
-(its copy is small next to the chunk's matmuls).
-
-A prefill chunk's queries are cut into tiles of ``query_tile`` rows, and each tile attends only
-the key range some row of the batch can see from it (causal above, sliding window below):
-FlashAttention's block skipping (Dao et al. 2022) at tile granularity, since the softmax runs on
-one thread here.
+(its copy is small next to the chunk's matmuls) and attend in numpy
+(:mod:`mlxpa.kernels.cpu_prefill_attention`: MLX's CPU exponentials are scalar, numpy's
+vectorised), their queries cut into tiles of at most ``query_tile`` rows, each tile over only
+the key range some row of the batch can see from it (:func:`key_ranges`: causal above,
+sliding window below), FlashAttention's block skipping (Dao et al. 2022) at tile granularity.
 
 The softmax is ``2^(s log2 e - max) / sum`` with the scale and ``log2 e`` folded into the
 queries (FlashAttention-2's ``exp2``): on MLX's CPU back end ``power(2, x)`` costs about half
@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import numpy as np
 
-from mlxpa.kernels import cascade_reference
+from mlxpa.kernels import cascade_reference, cpu_prefill_attention
 from mlxpa.kernels.cascade_reference import (
     CascadePrefix,
     head_sinks,
@@ -50,7 +51,7 @@ from mlxpa.kernels.reference import attention_mask, gather_kv
 
 _LOG2E = 1 / math.log(2)
 _MASKED = -1e30
-# Query rows per tile of a prefill chunk (see the module docstring).
+# Query rows per tile of a prefill chunk, at most (see the module docstring).
 QUERY_TILE = 64
 
 
@@ -103,31 +104,6 @@ def _sink(sinks: mx.array | None, kv_heads: int, g: int, extra: int) -> mx.array
     return (sinks.astype(mx.float32) * _LOG2E).reshape(kv_heads, g, *([1] * extra))
 
 
-def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
-              sinks: mx.array | None = None) -> mx.array:
-    """Masked grouped-query attention over contiguous K/V with the base-2 softmax.
-
-    Args:
-        q: ``[B, q_heads, L, D]`` float32.
-        k: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
-        v: ``[B, kv_heads, S, Dv]`` float32 (``Dv`` may differ from ``D``).
-        mask: Boolean, broadcastable to ``[B, 1, L, S]``; True where a query sees a key.
-        scale: Softmax scale.
-        sinks: ``[q_heads]`` per-head sink logits, or None.
-
-    Returns:
-        ``[B, q_heads, L, Dv]`` float32.
-    """
-    b, heads, length, d = q.shape
-    kv_heads = k.shape[1]
-    g = heads // kv_heads
-    qg = (q * (scale * _LOG2E)).reshape(b, kv_heads, g * length, d)
-    s = (qg @ k.swapaxes(-1, -2)).reshape(b, kv_heads, g, length, -1)
-    p = softmax_exp2(s, mask[:, :, None], _sink(sinks, kv_heads, g, 2))
-    p = p.reshape(b, kv_heads, g * length, -1)
-    return (p @ v).reshape(b, heads, length, v.shape[-1])
-
-
 def key_ranges(rel: list[int], length: int, num_keys: int, tile: int,
                sliding_window: int | None) -> list[tuple[int, int, int, int]]:
     """``(q0, q1, k0, k1)`` per tile of ``tile`` query rows: the gathered keys ``[k0, k1)``
@@ -145,22 +121,6 @@ def key_ranges(rel: list[int], length: int, num_keys: int, tile: int,
         k1 = min(num_keys, hi + q1)
         out.append((q0, q1, min(k0, k1 - 1), max(k1, 1)))
     return out
-
-
-def sdpa_exp2_tiled(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
-                    ranges: list[tuple[int, int, int, int]],
-                    sinks: mx.array | None = None) -> mx.array:
-    """:func:`sdpa_exp2` one query tile at a time over the tile's key range (``ranges`` from
-    :func:`key_ranges`, covering every query row), tiles alternating between the two CPU
-    streams of :func:`cpu_streams`; same shapes and result."""
-    if len(ranges) == 1 and ranges[0][2:] == (0, k.shape[2]):
-        return sdpa_exp2(q, k, v, mask, scale, sinks)
-    streams, tiles = cpu_streams(), []
-    for t, (q0, q1, k0, k1) in enumerate(ranges):
-        with mx.stream(streams[t % len(streams)]):
-            tiles.append(sdpa_exp2(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1],
-                                   mask[:, :, q0:q1, k0:k1], scale, sinks))
-    return mx.concatenate(tiles, axis=2)
 
 
 def _block_matmul(x: mx.array, pool: mx.array | QuantizedPool, lhs: mx.array | None,
@@ -227,24 +187,33 @@ def paged_attention(q: mx.array, kv: PagedKV, query_tile: int | None = None) -> 
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
     place (:func:`decode_attention`) when the pool is float32 (quantized: float32 scales);
-    prefill chunks and half-precision pools gather (and dequantize), then
-    :func:`sdpa_exp2_tiled` in tiles of ``query_tile`` query rows (default
-    :data:`QUERY_TILE`). Computes in float32 whatever the pool dtype (MLX's CPU
-    half-precision matmul is slower and less exact)."""
+    prefill chunks and half-precision pools gather (and dequantize), then attend in numpy
+    (:func:`mlxpa.kernels.cpu_prefill_attention.sdpa_exp2`) in tiles of at most
+    ``query_tile`` query rows (default :data:`QUERY_TILE`). Computes in float32 whatever the
+    pool dtype (MLX's CPU half-precision matmul is slower and less exact)."""
     length = q.shape[2]
     num_keys = kv.block_tables.shape[1] * kv.key_cache.shape[2]
-    mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
-                          kv.sliding_window)
     if length == 1 and kv.key_cache.dtype == mx.float32:
+        mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
+                              kv.sliding_window)
         out = decode_attention(_f32(q), kv.key_cache, kv.value_cache, kv.block_tables, mask,
                                kv.scale, kv.sinks)
-    else:
-        k = _f32(dense(gather_kv(kv.key_cache, kv.block_tables)))
-        v = _f32(dense(gather_kv(kv.value_cache, kv.block_tables)))
-        rel = kv.query_start if kv.key_start is None else kv.query_start - kv.key_start
-        ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
-                            kv.sliding_window)
-        out = sdpa_exp2_tiled(_f32(q), k, v, mask, kv.scale, ranges, kv.sinks)
+        return out.astype(q.dtype)
+    k = _f32(dense(gather_kv(kv.key_cache, kv.block_tables)))
+    v = _f32(dense(gather_kv(kv.value_cache, kv.block_tables)))
+    starts = [kv.query_start, kv.context_lens] + ([] if kv.key_start is None
+                                                  else [kv.key_start])
+    mx.eval(starts)
+    query_start, context_lens = np.asarray(kv.query_start), np.asarray(kv.context_lens)
+    key_start = (np.zeros_like(query_start) if kv.key_start is None
+                 else np.asarray(kv.key_start))
+    pos = cpu_prefill_attention.Positions(query_start, key_start, context_lens,
+                                          kv.sliding_window)
+    tile = cpu_prefill_attention.tile_rows(q.shape[0], q.shape[1], num_keys, length,
+                                           query_tile or QUERY_TILE)
+    ranges = key_ranges((query_start - key_start).tolist(), length, num_keys, tile,
+                        kv.sliding_window)
+    out = cpu_prefill_attention.sdpa_exp2(_f32(q), k, v, pos, kv.scale, ranges, kv.sinks)
     return out.astype(q.dtype)
 
 
