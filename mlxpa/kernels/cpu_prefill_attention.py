@@ -44,6 +44,14 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
+def _forget() -> None:
+    """After ``fork``: the child has none of the parent's tile threads; make its own."""
+    _state.clear()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def _resources() -> tuple[ThreadPoolExecutor, ThreadpoolController]:
     """The tile threads and the BLAS thread controller, made once per process."""
     with _lock:
@@ -108,9 +116,9 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, pos: Positions, scale: floa
     b, heads, length, d = q.shape
     kv_heads, dv = k.shape[1], v.shape[-1]
     g = heads // kv_heads
-    qs = q * (scale * _LOG2E)
-    mx.eval(qs, k, v)
-    qn = np.asarray(qs).reshape(b, kv_heads, g, length, d)
+    mx.eval(q, k, v)
+    qn = np.asarray(q).reshape(b, kv_heads, g, length, d)
+    c = np.float32(scale * _LOG2E)
     kn, vn = np.asarray(k), np.asarray(v)
     sink = (None if sinks is None
             else (np.asarray(sinks.astype(mx.float32)) * np.float32(_LOG2E))
@@ -120,7 +128,7 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, pos: Positions, scale: floa
     def tile(r: tuple[int, int, int, int]) -> None:
         q0, q1, k0, k1 = r
         rows, keys = q1 - q0, k1 - k0
-        qt = qn[:, :, :, q0:q1].reshape(b, kv_heads, g * rows, d)
+        qt = np.multiply(qn[:, :, :, q0:q1], c).reshape(b, kv_heads, g * rows, d)
         s = np.matmul(qt, kn[:, :, k0:k1].swapaxes(-1, -2)).reshape(b, kv_heads, g, rows, keys)
         vis = _visible(pos, q0, q1, k0, k1)
         if not vis.all():   # replaced, not added to: keys past a row's context are garbage
