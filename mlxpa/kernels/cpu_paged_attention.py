@@ -1,18 +1,19 @@
 """Paged attention for MLX's CPU back end: decode in MLX ops without copying the context,
-prefill chunks in numpy.
+prefill chunks over long contexts in numpy.
 
 The reference gathers each row's blocks into a contiguous ``[B, kv_heads, S, D]`` copy before
 attending, and in a decode step that copy is most of the cost. Here decode reads the pool in
 place through ``mx.gather_mm``, a batched matmul whose right operand is picked by index: one
 ``[q_per_kv, D] @ [D, block_size]`` product per (row, KV head, block) gives the scores, a
 base-2 softmax over the row's keys, and one ``[q_per_kv, block_size] @ [block_size, D]``
-product per (row, KV head, block) summed over blocks gives the output (PagedAttention's
-per-block loop, Kwon et al., SOSP 2023, as batched matmuls). Prefill chunks keep the gather
-(its copy is small next to the chunk's matmuls) and attend in numpy
+product per (row, KV head, block) summed over blocks gives the output (PagedAttention's per-
+block loop, Kwon et al., SOSP 2023, as batched matmuls). Prefill chunks keep the gather (its
+copy is small next to the chunk's matmuls) and attend, over long contexts in numpy
 (:mod:`mlxpa.kernels.cpu_prefill_attention`: MLX's CPU exponentials are scalar, numpy's
-vectorised), their queries cut into tiles of at most ``query_tile`` rows, each tile over only
-the key range some row of the batch can see from it (:func:`key_ranges`: causal above,
-sliding window below), FlashAttention's block skipping (Dao et al. 2022) at tile granularity.
+vectorised), over short ones in MLX ops on the two CPU streams, their queries cut into tiles of
+at most ``query_tile`` rows, each tile over only the key range some row of the batch can see
+from it (:func:`key_ranges`: causal above, sliding window below), FlashAttention's block
+skipping (Dao et al. 2022) at tile granularity.
 
 The softmax is ``2^(s log2 e - max) / sum`` with the scale and ``log2 e`` folded into the
 queries (FlashAttention-2's ``exp2``): on MLX's CPU back end ``power(2, x)`` costs about half
@@ -53,6 +54,9 @@ _LOG2E = 1 / math.log(2)
 _MASKED = -1e30
 # Query rows per tile of a prefill chunk, at most (see the module docstring).
 QUERY_TILE = 64
+# A prefill chunk over at least this many gathered keys attends in numpy; shorter ones in MLX
+# ops, where one synchronisation per layer would cost more than the softmax's exponentials.
+NUMPY_MIN_KEYS = 1024
 
 
 def is_available() -> bool:
@@ -104,6 +108,31 @@ def _sink(sinks: mx.array | None, kv_heads: int, g: int, extra: int) -> mx.array
     return (sinks.astype(mx.float32) * _LOG2E).reshape(kv_heads, g, *([1] * extra))
 
 
+def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+              sinks: mx.array | None = None) -> mx.array:
+    """Masked grouped-query attention over contiguous K/V with the base-2 softmax.
+
+    Args:
+        q: ``[B, q_heads, L, D]`` float32.
+        k: ``[B, kv_heads, S, D]`` float32; ``q_heads`` is a multiple of ``kv_heads``.
+        v: ``[B, kv_heads, S, Dv]`` float32 (``Dv`` may differ from ``D``).
+        mask: Boolean, broadcastable to ``[B, 1, L, S]``; True where a query sees a key.
+        scale: Softmax scale.
+        sinks: ``[q_heads]`` per-head sink logits, or None.
+
+    Returns:
+        ``[B, q_heads, L, Dv]`` float32.
+    """
+    b, heads, length, d = q.shape
+    kv_heads = k.shape[1]
+    g = heads // kv_heads
+    qg = (q * (scale * _LOG2E)).reshape(b, kv_heads, g * length, d)
+    s = (qg @ k.swapaxes(-1, -2)).reshape(b, kv_heads, g, length, -1)
+    p = softmax_exp2(s, mask[:, :, None], _sink(sinks, kv_heads, g, 2))
+    p = p.reshape(b, kv_heads, g * length, -1)
+    return (p @ v).reshape(b, heads, length, v.shape[-1])
+
+
 def key_ranges(rel: list[int], length: int, num_keys: int, tile: int,
                sliding_window: int | None) -> list[tuple[int, int, int, int]]:
     """``(q0, q1, k0, k1)`` per tile of ``tile`` query rows: the gathered keys ``[k0, k1)``
@@ -121,6 +150,22 @@ def key_ranges(rel: list[int], length: int, num_keys: int, tile: int,
         k1 = min(num_keys, hi + q1)
         out.append((q0, q1, min(k0, k1 - 1), max(k1, 1)))
     return out
+
+
+def sdpa_exp2_tiled(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+                    ranges: list[tuple[int, int, int, int]],
+                    sinks: mx.array | None = None) -> mx.array:
+    """:func:`sdpa_exp2` one query tile at a time over the tile's key range (``ranges`` from
+    :func:`key_ranges`, covering every query row), tiles alternating between the two CPU
+    streams of :func:`cpu_streams`; same shapes and result."""
+    if len(ranges) == 1 and ranges[0][2:] == (0, k.shape[2]):
+        return sdpa_exp2(q, k, v, mask, scale, sinks)
+    streams, tiles = cpu_streams(), []
+    for t, (q0, q1, k0, k1) in enumerate(ranges):
+        with mx.stream(streams[t % len(streams)]):
+            tiles.append(sdpa_exp2(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1],
+                                   mask[:, :, q0:q1, k0:k1], scale, sinks))
+    return mx.concatenate(tiles, axis=2)
 
 
 def _block_matmul(x: mx.array, pool: mx.array | QuantizedPool, lhs: mx.array | None,
@@ -187,10 +232,12 @@ def paged_attention(q: mx.array, kv: PagedKV, query_tile: int | None = None) -> 
     """Paged attention on the CPU; arguments, shapes and result as
     :func:`mlxpa.kernels.reference.paged_attention`. Decode (``L == 1``) reads the pool in
     place (:func:`decode_attention`) when the pool is float32 (quantized: float32 scales);
-    prefill chunks and half-precision pools gather (and dequantize), then attend in numpy
-    (:func:`mlxpa.kernels.cpu_prefill_attention.sdpa_exp2`) in tiles of at most
-    ``query_tile`` query rows (default :data:`QUERY_TILE`). Computes in float32 whatever the
-    pool dtype (MLX's CPU half-precision matmul is slower and less exact)."""
+    prefill chunks and half-precision pools gather (and dequantize), then attend in tiles of
+    at most ``query_tile`` query rows (default :data:`QUERY_TILE`): in numpy
+    (:func:`mlxpa.kernels.cpu_prefill_attention.sdpa_exp2`) over at least
+    :data:`NUMPY_MIN_KEYS` keys, else in MLX ops (:func:`sdpa_exp2_tiled`). Computes in
+    float32 whatever the pool dtype (MLX's CPU half-precision matmul is slower and less
+    exact)."""
     length = q.shape[2]
     num_keys = kv.block_tables.shape[1] * kv.key_cache.shape[2]
     if length == 1 and kv.key_cache.dtype == mx.float32:
@@ -201,6 +248,14 @@ def paged_attention(q: mx.array, kv: PagedKV, query_tile: int | None = None) -> 
         return out.astype(q.dtype)
     k = _f32(dense(gather_kv(kv.key_cache, kv.block_tables)))
     v = _f32(dense(gather_kv(kv.value_cache, kv.block_tables)))
+    rel = kv.query_start if kv.key_start is None else kv.query_start - kv.key_start
+    if num_keys < NUMPY_MIN_KEYS:
+        mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
+                              kv.sliding_window)
+        ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
+                            kv.sliding_window)
+        return sdpa_exp2_tiled(_f32(q), k, v, mask, kv.scale, ranges,
+                               kv.sinks).astype(q.dtype)
     starts = [kv.query_start, kv.context_lens] + ([] if kv.key_start is None
                                                   else [kv.key_start])
     mx.eval(starts)

@@ -81,13 +81,16 @@ def test_greedy_matches_mlx_lm(model_and_refs, config):
     EngineConfig(block_size=16, num_blocks=64),
     EngineConfig(block_size=8, num_blocks=64, max_num_batched_tokens=7),
 ], ids=["plain", "chunked"])
+@pytest.mark.parametrize("numpy_min_keys", [0, 1 << 30], ids=["numpy", "mlx-ops"])
 def test_greedy_matches_mlx_lm_with_small_tiles_and_row_splits(model_and_refs, config,
-                                                               monkeypatch):
-    """Query tiles of 4 rows and MLPs split from 2 rows on (the real sizes only act on prompts
-    longer than these tiny ones) keep greedy output identical to mlx-lm."""
+                                                               numpy_min_keys, monkeypatch):
+    """Query tiles of 4 rows, MLPs split from 2 rows on and the prefill attention in numpy or
+    in MLX ops (the real sizes only act on prompts longer than these tiny ones) keep greedy
+    output identical to mlx-lm."""
     from mlxpa.kernels import cpu_paged_attention, cpu_streams
 
     monkeypatch.setattr(cpu_paged_attention, "QUERY_TILE", 4)
+    monkeypatch.setattr(cpu_paged_attention, "NUMPY_MIN_KEYS", numpy_min_keys)
     monkeypatch.setattr(cpu_streams, "MIN_SPLIT_ROWS", 2)
     model, tok, ids, refs = model_and_refs
     _, outs = run_engine(model, tok, ids, config)

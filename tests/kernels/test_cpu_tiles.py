@@ -35,9 +35,11 @@ def _run(case, tile, window=None, key_start=None, tables=None):
                                                query_tile=tile)
 
 
+@pytest.mark.parametrize("numpy_min_keys", [0, 1 << 30])   # numpy tiles, MLX-ops tiles
 @pytest.mark.parametrize("tile", [1, 3, 8, 64])
 @pytest.mark.parametrize("window", [None, 5, 16])
-def test_tiled_prefill_matches_float64_oracle(tile, window):
+def test_tiled_prefill_matches_float64_oracle(tile, window, numpy_min_keys, monkeypatch):
+    monkeypatch.setattr(cpu_paged_attention, "NUMPY_MIN_KEYS", numpy_min_keys)
     rng = np.random.default_rng(7)
     rows = [(0, 40), (16, 21), (3, 12), (50, 1), (0, 33)]
     case = make_case(rng, rows, q_heads=4, kv_heads=1)

@@ -103,13 +103,23 @@ def oracle(case: dict, scale: float, sliding_window: int | None = None,
     return outs
 
 
-IMPLS = {"reference": reference.paged_attention, "cpu": cpu_paged_attention.paged_attention}
+def cpu_numpy(q: mx.array, kv: PagedKV) -> mx.array:
+    """The CPU kernel with every prefill chunk attending in numpy, however few its keys."""
+    keep, cpu_paged_attention.NUMPY_MIN_KEYS = cpu_paged_attention.NUMPY_MIN_KEYS, 0
+    try:
+        return cpu_paged_attention.paged_attention(q, kv)
+    finally:
+        cpu_paged_attention.NUMPY_MIN_KEYS = keep
+
+
+IMPLS = {"reference": reference.paged_attention, "cpu": cpu_paged_attention.paged_attention,
+         "cpu-numpy": cpu_numpy}
 _impl = [reference.paged_attention]
 
 
 @pytest.fixture(params=sorted(IMPLS), autouse=True)
 def impl(request):
-    """Runs each test on the reference and on the CPU kernel."""
+    """Runs each test on the reference and on the CPU kernel (prefill in MLX ops, in numpy)."""
     _impl[0] = IMPLS[request.param]
     yield request.param
     _impl[0] = reference.paged_attention

@@ -29,9 +29,11 @@ def numpy_oracle(q, k, v, sinks, starts, lens, scale):
     return out
 
 
+@pytest.mark.parametrize("numpy_min_keys", [0, 1 << 30])
 @pytest.mark.parametrize("kernel", [reference, cpu_paged_attention])
 @pytest.mark.parametrize("length", [1, 5])
-def test_sinks_match_float64(kernel, length):
+def test_sinks_match_float64(kernel, length, numpy_min_keys, monkeypatch):
+    monkeypatch.setattr(cpu_paged_attention, "NUMPY_MIN_KEYS", numpy_min_keys)
     rng = np.random.default_rng(0)
     lens = np.array([7, 11], np.int32)           # tokens after this step
     starts = lens - length
