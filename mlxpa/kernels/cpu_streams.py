@@ -4,9 +4,10 @@ MLX runs each CPU stream on its own thread, and its CPU element-wise ops (the fu
 :mod:`mlxpa.kernels.cpu_fused`, the attention softmax) use one thread: on a 2-core machine
 the second core idles while they run. Independent work put on two streams runs on both
 cores. Splitting one op's input and concatenating the halves costs a copy of the result, so
-the split is made where the concatenated result is small: cascade attention's shared-prefix
-tiles (:mod:`mlxpa.kernels.cpu_paged_attention`; a prefill chunk's own attention runs in
-numpy threads instead, :mod:`mlxpa.kernels.cpu_prefill_attention`) and the MLP block, whose
+the split is made where the concatenated result is small: the attention tiles of short
+prefill chunks and of cascade attention's shared prefixes
+(:mod:`mlxpa.kernels.cpu_paged_attention`; long chunks run theirs on numpy threads,
+:mod:`mlxpa.kernels.cpu_prefill_attention`) and the MLP block, whose
 ``[tokens, hidden]`` output is a third of its ``[tokens, intermediate]`` activations in
 Gemma 3 270M. Rows of an MLP are independent, so running two row halves gives the same
 values.
