@@ -15,8 +15,9 @@ Tiles are FlashAttention's block skipping (Dao et al. 2022) at query-tile granul
 (:func:`~mlxpa.kernels.cpu_paged_attention.key_ranges`); each tile's mask comes from the
 rows' positions (no ``[B, L, S]`` mask is built) and is skipped where the whole tile is
 visible. Tiles run on :data:`THREADS` threads (numpy releases the GIL in its loops and BLAS
-calls), with the BLAS libraries held to one thread each meanwhile (threadpoolctl), so the
-element-wise passes use every core instead of one. The softmax is ``2^(s - max) / sum`` on
+calls), with the BLAS libraries held to one thread each meanwhile (threadpoolctl; that limit
+is the process's, so concurrent callers take turns), so the element-wise passes use every
+core instead of one. The softmax is ``2^(s - max) / sum`` on
 base-2 logits (the queries scaled by ``scale * log2 e``, FlashAttention-2's ``exp2``), the
 division applied to the ``[rows, Dv]`` product, not the ``[rows, keys]`` probabilities.
 Measured costs: ``docs/kernels.md``.
@@ -41,12 +42,19 @@ TILE_ELEMENTS = 1 << 22
 THREADS = max(1, min(4, os.cpu_count() or 1))
 
 _lock = threading.Lock()
+# Held while tiles run: the BLAS thread count threadpoolctl sets and restores is the whole
+# process's, so two callers at once (two engines on two threads) would restore each other's
+# limit of 1 and leave BLAS on one thread for good; they take turns instead.
+_run_lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
 def _forget() -> None:
-    """After ``fork``: the child has none of the parent's tile threads; make its own."""
+    """After ``fork``: the child has none of the parent's tile threads (and may have copied a
+    held lock); make its own."""
+    global _lock, _run_lock
     _state.clear()
+    _lock, _run_lock = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget)
@@ -149,7 +157,7 @@ def sdpa_exp2(q: mx.array, k: mx.array, v: mx.array, pos: Positions, scale: floa
             tile(r)
     else:
         pool, blas = _resources()
-        with blas.limit(limits=1, user_api="blas"):
+        with _run_lock, blas.limit(limits=1, user_api="blas"):
             for _ in pool.map(tile, ranges):   # re-raises a tile's exception here
                 pass
     return mx.array(out.reshape(b, heads, length, dv))

@@ -51,3 +51,39 @@ def test_tiled_prefill_matches_float64_oracle(tile, window, numpy_min_keys, monk
     if window is not None:
         tables, key_start = window_tables(case, window)
         assert_matches(_run(case, tile, window, key_start, tables), case, ref)
+
+
+def test_concurrent_numpy_prefills_restore_the_blas_threads():
+    """Two threads running numpy prefill attention at once leave every BLAS library on the
+    thread count it had (threadpoolctl's limit is the process's: unserialised, one caller
+    restored the other's limit of 1 and BLAS stayed single-threaded), with equal results."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from mlxpa.kernels import cpu_prefill_attention as cpf
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    rng = np.random.default_rng(0)
+    b, h, kvh, length, keys, d = 1, 4, 2, 256, 1024, 64
+    q, k, v = (mx.array(rng.standard_normal(s).astype(np.float32))
+               for s in ((b, h, length, d), (b, kvh, keys, d), (b, kvh, keys, d)))
+    pos = cpf.Positions(np.array([keys - length]), np.array([0]), np.array([keys]), None)
+    ranges = key_ranges([keys - length], length, keys, 16, None)
+    expected = np.array(cpf.sdpa_exp2(q, k, v, pos, d ** -0.5, ranges))
+    before, outs = blas_threads(), []
+
+    def work(n):
+        for _ in range(n):
+            outs.append(np.array(cpf.sdpa_exp2(q, k, v, pos, d ** -0.5, ranges)))
+
+    for _ in range(3):
+        threads = [threading.Thread(target=work, args=(3 + t,)) for t in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert blas_threads() == before
+    assert len(outs) == 3 * 7 and all(np.array_equal(o, expected) for o in outs)
