@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-import numpy as np
 
 from mlxpa.kernels import cascade_reference, cpu_prefill_attention
 from mlxpa.kernels.cascade_reference import (
@@ -248,25 +247,18 @@ def paged_attention(q: mx.array, kv: PagedKV, query_tile: int | None = None) -> 
         return out.astype(q.dtype)
     k = _f32(dense(gather_kv(kv.key_cache, kv.block_tables)))
     v = _f32(dense(gather_kv(kv.value_cache, kv.block_tables)))
-    rel = kv.query_start if kv.key_start is None else kv.query_start - kv.key_start
     if num_keys < NUMPY_MIN_KEYS:
+        rel = kv.query_start if kv.key_start is None else kv.query_start - kv.key_start
         mask = attention_mask(kv.query_start, length, kv.context_lens, num_keys, kv.key_start,
                               kv.sliding_window)
         ranges = key_ranges(rel.tolist(), length, num_keys, query_tile or QUERY_TILE,
                             kv.sliding_window)
         return sdpa_exp2_tiled(_f32(q), k, v, mask, kv.scale, ranges,
                                kv.sinks).astype(q.dtype)
-    starts = [kv.query_start, kv.context_lens] + ([] if kv.key_start is None
-                                                  else [kv.key_start])
-    mx.eval(starts)
-    query_start, context_lens = np.asarray(kv.query_start), np.asarray(kv.context_lens)
-    key_start = (np.zeros_like(query_start) if kv.key_start is None
-                 else np.asarray(kv.key_start))
-    pos = cpu_prefill_attention.Positions(query_start, key_start, context_lens,
-                                          kv.sliding_window)
+    pos = cpu_prefill_attention.Positions.of(kv)
     tile = cpu_prefill_attention.tile_rows(q.shape[0], q.shape[1], num_keys, length,
                                            query_tile or QUERY_TILE)
-    ranges = key_ranges((query_start - key_start).tolist(), length, num_keys, tile,
+    ranges = key_ranges((pos.query_start - pos.key_start).tolist(), length, num_keys, tile,
                         kv.sliding_window)
     out = cpu_prefill_attention.sdpa_exp2(_f32(q), k, v, pos, kv.scale, ranges, kv.sinks)
     return out.astype(q.dtype)

@@ -35,6 +35,8 @@ import mlx.core as mx
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from mlxpa.kernels.paged_kv import PagedKV
+
 _LOG2E = 1 / math.log(2)
 _MASKED = np.float32(-1e30)
 # Scores held by one tile (batch rows x query heads x query rows x keys): 4 Mi float32.
@@ -82,6 +84,16 @@ class Positions(NamedTuple):
     key_start: np.ndarray
     context_lens: np.ndarray
     sliding_window: int | None
+
+    @classmethod
+    def of(cls, kv: PagedKV) -> Positions:
+        """The positions of a :class:`~mlxpa.kernels.paged_kv.PagedKV` call (evaluates its
+        ``[B]`` position arrays; ``key_start`` None: 0)."""
+        mx.eval([a for a in (kv.query_start, kv.context_lens, kv.key_start) if a is not None])
+        query_start = np.asarray(kv.query_start)
+        key_start = (np.zeros_like(query_start) if kv.key_start is None
+                     else np.asarray(kv.key_start))
+        return cls(query_start, key_start, np.asarray(kv.context_lens), kv.sliding_window)
 
 
 def tile_rows(batch: int, heads: int, num_keys: int, length: int, most: int) -> int:
