@@ -90,6 +90,19 @@ def _arrays(pool: mx.array | QuantizedPool) -> tuple[mx.array, ...]:
     return pool.arrays if isinstance(pool, QuantizedPool) else (pool,)
 
 
+@mx.compile
+def _finite(x: mx.array) -> mx.array:
+    """``x`` with NaN and +-inf replaced by 0 (same shape and dtype; one fused pass).
+
+    Attention zeroes the probability of every key a row does not see, but ``0 * NaN`` is
+    NaN: non-finite K/V one request wrote (a model overflowing on its input, or a value past
+    a half-precision pool's range) would reach other requests through the slots past their
+    context in a reused block, and through the null block that padding tokens write and
+    padded table entries read. Stored finite, they cannot; a finite value is stored as is.
+    """
+    return mx.where(mx.isfinite(x), x, mx.zeros_like(x))
+
+
 class PagedKVCache:
     """The only K/V storage of the engine: one K and one V pool per layer slot.
 
@@ -195,7 +208,8 @@ class PagedKVCache:
 
     def write(self, layer: int, keys: mx.array, values: mx.array, slot_blocks: mx.array,
               slot_offsets: mx.array) -> None:
-        """Scatter new K/V into ``layer``'s pools (quantizing them for a quantized slot).
+        """Scatter new K/V into ``layer``'s pools (quantizing them for a quantized slot);
+        NaN and +-inf are stored as 0 (:func:`_finite`).
 
         Args:
             layer: Layer slot index.
@@ -215,7 +229,7 @@ class PagedKVCache:
                              f"not match the probed geometry {spec.shape}")
         for pool, new, bits in ((self.key_caches[layer], keys, spec.k_bits),
                                 (self.value_caches[layer], values, spec.v_bits)):
-            rows = new.transpose(0, 2, 1, 3).reshape(b * n, h, -1).astype(self.dtype)
+            rows = _finite(new.transpose(0, 2, 1, 3).reshape(b * n, h, -1).astype(self.dtype))
             stored = quant.quantize(rows, bits, spec.group_size) if bits else rows
             for array, part in zip(_arrays(pool), _arrays(stored)):
                 array[slot_blocks, :, slot_offsets] = part

@@ -187,3 +187,37 @@ def test_config_fields_are_validated():
     for bad in (48, 64.0, True):
         with pytest.raises(ValueError, match="kv_group_size must be one of 32, 64, 128"):
             EngineConfig(kv_group_size=bad)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("kernel", ["reference", "cpu"])
+def test_non_finite_kv_of_one_request_does_not_reach_another(dtype, kernel):
+    """A request whose K/V were NaN/inf (an overflowing model; float16: a value past its
+    range) wrote every slot of block 3, and a padding token wrote NaN into the null block.
+    Block 3 then goes to another request, which fills 2 of its slots; its table is padded
+    with the null block. Its decode output equals a float64 oracle over its own 6 tokens
+    (stored non-finite values would give NaN through ``0 * NaN``)."""
+    from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
+
+    kv = PagedKVCache([(1, 8, 8)], 5, 4, dtype)
+    bad = mx.array([np.nan, np.inf, -np.inf, 1e6])[None, None, :, None] * mx.ones((1, 1, 4, 8))
+    kv.write(0, bad, bad, mx.array([3] * 4, mx.int32), mx.arange(4, dtype=mx.int32))
+    kv.write(0, bad[:, :, :1], bad[:, :, :1], mx.array([0], mx.int32),
+             mx.array([0], mx.int32))
+    rng = np.random.default_rng(0)
+    k, v, q = (rng.standard_normal(s).astype(np.float32) for s in ((6, 8), (6, 8), (1, 2, 1, 8)))
+    slots = [2 * 4 + t for t in range(4)] + [3 * 4 + t for t in range(2)]
+    kv.write(0, mx.array(k[None, None]), mx.array(v[None, None]),
+             mx.array([s // 4 for s in slots], mx.int32),
+             mx.array([s % 4 for s in slots], mx.int32))
+    paged = PagedKV(kv.key_caches[0], kv.value_caches[0], mx.array([[2, 3, 0]], mx.int32),
+                    mx.array([6], mx.int32), mx.array([5], mx.int32), 8 ** -0.5)
+    attend = cpu_paged_attention if kernel == "cpu" else reference
+    out = np.array(attend.paged_attention(mx.array(q, dtype), paged).astype(mx.float32))
+    kq, vq, qq = (np.array(mx.array(a, dtype).astype(mx.float32), np.float64) for a in (k, v, q))
+    for h in range(2):
+        s = kq @ qq[0, h, 0] * 8 ** -0.5
+        p = np.exp(s - s.max())
+        want = (p / p.sum()) @ vq
+        np.testing.assert_allclose(out[0, h, 0], want, rtol=0, atol=5e-3 if dtype ==
+                                   mx.float16 else 1e-5)
