@@ -221,3 +221,28 @@ def test_non_finite_kv_of_one_request_does_not_reach_another(dtype, kernel):
         want = (p / p.sum()) @ vq
         np.testing.assert_allclose(out[0, h, 0], want, rtol=0, atol=5e-3 if dtype ==
                                    mx.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "cpu"])
+def test_non_finite_kv_stays_out_of_a_quantized_pool(kernel):
+    """The same with an 8-bit pool: a NaN/inf token quantized would give its block's group
+    NaN scales; stored as 0, the next owner's decode stays within 8-bit rounding of the
+    float64 oracle."""
+    from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
+
+    d = 64
+    kv = PagedKVCache([PoolSpec(1, d, d, 8, 8, 64)], 5, 4, mx.float32)
+    bad = mx.array([np.nan, np.inf, -np.inf, 1.0])[None, None, :, None] * mx.ones((1, 1, 4, d))
+    kv.write(0, bad, bad, mx.array([3] * 4, mx.int32), mx.arange(4, dtype=mx.int32))
+    rng = np.random.default_rng(1)
+    k, v, q = (rng.standard_normal(s).astype(np.float32) for s in ((2, d), (2, d), (1, 2, 1, d)))
+    kv.write(0, mx.array(k[None, None]), mx.array(v[None, None]), mx.array([3, 3], mx.int32),
+             mx.array([0, 1], mx.int32))
+    paged = PagedKV(kv.key_caches[0], kv.value_caches[0], mx.array([[3, 0]], mx.int32),
+                    mx.array([2], mx.int32), mx.array([1], mx.int32), d ** -0.5)
+    attend = cpu_paged_attention if kernel == "cpu" else reference
+    out = np.array(attend.paged_attention(mx.array(q), paged))
+    for h in range(2):
+        s = k.astype(np.float64) @ q[0, h, 0] * d ** -0.5
+        p = np.exp(s - s.max())
+        np.testing.assert_allclose(out[0, h, 0], (p / p.sum()) @ v, rtol=0, atol=0.05)
