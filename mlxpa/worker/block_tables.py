@@ -58,3 +58,15 @@ class BlockTableCopies:
         """Forget the copies of ``reqs`` (finished or preempted)."""
         for req in reqs:
             self._copies.pop(req.key, None)
+
+
+def written_blocks(reqs: list[Request], counts: list[int], block_size: int) -> set[int]:
+    """The pool blocks a step's K/V writes reach: for each request, every group's entries
+    covering its ``counts`` tokens from ``num_computed_tokens`` on (drafts included)."""
+    out: set[int] = set()
+    for req, n in zip(reqs, counts):
+        first, end = req.num_computed_tokens // block_size, -(-(req.num_computed_tokens + n)
+                                                               // block_size)
+        for table in req.block_tables:
+            out.update(table[first:end])
+    return out

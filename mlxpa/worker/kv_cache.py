@@ -125,6 +125,9 @@ class PagedKVCache:
         key_caches, value_caches: Per slot, the pool: an ``mx.array`` or a
             :class:`QuantizedPool` (``mx.eval`` evaluates either).
         state_pool: ``[num_blocks, state_block_bytes / 4]`` uint32 raw blocks, or None.
+        raw_blocks: Blocks whose bytes :meth:`write_bytes` laid over the K/V pools (a
+            recurrent snapshot, a block read from disk) and no K/V write has cleared since
+            (:meth:`clear_raw`).
     """
 
     def __init__(self, specs: Iterable[PoolSpec | tuple[int, int, int]], num_blocks: int,
@@ -139,6 +142,7 @@ class PagedKVCache:
                                    s.group_size, dtype) for s in self.specs]
         self.state_pool = (mx.zeros((num_blocks, state_block_bytes // 4), mx.uint32)
                            if state_block_bytes and not self.specs else None)
+        self.raw_blocks: set[int] = set()
         mx.eval(self.arrays())
 
     @property
@@ -169,6 +173,21 @@ class PagedKVCache:
             part = mx.contiguous(data[:, off:off + row])
             a[ids] = part.view(a.dtype).reshape(k, *a.shape[1:])
             off += row
+        self.raw_blocks.update(blocks)
+
+    def clear_raw(self, blocks: Iterable[int]) -> None:
+        """Zero those of ``blocks`` that hold raw bytes (:attr:`raw_blocks`), in every array,
+        before K/V are first written there. Read as K/V, a snapshot's bytes can be NaN or
+        inf in a half-precision pool (the low half of a finite float32), and the slots past
+        a request's context in its last block keep them: ``0 * NaN`` would reach its output
+        (see :func:`_finite`)."""
+        reused = self.raw_blocks.intersection(blocks)
+        if not reused:
+            return
+        ids = mx.array(sorted(reused), dtype=mx.int32)
+        for a in self.arrays():
+            a[ids] = mx.zeros((len(reused), *a.shape[1:]), a.dtype)
+        self.raw_blocks -= reused
 
     def read_bytes(self, blocks: list[int]) -> mx.array:
         """The bytes :meth:`write_bytes` stored in ``blocks``, as one uint8 array (lazy)."""
@@ -204,6 +223,7 @@ class PagedKVCache:
         if self.state_pool is not None:
             self.state_pool = resized(self.state_pool)
         self.num_blocks = num_blocks
+        self.raw_blocks = {b for b in self.raw_blocks if b < num_blocks}
         mx.clear_cache()
 
     def write(self, layer: int, keys: mx.array, values: mx.array, slot_blocks: mx.array,
@@ -251,3 +271,5 @@ class PagedKVCache:
         mx.eval(blocks)
         for array, values in zip(arrays, blocks):
             array[dst] = values
+        for s, d in pairs:
+            (self.raw_blocks.add if s in self.raw_blocks else self.raw_blocks.discard)(d)

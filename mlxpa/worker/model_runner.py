@@ -50,7 +50,7 @@ from mlxpa.core.scheduler import SchedulerOutput
 from mlxpa.request import Request, TokenLogprob
 from mlxpa.spec_decode import make_proposer
 from mlxpa.structured.matchers import Grammars
-from mlxpa.worker.block_tables import BlockTableCopies
+from mlxpa.worker.block_tables import BlockTableCopies, written_blocks
 from mlxpa.worker.drafter import Drafter
 from mlxpa.worker.forward_plan import ForwardPlan, ReadKind, StepReads, group_reads
 from mlxpa.worker.kv_cache import PagedKVCache
@@ -322,6 +322,9 @@ class ModelRunner:
             restore_states(self.states, self.kv_cache, self._codec, out.state_restores)
         if not out.total_num_scheduled_tokens:
             return EMPTY_STEP_RESULT
+        if self.kv_cache.raw_blocks:  # snapshot or disk bytes in blocks now written as K/V
+            self.kv_cache.clear_raw(written_blocks(out.requests, out.num_scheduled_tokens,
+                                                   self.kv_cache.block_size))
         reads = self._forward(out)
         save_states(self.states, self.kv_cache, self._codec, out.state_saves)
         scored = reads.take(ReadKind.SCORE)

@@ -13,6 +13,8 @@ from mlx_lm.models.cache import QuantizedKVCache
 from mlxpa.config import EngineConfig
 from mlxpa.kernels.quant import QuantizedPool
 from mlxpa.loader.errors import UnsupportedModelError
+from mlxpa.request import Request
+from mlxpa.sampling_params import SamplingParams
 from mlxpa.worker.kv_cache import PagedKVCache, PoolSpec, block_bytes
 from mlxpa.worker.kv_storage import kv_storage
 from mlxpa.worker.model_probe import CacheGeometry, ModelGeometry
@@ -246,3 +248,68 @@ def test_non_finite_kv_stays_out_of_a_quantized_pool(kernel):
         s = k.astype(np.float64) @ q[0, h, 0] * d ** -0.5
         p = np.exp(s - s.max())
         np.testing.assert_allclose(out[0, h, 0], (p / p.sum()) @ v, rtol=0, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("kernel", ["reference", "cpu"])
+def test_snapshot_bytes_are_cleared_before_a_block_holds_kv(dtype, kernel):
+    """A recurrent snapshot's raw bytes (a finite float32 state) in block 3 read as a
+    half-precision pool hold NaN/inf. The block freed and given to a decode row as its last
+    K/V block, the runner's ``clear_raw`` of the step's written blocks zeroes it first, so
+    the slots past the row's context hold 0 and its output equals the float64 oracle (a
+    second, longer row makes the CPU kernel read those slots)."""
+    from mlxpa.kernels import PagedKV, cpu_paged_attention, reference
+    from mlxpa.worker.block_tables import written_blocks
+
+    h, d, bs = 2, 64, 16
+    kv = PagedKVCache([(h, d, d)], 8, bs, dtype)
+    rng = np.random.default_rng(0)
+    state = rng.standard_normal(kv.block_nbytes // 4).astype(np.float32)
+    kv.write_bytes([3], mx.array(state.view(np.uint8)))
+    mx.eval(kv.arrays())
+    assert not np.isfinite(np.array(kv.value_caches[0][3].astype(mx.float32))).all()
+    assert kv.raw_blocks == {3}
+    tables, lens = [[2, 3, 0], [1, 4, 5]], [bs + 2, 2 * bs + 8]
+    reqs = [Request(str(i), list(range(n)), SamplingParams()) for i, n in enumerate(lens)]
+    for req, table in zip(reqs, tables):
+        req.block_tables = [table]
+    kv.clear_raw(written_blocks(reqs, lens, bs))   # each row's whole prompt this step
+    assert kv.raw_blocks == set()
+    kvs, qs = [], rng.standard_normal((2, h, 1, d)).astype(np.float32)
+    for table, n in zip(tables, lens):
+        k, v = (rng.standard_normal((1, h, n, d)).astype(np.float32) for _ in range(2))
+        slots = [table[t // bs] * bs + t % bs for t in range(n)]
+        kv.write(0, mx.array(k), mx.array(v), mx.array([s // bs for s in slots], mx.int32),
+                 mx.array([s % bs for s in slots], mx.int32))
+        kvs.append((k, v))
+    paged = PagedKV(kv.key_caches[0], kv.value_caches[0], mx.array(tables, mx.int32),
+                    mx.array(lens, mx.int32), mx.array([n - 1 for n in lens], mx.int32),
+                    d ** -0.5)
+    attend = cpu_paged_attention if kernel == "cpu" else reference
+    out = np.array(attend.paged_attention(mx.array(qs, dtype), paged).astype(mx.float32))
+    for r, (k, v) in enumerate(kvs):
+        kq, vq, qq = (np.array(mx.array(a, dtype).astype(mx.float32), np.float64)
+                      for a in (k, v, qs))
+        for head in range(h):
+            s = kq[0, head] @ qq[r, head, 0] * d ** -0.5
+            p = np.exp(s - s.max())
+            np.testing.assert_allclose(out[r, head, 0], (p / p.sum()) @ vq[0, head],
+                                       rtol=0, atol=2e-2)
+
+
+def test_written_blocks_and_raw_block_bookkeeping():
+    """By hand: the blocks a step writes (every group, from num_computed_tokens on, drafts
+    counted); copies carry rawness to their destination, a shrink forgets blocks past it."""
+    from mlxpa.worker.block_tables import written_blocks
+
+    req = Request("a", list(range(40)), SamplingParams())
+    req.block_tables = [[5, 6, 7], [0, 9, 8]]   # a window group already dropped its first
+    req.num_computed_tokens = 20
+    assert written_blocks([req], [13], 16) == {6, 7, 9, 8}   # tokens 20..32
+    assert written_blocks([req], [1], 16) == {6, 9}
+    kv = PagedKVCache([(1, 8, 8)], 8, 4, mx.float32)
+    kv.write_bytes([2, 6], mx.zeros(2 * kv.block_nbytes, mx.uint8))
+    kv.copy_blocks([(2, 3), (1, 6)])
+    assert kv.raw_blocks == {2, 3}
+    kv.resize(3)
+    assert kv.raw_blocks == {2}
