@@ -173,7 +173,8 @@ class PagedKVCache:
             part = mx.contiguous(data[:, off:off + row])
             a[ids] = part.view(a.dtype).reshape(k, *a.shape[1:])
             off += row
-        self.raw_blocks.update(blocks)
+        if self.specs:  # only K/V pools are ever read as K/V (a state pool never is)
+            self.raw_blocks.update(blocks)
 
     def clear_raw(self, blocks: Iterable[int]) -> None:
         """Zero those of ``blocks`` that hold raw bytes (:attr:`raw_blocks`), in every array,
