@@ -6,7 +6,10 @@ no separate prefill and decode phases, only ``num_computed_tokens`` catching up 
 requests in admission order (one token for a decode, a chunk for an unfinished prefill),
 then admits waiting requests while blocks, sequence slots and budget last. When blocks run
 out, the most recently admitted running request is preempted (its blocks freed; it goes back
-to the head of the waiting queue and is recomputed later, LIFO as in vLLM).
+to the head of the waiting queue and is recomputed later, LIFO as in vLLM). A preempted
+request, or one whose prompt takes more than one step's chunk, starts only when the running
+requests and it can reach their ``max_tokens`` in the pool, or when the running requests cannot
+anyway (:meth:`Scheduler._room_to_finish`).
 """
 
 from __future__ import annotations
@@ -286,16 +289,20 @@ class Scheduler:
         deferred: list[Request] = []
         ends = {r: r.num_computed_tokens + n
                 for r, n in zip(out.requests, out.num_scheduled_tokens)}
+        need: int | None = None  # blocks the running requests need to reach max_tokens
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
-            req = self.waiting[0]
-            if req.num_preemptions and self.running and not self._room_to_finish(req):
-                break
-            self.waiting.popleft()
+            req = self.waiting.popleft()
             computed = kv.get_computed_blocks(req)
             if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
                 deferred.append(req)
                 continue
+            if self.running and self._waits_for_room(req, computed.num_tokens):
+                if need is None:
+                    need = sum(kv.blocks_to_finish(r, 1) for r in self.running)
+                if not self._room_to_finish(req, need, computed.num_tokens):
+                    self.waiting.appendleft(req)
+                    break
             if kv.recurrent:
                 for point in snapshot_points(req, computed.num_tokens, self.waiting,
                                              self.running, kv):
@@ -313,6 +320,8 @@ class Scheduler:
                 req.num_cached_tokens = computed.num_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if need is not None:
+                need += kv.blocks_to_finish(req, 1)
             out.requests.append(req)
             out.num_scheduled_tokens.append(n)
             ends[req] = computed.num_tokens + n
@@ -320,18 +329,39 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _room_to_finish(self, req: Request) -> bool:
-        """Whether preempted ``req`` may come back: the available blocks cover what it and
-        every running request need to reach their ``max_tokens``, or the running requests
-        cannot all finish in them anyway (long ``max_tokens``: holding it back would only
-        drain the batch). Re-admitted earlier, it would prefill its prompt again and be
-        preempted again while the pool stays a little short: each round recomputes a whole
-        prompt (thrashing)."""
+    def _waits_for_room(self, req: Request, cached: int) -> bool:
+        """Whether ``req`` starts only with room to finish (:meth:`_room_to_finish`): it was
+        preempted, or the part of its prompt past its ``cached`` tokens (a prefix hit) takes
+        more than one step's chunk."""
+        return bool(req.num_preemptions) or (
+            req.num_prompt_tokens - cached > self.max_num_batched_tokens)
+
+    def _room_to_finish(self, req: Request, need: int, cached: int = 0) -> bool:
+        """Whether waiting ``req`` may start now: the available blocks cover what it and the
+        running requests (``need``: theirs, :meth:`KVCacheManager.blocks_to_finish`) need to
+        reach their ``max_tokens``, or the running requests cannot all finish in them anyway
+        (long ``max_tokens``: holding it back would only drain the batch).
+
+        Asked for a preempted request and for one whose prompt takes more than one step's
+        chunk, where a preemption would throw away several steps of prefill: SGLang's
+        admission with its ``new_token_ratio`` at 1, where vLLM admits whatever chunk fits and
+        preempts later (still the rule for short prompts, whose recompute costs at most a
+        chunk). Started while the pool is a little short, a long prompt would be preempted
+        near the end of the run, when every request holds its longest context, and computed
+        again; a preempted one would prefill again and be preempted again (thrashing). A
+        fresh request counts the blocks it holds at its end (windows at their decode size:
+        the running requests have still to grow while it prefills, and a chunk goes past the
+        window cap only into spare blocks); a preempted one also its prefill chunks'
+        windows, so that it does not come back too early. The blocks of a prefix hit
+        (``cached`` tokens) are counted off: shared with a running request they are held
+        already; held by the tree alone, the hit takes them from the available blocks, so
+        the count is then short by them."""
         kv = self.kv_cache_manager
         available = kv.num_available_blocks
-        need = sum(kv.blocks_to_finish(r, 1) for r in self.running)
-        return need > available or \
-            need + kv.blocks_to_finish(req, self.max_num_batched_tokens) <= available
+        chunk = self.max_num_batched_tokens if req.num_preemptions else 1
+        own = kv.blocks_to_finish(req, chunk) - (kv.layout.blocks_needed(cached, 1) if cached
+                                                  else 0)
+        return need > available or need + own <= available
 
     def expect_forks(self, parent: Request, position: int) -> None:
         """Requests will fork from ``parent`` at ``position`` once its prefill has run

@@ -200,8 +200,9 @@ def test_chunked_prefill_of_two_requests_one_at_a_time():
 
 def test_token_budget_shared_between_decodes_and_prefill_chunk():
     sched = make_scheduler(max_num_batched_tokens=4)
-    a, b, c = (make_request("a", 3, max_tokens=10), make_request("b", 3, max_tokens=10),
-               make_request("c", 5, max_tokens=10))
+    # c's prompt takes two chunks: it starts once all three can finish in the pool (9 blocks)
+    a, b, c = (make_request("a", 3, max_tokens=5), make_request("b", 3, max_tokens=5),
+               make_request("c", 5, max_tokens=6))
     add(sched, a, b, c)
     assert step(sched)[1] == [("a", 3, True), ("b", 1, False)]
     assert c.status == RequestStatus.WAITING
@@ -369,7 +370,11 @@ def test_preemption_skips_admission_in_that_step():
     assert b.block_tables[0] == [9, 8, 7, 6, 10, 5]
 
 
-def test_preempted_mid_prefill_waits_until_it_can_finish():
+def test_preempted_mid_prefill_waits_until_it_can_finish(monkeypatch):
+    # b's prompt takes several chunks, so it would wait for room to finish and never be
+    # preempted; started as vLLM starts any request (whatever chunk fits), it is.
+    monkeypatch.setattr(Scheduler, "_waits_for_room",
+                        lambda self, req, cached: bool(req.num_preemptions))
     sched = make_scheduler(max_num_batched_tokens=8)
     a = make_request("a", 8, max_tokens=20)
     b = make_request("b", 32, max_tokens=2)
@@ -710,18 +715,23 @@ def _thrash_case(budget: int, max_tokens: int) -> Scheduler:
 
 
 def test_a_preempted_request_waits_for_room_to_finish(monkeypatch):
-    """4 prompts of 32 tokens, 16 output tokens each, 39 usable blocks of 4 tokens: 48 blocks
-    to finish all, so one is preempted. Re-admitted as soon as its first 16-token chunk
-    fits (the unguarded rule, the oracle here), it prefills again and is preempted again;
-    held back until it and the running requests can finish, it is preempted once, and its
-    recompute is the only work beyond the 4 x 47 tokens every request computes."""
+    """4 prompts of 32 tokens (two 16-token chunks each), 16 output tokens each, 39 usable
+    blocks of 4 tokens: 48 blocks to finish all. Started only with room to finish, the fourth
+    waits for the first to end: no preemption, and every request computes its 47 tokens once.
+    Started as soon as its first chunk fits (vLLM's admission) and re-admitted likewise (the
+    unguarded rule, the oracle here), it is preempted, prefills again and is preempted again;
+    re-admitted only with room to finish, it is preempted once, and its recompute is the only
+    work beyond the 4 x 47 tokens."""
     guarded = _thrash_case(16, 16)
-    computed = _run_all(guarded)
-    assert guarded.num_preemptions == 1
-    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req: True)
+    assert _run_all(guarded) == 4 * 47 and guarded.num_preemptions == 0
+    monkeypatch.setattr(Scheduler, "_waits_for_room",
+                        lambda self, req, cached: bool(req.num_preemptions))
+    readmission = _thrash_case(16, 16)
+    computed = _run_all(readmission)
+    assert readmission.num_preemptions == 1 and computed > 4 * 47
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need, cached=0: True)
     unguarded = _thrash_case(16, 16)
     assert _run_all(unguarded) > computed and unguarded.num_preemptions == 2
-    assert computed > 4 * 47
 
 
 def test_the_guard_never_starves_and_never_adds_work(monkeypatch):
@@ -729,7 +739,7 @@ def test_the_guard_never_starves_and_never_adds_work(monkeypatch):
     still finishes, and the guarded scheduler computes no more than the unguarded one."""
     guarded = _thrash_case(16, 80)
     computed = _run_all(guarded)
-    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req: True)
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need, cached=0: True)
     unguarded = _thrash_case(16, 80)
     assert _run_all(unguarded) >= computed
     assert guarded.num_preemptions <= unguarded.num_preemptions

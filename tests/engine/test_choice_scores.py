@@ -143,7 +143,9 @@ PROMPTS = ["Review: great phone. Sentiment:", "a longer prompt that spans severa
 CONFIGS = {
     "plain": EngineConfig(block_size=8, num_blocks=128),
     "chunked": EngineConfig(block_size=8, num_blocks=128, max_num_batched_tokens=7),
-    "tiny-pool": EngineConfig(block_size=4, num_blocks=24, max_num_batched_tokens=24,
+    # every prompt one step's chunk: started as soon as it fits, not only with room to finish
+    # (mlxpa.core.scheduler), so the pool preempts
+    "tiny-pool": EngineConfig(block_size=4, num_blocks=24, max_num_batched_tokens=80,
                               max_num_seqs=3),
 }
 
@@ -190,8 +192,8 @@ def test_scores_and_labels_match_mlx_lm(model, name):
     config = CONFIGS[name]
     if name == "tiny-pool" and model.model_type == "gemma3_text":
         # a block holds one layer of one of its 3 KV cache groups (the 24 blocks above held
-        # all 3 layers): 56 blocks still preempt here and keep the repeated prompt cached
-        config = replace(config, num_blocks=56)
+        # all 3 layers): 64 blocks still preempt here and keep the repeated prompt cached
+        config = replace(config, num_blocks=64)
     eng, outs = run(model, items, config)
     if name == "tiny-pool":
         assert eng.counters.num_preemptions > 0
