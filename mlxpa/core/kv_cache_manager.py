@@ -110,12 +110,15 @@ class KVCacheManager:
         evictable = self.tree.evictable_blocks if self.tree is not None else 0
         return self.num_used_blocks - evictable
 
-    def blocks_to_finish(self, req: Request, chunk: int) -> int:
+    def blocks_to_finish(self, req: Request, chunk: int, output_cap: int | None = None) -> int:
         """Blocks ``req`` still needs, over every group, to reach its ``max_tokens`` computing
         at most ``chunk`` tokens a step (window groups at their cap; the blocks it holds
-        counted off; snapshots not included)."""
+        counted off; snapshots not included); with ``output_cap``, to reach at most that many
+        output tokens past those it has."""
         held = sum(b != NULL_BLOCK for table in req.block_tables for b in table)
-        total = self.layout.blocks_needed(req.num_prompt_tokens + req.max_tokens, chunk)
+        outputs = req.max_tokens if output_cap is None else min(
+            req.max_tokens, req.num_output_tokens + output_cap)
+        total = self.layout.blocks_needed(req.num_prompt_tokens + outputs, chunk)
         return max(total - held, 0)
 
     def spare_blocks(self, running: list[Request], req: Request) -> int:

@@ -28,6 +28,10 @@ from mlxpa.spec_decode.gate import SpecGate
 
 # How many waiting requests admission may pass over while they wait for a shared prefix.
 _ADMISSION_LOOKAHEAD = 256
+# Output tokens a request is counted to still produce when admission looks for room to finish
+# (SGLang's CLIP_MAX_NEW_TOKENS_ESTIMATION): a max_tokens left at the context length is an
+# upper bound that an EOS almost always cuts short.
+RESERVE_OUTPUT_TOKENS = 4096
 
 
 @dataclass(slots=True)
@@ -299,7 +303,8 @@ class Scheduler:
                 continue
             if self.running and self._waits_for_room(req, computed.num_tokens):
                 if need is None:
-                    need = sum(kv.blocks_to_finish(r, 1) for r in self.running)
+                    need = sum(kv.blocks_to_finish(r, 1, RESERVE_OUTPUT_TOKENS)
+                               for r in self.running)
                 if not self._room_to_finish(req, need, computed.num_tokens):
                     self.waiting.appendleft(req)
                     break
@@ -321,7 +326,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             if need is not None:
-                need += kv.blocks_to_finish(req, 1)
+                need += kv.blocks_to_finish(req, 1, RESERVE_OUTPUT_TOKENS)
             out.requests.append(req)
             out.num_scheduled_tokens.append(n)
             ends[req] = computed.num_tokens + n
@@ -352,15 +357,16 @@ class Scheduler:
         fresh request counts the blocks it holds at its end (windows at their decode size:
         the running requests have still to grow while it prefills, and a chunk goes past the
         window cap only into spare blocks); a preempted one also its prefill chunks'
-        windows, so that it does not come back too early. The blocks of a prefix hit
+        windows, so that it does not come back too early. Each request is counted to at
+        most :data:`RESERVE_OUTPUT_TOKENS` more output tokens. The blocks of a prefix hit
         (``cached`` tokens) are counted off: shared with a running request they are held
         already; held by the tree alone, the hit takes them from the available blocks, so
         the count is then short by them."""
         kv = self.kv_cache_manager
         available = kv.num_available_blocks
         chunk = self.max_num_batched_tokens if req.num_preemptions else 1
-        own = kv.blocks_to_finish(req, chunk) - (kv.layout.blocks_needed(cached, 1) if cached
-                                                  else 0)
+        own = kv.blocks_to_finish(req, chunk, RESERVE_OUTPUT_TOKENS) - (
+            kv.layout.blocks_needed(cached, 1) if cached else 0)
         return need > available or need + own <= available
 
     def expect_forks(self, parent: Request, position: int) -> None:

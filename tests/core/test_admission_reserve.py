@@ -77,3 +77,28 @@ def test_a_prompt_of_one_chunk_starts_as_in_vllm():
                                                                  ignore_eos=True)))
     sched.schedule()
     assert len(sched.running) == ROWS  # 4 x 25 blocks at their ends, 50 in the pool
+
+
+def test_a_long_max_tokens_is_counted_to_the_reserve_clip(monkeypatch):
+    """A 1,024-token prompt whose max_tokens the pool bounds (6,400 token slots: 5,376) is
+    counted to 1,024 + 4,096 tokens (320 blocks), which fit beside a short running request: it
+    starts at once. Counted to its max_tokens (400 blocks) it would wait for that request."""
+    from mlxpa.core import scheduler
+
+    def first_steps(clip: int) -> list[list[str]]:
+        monkeypatch.setattr(scheduler, "RESERVE_OUTPUT_TOKENS", clip)
+        kv = KVCacheManager(BlockPool(401, BS))
+        sched = Scheduler(EngineConfig(max_num_batched_tokens=512), kv, max_model_len=100_000)
+        sched.add_request(Request("short", list(range(64)), SamplingParams(max_tokens=4)))
+        sched.schedule()
+        sched.add_request(Request("long", list(range(1000, 2024)),
+                                  SamplingParams(max_tokens=100_000)))
+        steps = []
+        for _ in range(3):
+            out = sched.schedule()
+            steps.append([r.request_id for r in out.requests])
+            sched.update_from_output(out, [[7] for s in out.sampling if s])
+        return steps
+
+    assert first_steps(4096) == [["short", "long"]] * 3
+    assert first_steps(1 << 30) == [["short"]] * 3
