@@ -110,16 +110,33 @@ class KVCacheManager:
         evictable = self.tree.evictable_blocks if self.tree is not None else 0
         return self.num_used_blocks - evictable
 
-    def blocks_to_finish(self, req: Request, chunk: int, output_cap: int | None = None) -> int:
-        """Blocks ``req`` still needs, over every group, to reach its ``max_tokens`` computing
-        at most ``chunk`` tokens a step (window groups at their cap; the blocks it holds
-        counted off; snapshots not included); with ``output_cap``, to reach at most that many
-        output tokens past those it has."""
+    def blocks_to_finish(self, req: Request, chunk: int, outputs: int | None = None) -> int:
+        """Blocks ``req`` still needs, over every group, to reach ``outputs`` output tokens
+        (default its ``max_tokens``) computing at most ``chunk`` tokens a step (window groups
+        at their cap; the blocks it holds counted off; snapshots not included)."""
         held = sum(b != NULL_BLOCK for table in req.block_tables for b in table)
-        outputs = req.max_tokens if output_cap is None else min(
-            req.max_tokens, req.num_output_tokens + output_cap)
+        outputs = req.max_tokens if outputs is None else outputs
         total = self.layout.blocks_needed(req.num_prompt_tokens + outputs, chunk)
         return max(total - held, 0)
+
+    def memory_hit(self, req: Request) -> PrefixMatch | None:
+        """The prefix hit of :meth:`get_computed_blocks` in the memory tier alone, without
+        planning disk reads (None without prefix caching)."""
+        if self.tree is None:
+            return None
+        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens],
+                                      req.cache_salt)
+
+    def held_hit_blocks(self, hit: PrefixMatch | None) -> int:
+        """Full-attention blocks of ``hit`` that running requests hold already (its last node
+        is locked: none of them is free or evictable), so starting the request that hit takes
+        no block for them; 0 when the hit's blocks are the tree's alone (they are among the
+        available blocks, and the hit takes them)."""
+        if hit is None or hit.last_node is None or not hit.last_node.lock_ref:
+            return 0
+        return sum(b != NULL_BLOCK for g, w in enumerate(self.windows) if w is None
+                   for b in hit.block_ids[g])
 
     def spare_blocks(self, running: list[Request], req: Request) -> int:
         """Blocks a prefill chunk of ``req`` may hold for one step past what the window cap

@@ -7,9 +7,9 @@ requests in admission order (one token for a decode, a chunk for an unfinished p
 then admits waiting requests while blocks, sequence slots and budget last. When blocks run
 out, the most recently admitted running request is preempted (its blocks freed; it goes back
 to the head of the waiting queue and is recomputed later, LIFO as in vLLM). A preempted
-request, or one whose prompt takes more than one step's chunk, starts only when the running
-requests and it can reach their ``max_tokens`` in the pool, or when the running requests cannot
-anyway (:meth:`Scheduler._room_to_finish`).
+request, or one whose prompt takes more than one step's chunk, starts only when it and the
+running requests can finish in the pool, or when the running requests cannot anyway
+(:meth:`Scheduler._room_to_finish`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ from mlxpa.spec_decode.gate import SpecGate
 
 # How many waiting requests admission may pass over while they wait for a shared prefix.
 _ADMISSION_LOOKAHEAD = 256
-# Output tokens a request is counted to still produce when admission looks for room to finish
-# (SGLang's CLIP_MAX_NEW_TOKENS_ESTIMATION): a max_tokens left at the context length is an
-# upper bound that an EOS almost always cuts short.
-RESERVE_OUTPUT_TOKENS = 4096
 
 
 @dataclass(slots=True)
@@ -293,21 +289,23 @@ class Scheduler:
         deferred: list[Request] = []
         ends = {r: r.num_computed_tokens + n
                 for r, n in zip(out.requests, out.num_scheduled_tokens)}
-        need: int | None = None  # blocks the running requests need to reach max_tokens
+        # blocks the running requests need to finish: their sure outputs, their max_tokens
+        need: int | None = None
+        need_max = 0
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
-            req = self.waiting.popleft()
+            req = self.waiting[0]
+            if self.running and self._waits_for_room(req):
+                if need is None:
+                    need = sum(kv.blocks_to_finish(r, 1, _sure_outputs(r)) for r in self.running)
+                    need_max = sum(kv.blocks_to_finish(r, 1) for r in self.running)
+                if not self._room_to_finish(req, need_max if req.num_preemptions else need):
+                    break
+            self.waiting.popleft()
             computed = kv.get_computed_blocks(req)
             if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
                 deferred.append(req)
                 continue
-            if self.running and self._waits_for_room(req, computed.num_tokens):
-                if need is None:
-                    need = sum(kv.blocks_to_finish(r, 1, RESERVE_OUTPUT_TOKENS)
-                               for r in self.running)
-                if not self._room_to_finish(req, need, computed.num_tokens):
-                    self.waiting.appendleft(req)
-                    break
             if kv.recurrent:
                 for point in snapshot_points(req, computed.num_tokens, self.waiting,
                                              self.running, kv):
@@ -326,7 +324,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             if need is not None:
-                need += kv.blocks_to_finish(req, 1, RESERVE_OUTPUT_TOKENS)
+                need += kv.blocks_to_finish(req, 1, _sure_outputs(req))
+                need_max += kv.blocks_to_finish(req, 1)
             out.requests.append(req)
             out.num_scheduled_tokens.append(n)
             ends[req] = computed.num_tokens + n
@@ -334,39 +333,45 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _waits_for_room(self, req: Request, cached: int) -> bool:
+    def _waits_for_room(self, req: Request) -> bool:
         """Whether ``req`` starts only with room to finish (:meth:`_room_to_finish`): it was
-        preempted, or the part of its prompt past its ``cached`` tokens (a prefix hit) takes
-        more than one step's chunk."""
-        return bool(req.num_preemptions) or (
-            req.num_prompt_tokens - cached > self.max_num_batched_tokens)
+        preempted, or the part of its prompt past its prefix hit in memory takes more than one
+        step's chunk."""
+        if req.num_preemptions:
+            return True
+        hit = self.kv_cache_manager.memory_hit(req)
+        cached = hit.num_tokens if hit is not None else 0
+        return req.num_prompt_tokens - cached > self.max_num_batched_tokens
 
-    def _room_to_finish(self, req: Request, need: int, cached: int = 0) -> bool:
+    def _room_to_finish(self, req: Request, need: int) -> bool:
         """Whether waiting ``req`` may start now: the available blocks cover what it and the
         running requests (``need``: theirs, :meth:`KVCacheManager.blocks_to_finish`) need to
-        reach their ``max_tokens``, or the running requests cannot all finish in them anyway
-        (long ``max_tokens``: holding it back would only drain the batch).
+        finish, or the running requests cannot all finish in them anyway (holding it back
+        would only drain the batch).
 
-        Asked for a preempted request and for one whose prompt takes more than one step's
-        chunk, where a preemption would throw away several steps of prefill: SGLang's
-        admission with its ``new_token_ratio`` at 1, where vLLM admits whatever chunk fits and
-        preempts later (still the rule for short prompts, whose recompute costs at most a
-        chunk). Started while the pool is a little short, a long prompt would be preempted
-        near the end of the run, when every request holds its longest context, and computed
-        again; a preempted one would prefill again and be preempted again (thrashing). A
-        fresh request counts the blocks it holds at its end (windows at their decode size:
-        the running requests have still to grow while it prefills, and a chunk goes past the
-        window cap only into spare blocks); a preempted one also its prefill chunks'
-        windows, so that it does not come back too early. Each request is counted to at
-        most :data:`RESERVE_OUTPUT_TOKENS` more output tokens. The blocks of a prefix hit
-        (``cached`` tokens) are counted off: shared with a running request they are held
-        already; held by the tree alone, the hit takes them from the available blocks, so
-        the count is then short by them."""
+        Asked for a preempted request and for one whose uncached prompt takes more than one
+        step's chunk, where a preemption would throw away several steps of prefill: SGLang's
+        admission reserve, where vLLM admits whatever chunk fits and preempts later (still the
+        rule for short prompts, whose recompute costs at most a chunk). Started while the pool
+        is a little short, a long prompt would be preempted near the end of the run, when
+        every request holds its longest context, and computed again; a preempted one would
+        prefill again and be preempted again (thrashing).
+
+        A fresh request and the running ones are counted to the outputs they are sure to
+        produce (:func:`_sure_outputs`: ``max_tokens`` when only the length ends them, else
+        ``min_tokens``), so an EOS that may come early never holds a prompt back; a fresh
+        request at its end (windows at their decode size: the running requests have still to
+        grow while it prefills, and a chunk goes past the window cap only into spare blocks),
+        less the full-attention blocks of its hit that running requests hold already. A
+        preempted request keeps the stricter count it had: every request to its
+        ``max_tokens``, and its own prefill chunks' windows."""
         kv = self.kv_cache_manager
         available = kv.num_available_blocks
-        chunk = self.max_num_batched_tokens if req.num_preemptions else 1
-        own = kv.blocks_to_finish(req, chunk, RESERVE_OUTPUT_TOKENS) - (
-            kv.layout.blocks_needed(cached, 1) if cached else 0)
+        if req.num_preemptions:
+            own = kv.blocks_to_finish(req, self.max_num_batched_tokens)
+        else:
+            own = (kv.blocks_to_finish(req, 1, _sure_outputs(req))
+                   - kv.held_hit_blocks(kv.memory_hit(req)))
         return need > available or need + own <= available
 
     def expect_forks(self, parent: Request, position: int) -> None:
@@ -505,3 +510,19 @@ class Scheduler:
             self.spec_gate.forget(req.key)
         self.kv_cache_manager.free(req)
         self._finished.append(req)
+
+
+def _sure_outputs(req: Request) -> int:
+    """Output tokens ``req`` will have when it finishes, as far as is sure now: its
+    ``max_tokens`` when nothing else can end it (``ignore_eos``, no stop strings or ids, no
+    grammar), else ``min_tokens``; a ``score_only`` request samples none. At least the outputs
+    it has."""
+    sp = req.sampling_params
+    if req.score_only:
+        sure = 0
+    elif (sp.ignore_eos and not sp.stop and not sp.stop_token_ids
+          and sp.structured_outputs is None):
+        sure = req.max_tokens
+    else:
+        sure = min(sp.min_tokens, req.max_tokens)
+    return max(sure, req.num_output_tokens)

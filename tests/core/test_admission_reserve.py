@@ -58,7 +58,7 @@ def test_a_long_prompt_waits_instead_of_being_preempted(monkeypatch):
     short = ROWS * END_BLOCKS - 6
     assert _run(short) == (ROWS - 1, 0, ROWS * (PROMPT + OUT - 1))
     monkeypatch.setattr(Scheduler, "_waits_for_room",
-                        lambda self, req, cached: bool(req.num_preemptions))
+                        lambda self, req: bool(req.num_preemptions))
     most, preemptions, computed = _run(short)
     assert most == ROWS and preemptions >= 1
     assert computed >= ROWS * (PROMPT + OUT - 1) + PROMPT
@@ -79,26 +79,41 @@ def test_a_prompt_of_one_chunk_starts_as_in_vllm():
     assert len(sched.running) == ROWS  # 4 x 25 blocks at their ends, 50 in the pool
 
 
-def test_a_long_max_tokens_is_counted_to_the_reserve_clip(monkeypatch):
-    """A 1,024-token prompt whose max_tokens the pool bounds (6,400 token slots: 5,376) is
-    counted to 1,024 + 4,096 tokens (320 blocks), which fit beside a short running request: it
-    starts at once. Counted to its max_tokens (400 blocks) it would wait for that request."""
-    from mlxpa.core import scheduler
+def _first_steps(ignore_eos: bool, score_only: bool = False,
+                 long_ignores_eos: bool | None = None) -> list[list[str]]:
+    """A 500-token prompt running with max_tokens 5,900, then a 4,000-token prompt arriving
+    (max_tokens 2,400), in 400 blocks of 16 (6,400 tokens): which requests run in the next
+    three steps."""
+    kv = KVCacheManager(BlockPool(401, BS))
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=512), kv, max_model_len=6400)
+    sched.add_request(Request("R", list(range(500)),
+                              SamplingParams(max_tokens=5900, ignore_eos=ignore_eos)))
+    for _ in range(2):   # R's prompt: 512 + 1 tokens a step at most
+        out = sched.schedule()
+        sched.update_from_output(out, [[7] for s in out.sampling if s])
+    sched.add_request(Request("L", list(range(1000, 5000)),
+                              SamplingParams(max_tokens=2400, ignore_eos=ignore_eos
+                                             if long_ignores_eos is None else long_ignores_eos),
+                              score_only=score_only))
+    steps = []
+    for _ in range(3):
+        out = sched.schedule()
+        steps.append([r.request_id for r in out.requests])
+        sched.update_from_output(out, [[7] for s in out.sampling if s])
+    return steps
 
-    def first_steps(clip: int) -> list[list[str]]:
-        monkeypatch.setattr(scheduler, "RESERVE_OUTPUT_TOKENS", clip)
-        kv = KVCacheManager(BlockPool(401, BS))
-        sched = Scheduler(EngineConfig(max_num_batched_tokens=512), kv, max_model_len=100_000)
-        sched.add_request(Request("short", list(range(64)), SamplingParams(max_tokens=4)))
-        sched.schedule()
-        sched.add_request(Request("long", list(range(1000, 2024)),
-                                  SamplingParams(max_tokens=100_000)))
-        steps = []
-        for _ in range(3):
-            out = sched.schedule()
-            steps.append([r.request_id for r in out.requests])
-            sched.update_from_output(out, [[7] for s in out.sampling if s])
-        return steps
 
-    assert first_steps(4096) == [["short", "long"]] * 3
-    assert first_steps(1 << 30) == [["short"]] * 3
+def test_outputs_an_eos_may_cut_short_are_not_reserved():
+    """Requests that stop at EOS are counted to their min_tokens (0): the long prompt fits
+    beside the running one (32 + 250 of 400 blocks) and starts at once, as the rule before
+    this reserve had it. Both sure to reach max_tokens (ignore_eos: 400 + 400 blocks), the
+    long prompt waits: started, it would be preempted."""
+    assert _first_steps(ignore_eos=False) == [["R", "L"]] * 3
+    assert _first_steps(ignore_eos=True) == [["R"]] * 3
+
+
+def test_a_scoring_prefill_is_counted_without_outputs():
+    """A score_only request samples nothing: its max_tokens does not hold it back. Sure to
+    reach its 2,400 outputs (ignore_eos), the same prompt would need all 400 blocks."""
+    assert _first_steps(False, score_only=True, long_ignores_eos=True)[0] == ["R", "L"]
+    assert _first_steps(False, long_ignores_eos=True)[0] == ["R"]
