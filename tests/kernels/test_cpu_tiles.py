@@ -53,6 +53,22 @@ def test_tiled_prefill_matches_float64_oracle(tile, window, numpy_min_keys, monk
         assert_matches(_run(case, tile, window, key_start, tables), case, ref)
 
 
+@pytest.mark.parametrize("rows", [[(20, 40)], [(0, 64)], [(30, 16), (30, 16)]])
+@pytest.mark.parametrize("tile", [3, 8])
+@pytest.mark.parametrize("window", [None, 5, 16])
+def test_numpy_tiles_of_rows_at_equal_depths(rows, tile, window, monkeypatch):
+    """Rows at equal depths (one long chunk, two alike), as a long document's chunks are: the
+    numpy tiles against the float64 oracle, with window tables trimmed or not (the test above
+    mixes depths, where no key of a tile is seen by every row)."""
+    monkeypatch.setattr(cpu_paged_attention, "NUMPY_MIN_KEYS", 0)
+    case = make_case(np.random.default_rng(11), rows, q_heads=4, kv_heads=1)
+    ref = oracle(case, SCALE, sliding_window=window)
+    assert_matches(_run(case, tile, window), case, ref)
+    if window is not None:
+        tables, key_start = window_tables(case, window)
+        assert_matches(_run(case, tile, window, key_start, tables), case, ref)
+
+
 def test_concurrent_numpy_prefills_restore_the_blas_threads():
     """Two threads running numpy prefill attention at once leave every BLAS library on the
     thread count it had (threadpoolctl's limit is the process's: unserialised, one caller
