@@ -339,6 +339,8 @@ class Scheduler:
         step's chunk."""
         if req.num_preemptions:
             return True
+        if req.num_prompt_tokens <= self.max_num_batched_tokens:
+            return False
         hit = self.kv_cache_manager.memory_hit(req)
         cached = hit.num_tokens if hit is not None else 0
         return req.num_prompt_tokens - cached > self.max_num_batched_tokens
