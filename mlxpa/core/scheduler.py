@@ -22,6 +22,7 @@ from mlxpa.config import EngineConfig
 from mlxpa.core.common_prefix import CascadeGroup, common_prefix_groups
 from mlxpa.core.kv_cache_manager import KVCacheManager
 from mlxpa.core.kv_disk import KVLoad, KVSave
+from mlxpa.core.radix_cache import PrefixMatch
 from mlxpa.core.shared_prefix import shares_uncached_prefix, snapshot_points
 from mlxpa.request import Request, RequestStatus
 from mlxpa.spec_decode.gate import SpecGate
@@ -295,12 +296,21 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
             req = self.waiting[0]
-            if self.running and self._waits_for_room(req):
-                if need is None:
-                    need = sum(kv.blocks_to_finish(r, 1, _sure_outputs(r)) for r in self.running)
-                    need_max = sum(kv.blocks_to_finish(r, 1) for r in self.running)
-                if not self._room_to_finish(req, need_max if req.num_preemptions else need):
-                    break
+            if self.running:
+                # decided on the memory tier's hit: a request held back plans no disk reads
+                hit = kv.memory_hit(req)
+                cached = hit.num_tokens if hit is not None else 0
+                if shares_uncached_prefix(req, cached, self.running, kv, ends):
+                    deferred.append(self.waiting.popleft())  # passed over, not a wall
+                    continue
+                if self._waits_for_room(req, cached):
+                    if need is None:
+                        need = sum(kv.blocks_to_finish(r, 1, _sure_outputs(r))
+                                   for r in self.running)
+                        need_max = sum(kv.blocks_to_finish(r, 1) for r in self.running)
+                    if not self._room_to_finish(
+                            req, need_max if req.num_preemptions else need, hit):
+                        break
             self.waiting.popleft()
             computed = kv.get_computed_blocks(req)
             if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
@@ -333,19 +343,14 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _waits_for_room(self, req: Request) -> bool:
+    def _waits_for_room(self, req: Request, cached: int) -> bool:
         """Whether ``req`` starts only with room to finish (:meth:`_room_to_finish`): it was
-        preempted, or the part of its prompt past its prefix hit in memory takes more than one
-        step's chunk."""
-        if req.num_preemptions:
-            return True
-        if req.num_prompt_tokens <= self.max_num_batched_tokens:
-            return False
-        hit = self.kv_cache_manager.memory_hit(req)
-        cached = hit.num_tokens if hit is not None else 0
-        return req.num_prompt_tokens - cached > self.max_num_batched_tokens
+        preempted, or the part of its prompt past its ``cached`` tokens (its prefix hit in
+        memory) takes more than one step's chunk."""
+        return bool(req.num_preemptions) or (
+            req.num_prompt_tokens - cached > self.max_num_batched_tokens)
 
-    def _room_to_finish(self, req: Request, need: int) -> bool:
+    def _room_to_finish(self, req: Request, need: int, hit: PrefixMatch | None = None) -> bool:
         """Whether waiting ``req`` may start now: the available blocks cover what it and the
         running requests (``need``: theirs, :meth:`KVCacheManager.blocks_to_finish`) need to
         finish, or the running requests cannot all finish in them anyway (holding it back
@@ -364,7 +369,7 @@ class Scheduler:
         ``min_tokens``), so an EOS that may come early never holds a prompt back; a fresh
         request at its end (windows at their decode size: the running requests have still to
         grow while it prefills, and a chunk goes past the window cap only into spare blocks),
-        less the full-attention blocks of its hit that running requests hold already. A
+        less the full-attention blocks of its ``hit`` that running requests hold already. A
         preempted request keeps the stricter count it had: every request to its
         ``max_tokens``, and its own prefill chunks' windows."""
         kv = self.kv_cache_manager
@@ -372,8 +377,7 @@ class Scheduler:
         if req.num_preemptions:
             own = kv.blocks_to_finish(req, self.max_num_batched_tokens)
         else:
-            own = (kv.blocks_to_finish(req, 1, _sure_outputs(req))
-                   - kv.held_hit_blocks(kv.memory_hit(req)))
+            own = kv.blocks_to_finish(req, 1, _sure_outputs(req)) - kv.held_hit_blocks(hit)
         return need > available or need + own <= available
 
     def expect_forks(self, parent: Request, position: int) -> None:

@@ -58,7 +58,7 @@ def test_a_long_prompt_waits_instead_of_being_preempted(monkeypatch):
     short = ROWS * END_BLOCKS - 6
     assert _run(short) == (ROWS - 1, 0, ROWS * (PROMPT + OUT - 1))
     monkeypatch.setattr(Scheduler, "_waits_for_room",
-                        lambda self, req: bool(req.num_preemptions))
+                        lambda self, req, cached: bool(req.num_preemptions))
     most, preemptions, computed = _run(short)
     assert most == ROWS and preemptions >= 1
     assert computed >= ROWS * (PROMPT + OUT - 1) + PROMPT

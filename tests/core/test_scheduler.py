@@ -374,7 +374,7 @@ def test_preempted_mid_prefill_waits_until_it_can_finish(monkeypatch):
     # b's prompt takes several chunks, so it would wait for room to finish and never be
     # preempted; started as vLLM starts any request (whatever chunk fits), it is.
     monkeypatch.setattr(Scheduler, "_waits_for_room",
-                        lambda self, req: bool(req.num_preemptions))
+                        lambda self, req, cached: bool(req.num_preemptions))
     sched = make_scheduler(max_num_batched_tokens=8)
     a = make_request("a", 8, max_tokens=20)
     b = make_request("b", 32, max_tokens=2)
@@ -725,11 +725,11 @@ def test_a_preempted_request_waits_for_room_to_finish(monkeypatch):
     guarded = _thrash_case(16, 16)
     assert _run_all(guarded) == 4 * 47 and guarded.num_preemptions == 0
     monkeypatch.setattr(Scheduler, "_waits_for_room",
-                        lambda self, req: bool(req.num_preemptions))
+                        lambda self, req, cached: bool(req.num_preemptions))
     readmission = _thrash_case(16, 16)
     computed = _run_all(readmission)
     assert readmission.num_preemptions == 1 and computed > 4 * 47
-    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need: True)
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need, hit=None: True)
     unguarded = _thrash_case(16, 16)
     assert _run_all(unguarded) > computed and unguarded.num_preemptions == 2
 
@@ -739,7 +739,7 @@ def test_the_guard_never_starves_and_never_adds_work(monkeypatch):
     still finishes, and the guarded scheduler computes no more than the unguarded one."""
     guarded = _thrash_case(16, 80)
     computed = _run_all(guarded)
-    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need: True)
+    monkeypatch.setattr(Scheduler, "_room_to_finish", lambda self, req, need, hit=None: True)
     unguarded = _thrash_case(16, 80)
     assert _run_all(unguarded) >= computed
     assert guarded.num_preemptions <= unguarded.num_preemptions
