@@ -124,9 +124,7 @@ class KVCacheManager:
         planning disk reads (None without prefix caching)."""
         if self.tree is None:
             return None
-        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        return self.tree.match_prefix(tokens[:req.num_tokens - 1 - req.num_scored_tokens],
-                                      req.cache_salt)
+        return self.tree.match_prefix(_hit_tokens(req), req.cache_salt)
 
     def held_hit_blocks(self, hit: PrefixMatch | None) -> int:
         """Full-attention blocks of ``hit`` that running requests hold already (its last node
@@ -216,16 +214,17 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ prefix hits
 
-    def get_computed_blocks(self, req: Request) -> PrefixMatch:
+    def get_computed_blocks(self, req: Request, memory: PrefixMatch | None = None
+                            ) -> PrefixMatch:
         """Longest usable cached prefix of ``req``'s tokens under its ``cache_salt``, capped at
         ``num_tokens - 1`` so the last token is always computed (its logits are sampled); a
         scoring request's scored tokens and the one before them are computed too (their
-        logits are read)."""
+        logits are read). ``memory``: its :meth:`memory_hit`, when already looked up (the
+        tree unchanged since), extended from the disk tier here."""
         if self.tree is None:
             return PrefixMatch([[] for _ in self.windows], 0, None)
-        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
-        tokens = tokens[:req.num_tokens - 1 - req.num_scored_tokens]
-        match = self.tree.match_prefix(tokens, req.cache_salt)
+        tokens = _hit_tokens(req)
+        match = memory if memory is not None else self.tree.match_prefix(tokens, req.cache_salt)
         return match if self.disk is None else self.disk.extend(req, tokens, match)
 
     def cached_prefix_blocks(self, tokens: list[int], cache_salt: str | None = None) -> int:
@@ -523,3 +522,10 @@ class KVCacheManager:
 
 
 __all__ = ["KVCacheManager"]
+
+
+def _hit_tokens(req: Request) -> list[int]:
+    """The tokens a prefix hit of ``req`` may cover: all but its last one, its scored tokens
+    and the one before them (their logits are computed)."""
+    tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+    return tokens[:req.num_tokens - 1 - req.num_scored_tokens]

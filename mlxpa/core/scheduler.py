@@ -296,8 +296,10 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(deferred) < _ADMISSION_LOOKAHEAD):
             req = self.waiting[0]
+            hit = None
             if self.running:
                 # decided on the memory tier's hit: a request held back plans no disk reads
+                # (with no request running, none is deferred or held back)
                 hit = kv.memory_hit(req)
                 cached = hit.num_tokens if hit is not None else 0
                 if shares_uncached_prefix(req, cached, self.running, kv, ends):
@@ -312,10 +314,7 @@ class Scheduler:
                             req, need_max if req.num_preemptions else need, hit):
                         break
             self.waiting.popleft()
-            computed = kv.get_computed_blocks(req)
-            if shares_uncached_prefix(req, computed.num_tokens, self.running, kv, ends):
-                deferred.append(req)
-                continue
+            computed = kv.get_computed_blocks(req, hit)
             if kv.recurrent:
                 for point in snapshot_points(req, computed.num_tokens, self.waiting,
                                              self.running, kv):
